@@ -1,0 +1,121 @@
+"""Process groups of every stage, built once, in one order, on every rank.
+
+`torch.distributed.new_group` is collective over the whole world: every process must call it
+for every group, including groups it is not a member of, in the same order. `build_groups`
+does exactly that from the validated layouts, and reuses one group object for identical rank
+sets (a stage's dp group can equal the other stage's tp group, and a colocated boundary spans
+the world). The result is an object passed explicitly; nothing here is module-level state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Mapping
+
+import torch.distributed as dist
+
+from .layout import GROUP_KINDS, Coord, StageLayout
+
+
+class GroupCache:
+    """One process group per distinct sorted rank tuple, created in call order on all ranks."""
+
+    def __init__(self, timeout: timedelta | None = None):
+        self._timeout = timeout
+        self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+
+    def get(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
+        key = tuple(sorted(ranks))
+        if key not in self._groups:
+            # Backend left to torch: the default group's backend (gloo on CPU, NCCL on GPU).
+            kwargs = {"timeout": self._timeout} if self._timeout is not None else {}
+            self._groups[key] = dist.new_group(list(key), **kwargs)
+        return self._groups[key]
+
+    def destroy(self) -> None:
+        for group in self._groups.values():
+            if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
+                dist.destroy_process_group(group)
+        self._groups.clear()
+
+
+@dataclass(frozen=True)
+class StageGroups:
+    """The process groups of one stage, as seen from this rank.
+
+    Groups are None on a rank that is not part of the stage (disaggregated placement).
+    `ranks_of[kind]` lists the members of this rank's group of that kind.
+    """
+
+    layout: StageLayout
+    rank: int
+    tp: dist.ProcessGroup | None
+    cp: dist.ProcessGroup | None
+    dp: dist.ProcessGroup | None
+    dp_cp: dist.ProcessGroup | None
+    model: dist.ProcessGroup | None
+    stage: dist.ProcessGroup | None
+    ranks_of: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def is_member(self) -> bool:
+        return self.layout.contains(self.rank)
+
+    @property
+    def coord(self) -> Coord:
+        return self.layout.coord(self.rank)
+
+
+@dataclass(frozen=True)
+class HeteroGroups:
+    """Every stage's groups plus the boundary group spanning the stages."""
+
+    stages: Mapping[str, StageGroups]
+    boundary: dist.ProcessGroup
+    boundary_ranks: tuple[int, ...]
+    cache: GroupCache
+
+    def __getitem__(self, stage: str) -> StageGroups:
+        return self.stages[stage]
+
+    def destroy(self) -> None:
+        self.cache.destroy()
+
+
+def build_groups(
+    layouts: Mapping[str, StageLayout], rank: int, timeout: timedelta | None = None
+) -> HeteroGroups:
+    """Create every group of every stage, in stage order then GROUP_KINDS order, on all ranks.
+
+    Must be called by every rank of the world with the same `layouts` (a validated config
+    guarantees that), otherwise `new_group` hangs.
+    """
+    cache = GroupCache(timeout)
+    stages = {}
+    for name, layout in layouts.items():
+        mine: dict[str, dist.ProcessGroup | None] = {}
+        ranks_of: dict[str, tuple[int, ...]] = {}
+        for kind in GROUP_KINDS:
+            for members in layout.groups_of(kind):
+                group = cache.get(members)
+                if rank in members:
+                    mine[kind] = group
+                    ranks_of[kind] = members
+        stage_group = cache.get(layout.ranks)
+        if layout.contains(rank):
+            ranks_of["stage"] = tuple(layout.ranks)
+        stages[name] = StageGroups(
+            layout=layout,
+            rank=rank,
+            tp=mine.get("tp"),
+            cp=mine.get("cp"),
+            dp=mine.get("dp"),
+            dp_cp=mine.get("dp_cp"),
+            model=mine.get("model"),
+            stage=stage_group if layout.contains(rank) else None,
+            ranks_of=ranks_of,
+        )
+    boundary_ranks = tuple(sorted(set().union(*(l.ranks for l in layouts.values()))))
+    boundary = cache.get(boundary_ranks)
+    return HeteroGroups(stages=stages, boundary=boundary, boundary_ranks=boundary_ranks, cache=cache)

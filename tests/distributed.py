@@ -1,0 +1,144 @@
+"""Run a function on N local processes joined by a process group, with a hard timeout.
+
+    results = run_distributed(check_fn, world_size=4, timeout=120, some_arg=1)
+
+`check_fn(rank, world_size, **kwargs)` runs on every rank after the default process group is
+up; its return values come back as a list indexed by rank. A child that raises makes the call
+fail with that child's traceback; a child that hangs or dies is killed at the deadline. No
+process outlives the call.
+
+Children are forked from a forkserver that has imported torch/deepspeed/transformers once, so
+a launch costs a fraction of a second instead of the several seconds of a fresh interpreter,
+and no child inherits OpenMP state from the pytest process. Rendezvous is a FileStore in a
+fresh temporary directory, so concurrent test runs never fight over a port.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from typing import Any, Callable
+
+PRELOAD = ["torch", "torch.distributed", "deepspeed", "transformers"]
+
+
+def _context() -> mp.context.BaseContext:
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(fn, rank, world_size, store_path, port, backend, pg_timeout_s, kwargs, results):
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)  # N ranks share 2 cores; more threads only contend
+        os.environ.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_SIZE=str(world_size),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"file://{store_path}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=pg_timeout_s),
+        )
+        try:
+            value = fn(rank, world_size, **kwargs)
+        finally:
+            # Leave DeepSpeed's comm wrapper and torch's default group as a fresh process has them.
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        results.put((rank, "ok", value))
+    except BaseException:  # noqa: BLE001 - report everything, including SystemExit
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def run_distributed(
+    fn: Callable[..., Any],
+    world_size: int,
+    timeout: float = 180.0,
+    backend: str = "gloo",
+    pg_timeout_s: float = 60.0,
+    **kwargs: Any,
+) -> list[Any]:
+    """Run `fn(rank, world_size, **kwargs)` on `world_size` processes; return per-rank results."""
+    ctx = _context()
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="ds_hetero_dist_") as tmp:
+        store_path = os.path.join(tmp, "store")
+        port = _free_port()
+        procs = [
+            ctx.Process(
+                target=_child,
+                args=(fn, rank, world_size, store_path, port, backend, pg_timeout_s, kwargs, results),
+                daemon=True,
+                name=f"rank{rank}",
+            )
+            for rank in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        outcome: dict[int, tuple[str, Any]] = {}
+        deadline = time.monotonic() + timeout
+        first_error_at = None
+        try:
+            while len(outcome) < world_size:
+                now = time.monotonic()
+                if now > deadline:
+                    break
+                # After one rank fails, give the others a moment to report their own error,
+                # then stop: they are likely blocked in a collective with the dead rank.
+                if first_error_at is not None and now - first_error_at > 5.0:
+                    break
+                try:
+                    rank, status, value = results.get(timeout=0.2)
+                    outcome[rank] = (status, value)
+                    if status == "error" and first_error_at is None:
+                        first_error_at = time.monotonic()
+                    continue
+                except queue.Empty:
+                    pass
+                for rank, p in enumerate(procs):
+                    if rank not in outcome and not p.is_alive() and p.exitcode not in (0, None):
+                        # Died without reporting (signal, os._exit): drain once more, then record.
+                        try:
+                            r, status, value = results.get(timeout=0.5)
+                            outcome[r] = (status, value)
+                        except queue.Empty:
+                            outcome[rank] = ("error", f"rank {rank} died with exit code {p.exitcode}")
+                        if first_error_at is None:
+                            first_error_at = time.monotonic()
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+            for p in procs:
+                p.join(timeout=10)
+            results.close()
+    errors = [f"--- rank {r} ---\n{v}" for r, (s, v) in sorted(outcome.items()) if s == "error"]
+    missing = [r for r in range(world_size) if r not in outcome]
+    if errors or missing:
+        msg = "\n".join(errors)
+        if missing:
+            msg += f"\nranks {missing} did not finish within {timeout:.0f}s (killed)"
+        raise AssertionError(f"distributed run of {fn.__name__} on {world_size} ranks failed:\n{msg}")
+    return [outcome[r][1] for r in range(world_size)]

@@ -1,0 +1,50 @@
+"""The multi-process harness itself: results come back, failures and hangs are reported."""
+
+import time
+
+import pytest
+
+from tests.distributed import run_distributed
+
+pytestmark = pytest.mark.distributed
+
+
+def _all_reduce_rank(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t)
+    return t.item()
+
+
+def _rank_two_raises(rank, world_size):
+    import torch.distributed as dist
+
+    if rank == 2:
+        raise RuntimeError("boom on rank two")
+    dist.barrier()  # the others block here until the harness kills them
+
+
+def _rank_one_hangs(rank, world_size):
+    if rank == 1:
+        time.sleep(600)
+    return rank
+
+
+def test_results_come_back_by_rank():
+    assert run_distributed(_all_reduce_rank, world_size=3, timeout=60) == [3.0, 3.0, 3.0]
+
+
+def test_child_traceback_is_propagated_and_nothing_hangs():
+    start = time.monotonic()
+    with pytest.raises(AssertionError, match="boom on rank two"):
+        run_distributed(_rank_two_raises, world_size=4, timeout=60)
+    assert time.monotonic() - start < 40
+
+
+def test_hanging_rank_is_killed_at_the_deadline():
+    start = time.monotonic()
+    with pytest.raises(AssertionError, match=r"ranks \[1\] did not finish"):
+        run_distributed(_rank_one_hangs, world_size=2, timeout=8)
+    assert time.monotonic() - start < 30
