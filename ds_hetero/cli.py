@@ -1,0 +1,90 @@
+"""`ds-hetero` command line: validate a config and show its rank map.
+
+    ds-hetero validate ds_configs/llava_colocated.json --world-size 4
+
+Exit code 0 with the rank map when the config is valid for that world size, 1 with the
+validation error otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import HeteroConfig, load_config
+from .errors import HeteroConfigError
+
+
+def rank_map(cfg: HeteroConfig) -> str:
+    """A table: one row per global rank, one column per stage with the rank's (tp, cp, dp)."""
+    lines = [
+        f"placement {cfg.placement}, world size {cfg.world_size}, global batch {cfg.global_batch_size}, "
+        f"micro_batches {cfg.micro_batches}",
+        "",
+    ]
+    header = ["stage", "layout", "ranks", "seq-parallel", "samples/micro-batch/dp-rank"]
+    rows = [
+        [name, f"tp{l.tp} cp{l.cp} dp{l.dp}", _ranges(l.ranks), "yes" if l.sequence_parallel else "no",
+         str(cfg.micro_batch_size(name))]
+        for name, l in cfg.stages.items()
+    ]
+    lines += _table(header, rows)
+    lines.append("")
+    header = ["rank"] + [f"{name} (tp,cp,dp)" for name in cfg.stages]
+    rows = []
+    for rank in range(cfg.world_size):
+        row = [str(rank)]
+        for layout in cfg.stages.values():
+            row.append("{},{},{}".format(*layout.coord(rank)) if layout.contains(rank) else "-")
+        rows.append(row)
+    lines += _table(header, rows)
+    return "\n".join(lines)
+
+
+def _ranges(ranks: tuple[int, ...]) -> str:
+    """(0, 1, 2, 5) -> '0-2,5', keeping the stage's own order."""
+    parts, start, prev = [], ranks[0], ranks[0]
+    for r in ranks[1:] + (None,):
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ",".join(parts)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*header).rstrip(), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r).rstrip() for r in rows]
+
+
+def _validate(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config, args.world_size)
+    except HeteroConfigError as exc:
+        print(f"invalid: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.config}: valid for {args.world_size} ranks\n")
+    print(rank_map(cfg))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ds-hetero", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    validate = sub.add_parser("validate", help="validate a DeepSpeed config's hetero_parallel section, print the rank map")
+    validate.add_argument("config", help="DeepSpeed JSON or YAML with a hetero_parallel section")
+    validate.add_argument("--world-size", type=int, required=True, help="number of ranks the job will run on")
+    validate.set_defaults(func=_validate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
