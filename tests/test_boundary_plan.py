@@ -1,0 +1,306 @@
+"""BoundaryPlan without processes: every layout pair up to 6 ranks, simulated with row labels.
+
+The simulator runs each rank's plan on symbolic rows (labels (sample, token)), exactly as the
+communicator runs it on tensors: one all-to-all (send_index + splits -> recv_dest), local
+copies, then for gradients the backward all-to-all and the completion among source replicas.
+What every destination must end up with is computed independently, from the definitions in
+the plan's docstring (a destination's samples in ascending order, positions in its chunk).
+"""
+
+import dataclasses
+import itertools
+import random
+
+import pytest
+
+from ds_hetero import HeteroConfigError, StageLayout
+from ds_hetero.boundary import BoundaryInputs, build_plan, shard_bounds
+
+
+# ---------------------------------------------------------------------------- references
+def src_rows(src, inputs, rank):
+    """The (sample, token) labels rank holds as a source, in source order."""
+    if not src.contains(rank):
+        return []
+    dp = src.coord(rank).dp
+    return [(i, j) for i, r in enumerate(inputs.src_dp) if r == dp for j in range(inputs.token_counts[i])]
+
+
+def dst_rows(dst, inputs, rank):
+    """The labels rank needs as a destination, in destination order (independent of the plan)."""
+    if not dst.contains(rank):
+        return []
+    c = dst.coord(rank)
+    chunks = dst.cp * (dst.tp if dst.sequence_parallel else 1)
+    chunk = c.cp * (dst.tp if dst.sequence_parallel else 1) + (c.tp if dst.sequence_parallel else 0)
+    rows = []
+    for i, r in enumerate(inputs.dst_dp):
+        if r != c.dp:
+            continue
+        for j in range(inputs.token_counts[i]):
+            if chunks > 1:
+                length = inputs.seq_len if isinstance(inputs.seq_len, int) else inputs.seq_len[i]
+                lo, hi = chunk * length // chunks, (chunk + 1) * length // chunks
+                if not lo <= inputs.positions[i][j] < hi:
+                    continue
+            rows.append((i, j))
+    return rows
+
+
+def lower_bound(src, dst, inputs):
+    """(row, needing rank) pairs where the rank is not a source replica of the row."""
+    return sum(
+        rank not in [r for r in src.ranks if src.coord(r).dp == inputs.src_dp[i]]
+        for rank in dst.ranks
+        for i, _ in dst_rows(dst, inputs, rank)
+    )
+
+
+# ---------------------------------------------------------------------------- simulator
+def _exchange(plans, direction, data, group, n_out):
+    """Run one Direction on every rank of `group` (sorted ranks) with label lists."""
+    out = {r: [None] * n_out[r] for r in group}
+    chunks = {}
+    for r in group:
+        d = direction(plans[r])
+        buf = [data[r][k] for k in d.send_index]
+        start = 0
+        for p, n in zip(group, d.send_splits):
+            chunks[r, p] = buf[start:start + n]
+            start += n
+        assert start == len(buf)
+    for r in group:
+        d = direction(plans[r])
+        buf = []
+        for p, n in zip(group, d.recv_splits):
+            assert len(chunks[p, r]) == n, f"rank {r} expects {n} rows from {p}, gets {len(chunks[p, r])}"
+            buf += chunks[p, r]
+        assert len(buf) == len(d.recv_dest)
+        for value, o in itertools.chain(zip(buf, d.recv_dest), ((data[r][s], o) for s, o in zip(d.local_src, d.local_dst))):
+            assert out[r][o] is None, f"rank {r}: row {o} written twice"
+            out[r][o] = value
+    return out
+
+
+def simulate(plan):
+    """Forward and backward of every rank on labels; returns (inputs, outputs, gradients)."""
+    src, dst, inputs, peers = plan.src, plan.dst, plan.inputs, plan.peers
+    plans = {r: plan.for_rank(r) for r in peers}
+    x = {r: src_rows(src, inputs, r) for r in peers}
+    for r in peers:
+        assert plans[r].n_in == len(x[r])
+    y = _exchange(plans, lambda p: p.forward, x, peers, {r: plans[r].n_out for r in peers})
+    # Gradient labels name the copy they come from: (destination rank, output row).
+    dy = {r: [(r, o) for o in range(plans[r].n_out)] for r in peers}
+    dx = _exchange(plans, lambda p: p.backward, dy, peers, {r: plans[r].n_in for r in peers})
+    for group in {plans[r].replicas for r in peers if plans[r].completion is not None}:
+        done = _exchange(plans, lambda p: p.completion, dx, group, {r: plans[r].n_in for r in group})
+        for r in group:
+            for k, v in enumerate(done[r]):
+                if v is not None:
+                    assert dx[r][k] is None, f"rank {r}: completion overwrites owned row {k}"
+                    dx[r][k] = v
+    return x, y, dx
+
+
+def check(plan):
+    src, dst, inputs, peers = plan.src, plan.dst, plan.inputs, plan.peers
+    x, y, dx = simulate(plan)
+    for r in peers:
+        assert y[r] == dst_rows(dst, inputs, r), f"rank {r} receives the wrong rows"
+    # Every source replica ends with a gradient for every row, taken from exactly one copy of
+    # that row (a copy: some destination rank's output row holding the same label), and the
+    # same copy on every replica: identical, full gradients.
+    by_row = {}
+    for r in peers:
+        for label, g in zip(x[r], dx[r]):
+            assert g is not None, f"rank {r}: no gradient for row {label}"
+            d, o = g
+            assert y[d][o] == label, f"rank {r}: gradient of {label} comes from a copy of {y[d][o]}"
+            by_row.setdefault(label, set()).add(g)
+    assert all(len(v) == 1 for v in by_row.values())
+    assert plan.rows_sent() == plan.lower_bound_rows() == lower_bound(src, dst, inputs)
+    if plan.placement == "disaggregated":
+        for r in src.ranks:
+            assert plans_rank(plan, r).forward.rows_received == 0 and plans_rank(plan, r).n_out == 0
+        for r in dst.ranks:
+            assert plans_rank(plan, r).forward.rows_sent == 0 and plans_rank(plan, r).n_in == 0
+            assert plans_rank(plan, r).backward.rows_received == 0
+
+
+def plans_rank(plan, r):
+    return plan.for_rank(r)
+
+
+# ---------------------------------------------------------------------------- case generation
+def factorizations(n, axes):
+    return [f for f in itertools.product(range(1, n + 1), repeat=axes) if _prod(f) == n]
+
+
+def _prod(xs):
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+def layouts(n, name, ranks, with_cp):
+    out = []
+    for tp, cp, dp in factorizations(n, 3):
+        if cp > 1 and not with_cp:
+            continue
+        for sp in ([False, True] if with_cp and tp > 1 else [False]):
+            out.append(StageLayout(name, tp, cp, dp, tuple(ranks), sequence_parallel=sp))
+    return out
+
+
+def random_inputs(rng, src, dst, contiguous):
+    shards = dst.cp * (dst.tp if dst.sequence_parallel else 1)
+    n = src.dp * dst.dp * rng.choice([1, 2]) if contiguous else rng.randint(1, 7)
+    counts = [rng.choice([0, 0, 1, 2, 3, 5]) for _ in range(n)]
+    if contiguous:  # the batching convention: the d-th contiguous share
+        src_dp = [i * src.dp // n for i in range(n)]
+        dst_dp = [i * dst.dp // n for i in range(n)]
+    else:  # any assignment, including dp ranks with no sample at all
+        src_dp = [rng.randrange(src.dp) for _ in range(n)]
+        dst_dp = [rng.randrange(dst.dp) for _ in range(n)]
+    packed = rng.random() < 0.3
+    seq_len = [shards * rng.randint(2, 4) for _ in range(n)] if packed else shards * rng.randint(2, 4)
+    lens = seq_len if packed else [seq_len] * n
+    counts = [min(c, lens[i]) for i, c in enumerate(counts)]
+    positions = [sorted(rng.sample(range(lens[i]), counts[i])) for i in range(n)]
+    return BoundaryInputs(counts, src_dp, dst_dp, positions, seq_len)
+
+
+def all_pairs():
+    for n in range(1, 7):  # colocated: the same n ranks, in order and reversed
+        for src in layouts(n, "vision", range(n), with_cp=False):
+            for dst in layouts(n, "language", range(n), with_cp=True):
+                yield src, dst
+        if n == 4:
+            for dst in layouts(n, "language", (3, 1, 2, 0), with_cp=True):
+                yield StageLayout("vision", 2, 1, 2, (0, 1, 2, 3)), dst
+    for a, b in [(1, 1), (1, 2), (2, 1), (2, 2), (3, 2), (2, 3), (2, 4), (4, 2)]:  # disaggregated
+        for src in layouts(a, "vision", range(a), with_cp=False):
+            for dst in layouts(b, "language", range(a, a + b), with_cp=True):
+                yield src, dst
+                yield (dataclasses.replace(src, ranks=tuple(range(b, a + b))),
+                       dataclasses.replace(dst, ranks=tuple(range(b))))
+
+
+def test_every_layout_pair_up_to_six_ranks():
+    rng = random.Random(0)
+    cases = 0
+    for src, dst in all_pairs():
+        for contiguous in (True, False, False):
+            check(build_plan(src, dst, random_inputs(rng, src, dst, contiguous)))
+            cases += 1
+    assert cases > 700
+
+
+def test_positions_optional_without_sequence_shards():
+    src, dst = StageLayout("vision", 1, 1, 3, (0, 1, 2)), StageLayout("language", 3, 1, 2, (3, 4, 5, 6, 7, 8))
+    plan = build_plan(src, dst, BoundaryInputs([2, 0, 3, 1, 4, 2], [0, 0, 1, 1, 2, 2], [0, 0, 0, 1, 1, 1]))
+    check(plan)
+    assert plan.placement == "disaggregated"
+
+
+def test_colocated_identical_layouts_move_nothing_forward():
+    lay = StageLayout("vision", 2, 1, 2, (0, 1, 2, 3))
+    plan = build_plan(lay, dataclasses.replace(lay, name="language"), BoundaryInputs([3, 1, 2, 2], [0, 0, 1, 1], [0, 0, 1, 1]))
+    check(plan)
+    assert plan.rows_sent() == 0 and plan.lower_bound_rows() == 0
+
+
+def test_source_replicas_share_the_sending():
+    src = StageLayout("vision", 2, 1, 1, (0, 1))
+    dst = StageLayout("language", 1, 1, 2, (2, 3))
+    plan = build_plan(src, dst, BoundaryInputs([40, 40], [0, 0], [0, 1]))
+    sent = [plan.for_rank(r).forward.rows_sent for r in (0, 1)]
+    assert sent == [40, 40]
+    owned = [len(plan.for_rank(r).completion.send_index) for r in (0, 1)]  # one copy per other replica
+    assert owned == [40, 40]
+
+
+def test_lower_bound_counts_each_needing_rank():
+    # Language tp2 without sequence parallelism: both tp ranks need every row.
+    src = StageLayout("vision", 1, 1, 1, (0,))
+    dst = StageLayout("language", 2, 1, 1, (1, 2))
+    plan = build_plan(src, dst, BoundaryInputs([3, 2], [0, 0], [0, 0]))
+    assert plan.lower_bound_rows() == 10 and plan.rows_sent() == 10
+    # With sequence parallelism each row goes to one rank only.
+    sp = dataclasses.replace(dst, sequence_parallel=True)
+    plan = build_plan(src, sp, BoundaryInputs([3, 2], [0, 0], [0, 0], [[0, 1, 5], [2, 7]], 8))
+    assert [plan.for_rank(r).n_out for r in (1, 2)] == [3, 2]
+    assert plan.lower_bound_rows() == 5
+
+
+def test_shard_bounds_convention():
+    dst = StageLayout("language", 2, 2, 1, (0, 1, 2, 3), sequence_parallel=True)
+    assert [shard_bounds(dst, r, 16) for r in range(4)] == [(0, 4), (4, 8), (8, 12), (12, 16)]
+    dst = dataclasses.replace(dst, sequence_parallel=False)
+    assert [shard_bounds(dst, r, 16) for r in range(4)] == [(0, 8), (0, 8), (8, 16), (8, 16)]
+
+
+# ---------------------------------------------------------------------------- the checker can fail
+def _corrupt(plan, rank, **changes):
+    """A plan whose rank `rank` runs a modified forward/backward Direction."""
+    rp = plan.for_rank(rank)
+    changed = dataclasses.replace(rp, **{k: dataclasses.replace(getattr(rp, k), **v) for k, v in changes.items()})
+    plan._cache[("rank", rank)] = changed
+    return plan
+
+
+def _case():
+    src, dst = StageLayout("vision", 1, 1, 2, (0, 1)), StageLayout("language", 2, 1, 1, (0, 1))
+    return build_plan(src, dst, BoundaryInputs([2, 3], [0, 1], [0, 0]))
+
+
+def test_checker_catches_rows_landing_in_the_wrong_place():
+    plan = _case()
+    check(plan)
+    rd = plan.for_rank(0).forward.recv_dest
+    with pytest.raises(AssertionError, match="wrong rows"):
+        check(_corrupt(_case(), 0, forward={"recv_dest": rd[::-1]}))
+
+
+def test_checker_catches_a_gradient_returned_by_two_copies():
+    # Rank 1 also returns the gradient of a non-designated copy it received from rank 0: the
+    # source row then gets two contributions (a sum over replicas, scaled by tp).
+    plan = _case()
+    fwd1 = plan.for_rank(1).forward
+    bwd0, bwd1 = plan.for_rank(0).backward, plan.for_rank(1).backward
+    extra_o = fwd1.recv_dest[0]                           # an output row of rank 1 from rank 0
+    src_row = plan.for_rank(0).forward.send_index[0]      # the row rank 0 sent for it
+    plan = _corrupt(plan, 1, backward={"send_index": bwd1.send_index + (extra_o,),
+                                       "send_splits": (bwd1.send_splits[0] + 1, bwd1.send_splits[1])})
+    plan = _corrupt(plan, 0, backward={"recv_dest": bwd0.recv_dest + (src_row,),
+                                       "recv_splits": (bwd0.recv_splits[0], bwd0.recv_splits[1] + 1)})
+    with pytest.raises(AssertionError, match="written twice"):
+        check(plan)
+
+
+# ---------------------------------------------------------------------------- errors
+V = StageLayout("vision", 1, 1, 2, (0, 1))
+L_CP = StageLayout("language", 1, 2, 1, (0, 1))
+
+
+@pytest.mark.parametrize(
+    "src, dst, inputs, placement, field",
+    [
+        (V, L_CP, BoundaryInputs([2, 1], [0, 1], [0, 0], [[0, 3], [1, 2]], 4), None, "boundary.positions[1]"),
+        (V, L_CP, BoundaryInputs([2, 1], [0, None], [0, 0], [[0, 3], [1]], 4), None, "boundary.src_dp[1]"),
+        (V, L_CP, BoundaryInputs([2, 1], [0, 1], [0, 1], [[0, 3], [1]], 4), None, "boundary.dst_dp[1]"),
+        (V, L_CP, BoundaryInputs([2, 1], [0, 1], [0], [[0, 3], [1]], 4), None, "boundary.dst_dp"),
+        (V, L_CP, BoundaryInputs([2, 1], [0, 1], [0, 0]), None, "boundary.positions"),
+        (V, L_CP, BoundaryInputs([2, 1], [0, 1], [0, 0], [[0, 3], [1]], 5), None, "boundary.seq_len"),
+        (V, L_CP, BoundaryInputs([2, 1], [0, 1], [0, 0], [[3, 0], [1]], 4), None, "boundary.positions[0]"),
+        (V, L_CP, BoundaryInputs([2, -1], [0, 1], [0, 0], [[0, 3], []], 4), None, "boundary.token_counts[1]"),
+        (V, L_CP, BoundaryInputs([2, 1], [0, 1], [0, 0], [[0, 3], [1]], 4), "disaggregated", "placement"),
+        (V, StageLayout("language", 1, 1, 2, (1, 2)), BoundaryInputs([1], [0], [0]), None, "placement"),
+    ],
+)
+def test_invalid_inputs_raise_a_field_error(src, dst, inputs, placement, field):
+    with pytest.raises(HeteroConfigError) as err:
+        build_plan(src, dst, inputs, placement)
+    assert err.value.field == field
