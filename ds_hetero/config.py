@@ -71,18 +71,32 @@ class HeteroConfig:
         """Samples per micro-batch on one dp rank of `stage`."""
         return self.global_batch_size // (self.stages[stage].dp * self.micro_batches)
 
+    @property
+    def gradient_clipping(self) -> float:
+        """The clipping norm for the whole model, all stages together (0 = off).
+
+        DeepSpeed 0.19 defaults `gradient_clipping` to 1.0 when the key is absent; keep that
+        default so a config means the same with and without ds_hetero.
+        """
+        from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
+
+        return float(self.ds_config.get("gradient_clipping", GRADIENT_CLIPPING_DEFAULT))
+
     def stage_ds_config(self, stage: str) -> dict[str, Any]:
         """A deep copy of the DeepSpeed config for one stage's engine.
 
-        Only the batch keys change: every stage takes `micro_batches` accumulation steps over
-        the same global batch, split by its own dp. The plugin's own section is dropped so
-        the engine sees a plain DeepSpeed config.
+        Every stage takes `micro_batches` accumulation steps over the same global batch, split
+        by its own dp, so the batch keys are per stage. Clipping is turned off in the stage
+        engine: an engine would clip by its own stage's norm, while the model's norm spans all
+        stages; `gradient_clipping` is applied over all stages by ds_hetero instead. The
+        plugin's own section is dropped so the engine sees a plain DeepSpeed config.
         """
         cfg = copy.deepcopy(dict(self.ds_config))
         cfg.pop(SECTION, None)
         cfg["train_batch_size"] = self.global_batch_size
         cfg["train_micro_batch_size_per_gpu"] = self.micro_batch_size(stage)
         cfg["gradient_accumulation_steps"] = self.micro_batches
+        cfg["gradient_clipping"] = 0.0
         return cfg
 
 

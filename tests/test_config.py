@@ -33,9 +33,16 @@ def test_stage_config_keeps_deepspeed_keys_and_is_a_copy():
     source = dict(COLOCATED, zero_optimization={"stage": 2}, gradient_clipping=1.0)
     cfg = load_config(source, world_size=4)
     stage_cfg = cfg.stage_ds_config("language")
-    assert stage_cfg["zero_optimization"] == {"stage": 2} and stage_cfg["gradient_clipping"] == 1.0
+    assert stage_cfg["zero_optimization"] == {"stage": 2}
+    # each engine would clip by its own stage's norm: ds_hetero clips over all stages instead
+    assert stage_cfg["gradient_clipping"] == 0.0 and cfg.gradient_clipping == 1.0
     stage_cfg["zero_optimization"]["stage"] = 3
     assert cfg.stage_ds_config("language")["zero_optimization"]["stage"] == 2
+
+
+def test_clipping_defaults_like_deepspeed():
+    assert load_config(COLOCATED, 4).gradient_clipping == 1.0  # DeepSpeed 0.19's default
+    assert load_config(dict(COLOCATED, gradient_clipping=0.0), 4).gradient_clipping == 0.0
 
 
 def test_disaggregated_consecutive_blocks_in_listed_order():
