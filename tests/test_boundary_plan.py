@@ -15,45 +15,7 @@ import pytest
 
 from ds_hetero import HeteroConfigError, StageLayout
 from ds_hetero.boundary import BoundaryInputs, build_plan, shard_bounds
-
-
-# ---------------------------------------------------------------------------- references
-def src_rows(src, inputs, rank):
-    """The (sample, token) labels rank holds as a source, in source order."""
-    if not src.contains(rank):
-        return []
-    dp = src.coord(rank).dp
-    return [(i, j) for i, r in enumerate(inputs.src_dp) if r == dp for j in range(inputs.token_counts[i])]
-
-
-def dst_rows(dst, inputs, rank):
-    """The labels rank needs as a destination, in destination order (independent of the plan)."""
-    if not dst.contains(rank):
-        return []
-    c = dst.coord(rank)
-    chunks = dst.cp * (dst.tp if dst.sequence_parallel else 1)
-    chunk = c.cp * (dst.tp if dst.sequence_parallel else 1) + (c.tp if dst.sequence_parallel else 0)
-    rows = []
-    for i, r in enumerate(inputs.dst_dp):
-        if r != c.dp:
-            continue
-        for j in range(inputs.token_counts[i]):
-            if chunks > 1:
-                length = inputs.seq_len if isinstance(inputs.seq_len, int) else inputs.seq_len[i]
-                lo, hi = chunk * length // chunks, (chunk + 1) * length // chunks
-                if not lo <= inputs.positions[i][j] < hi:
-                    continue
-            rows.append((i, j))
-    return rows
-
-
-def lower_bound(src, dst, inputs):
-    """(row, needing rank) pairs where the rank is not a source replica of the row."""
-    return sum(
-        rank not in [r for r in src.ranks if src.coord(r).dp == inputs.src_dp[i]]
-        for rank in dst.ranks
-        for i, _ in dst_rows(dst, inputs, rank)
-    )
+from tests.boundary_reference import dst_rows, lower_bound, src_rows
 
 
 # ---------------------------------------------------------------------------- simulator

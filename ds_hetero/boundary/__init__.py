@@ -1,5 +1,6 @@
 """The boundary between two stages: a pure routing plan and the communicator that runs it."""
 
+from .communicator import BoundaryCommunicator, ExchangeStats, inputs_from_input_ids
 from .plan import (
     BoundaryInputs,
     BoundaryPlan,
@@ -12,11 +13,14 @@ from .plan import (
 )
 
 __all__ = [
+    "BoundaryCommunicator",
     "BoundaryInputs",
     "BoundaryPlan",
     "Direction",
+    "ExchangeStats",
     "RankPlan",
     "build_plan",
+    "inputs_from_input_ids",
     "num_shards",
     "shard_bounds",
     "shard_index",
