@@ -5,7 +5,7 @@ import torch
 
 from ds_hetero.models import split_llava
 from ds_hetero.models.tiny import tiny_llava
-from tests.llava_data import collate, llava_samples, token_loss_sum
+from tests.vlm_data import collate, llava_samples, token_loss_sum
 
 
 @pytest.mark.parametrize("vision", ["clip", "siglip"])
@@ -40,3 +40,23 @@ def test_placeholder_row_mismatch_is_an_error():
     batch = collate(llava_samples(model, 1))
     with pytest.raises(ValueError, match="16 image placeholder tokens .* but 15 image rows"):
         stages["language"](batch["input_ids"], torch.zeros(15, 64))
+
+
+@pytest.mark.parametrize("vision,strategy_tokens", [("clip", 16), ("siglip", 16)])
+def test_adapter_counts_tokens_and_rejects_mismatches(vision, strategy_tokens):
+    from ds_hetero.models.llava import LlavaAdapter
+
+    model = tiny_llava(vision)
+    adapter = LlavaAdapter(model)
+    samples = llava_samples(model, 2)
+    text_only = {"input_ids": samples[1]["input_ids"][16:], "labels": samples[1]["labels"][16:]}
+    for i, s in enumerate(samples + [text_only]):
+        adapter.check_sample(s, i)
+    assert adapter.tokens_per_image == strategy_tokens
+    assert adapter.vision_inputs(samples + [text_only])["pixel_values"].shape == (2, 3, 32, 32)
+    assert adapter.vision_inputs([text_only])["pixel_values"].shape == (0, 3, 32, 32)
+    batch = adapter.language_inputs([samples[0], text_only])
+    assert batch["input_ids"].shape == (2, 24) and batch["attention_mask"][1].sum() == 8
+    assert (batch["labels"][1, 8:] == -100).all()
+    with pytest.raises(ValueError, match="16 image placeholder tokens .* 0 image"):
+        adapter.check_sample({"input_ids": samples[0]["input_ids"], "labels": samples[0]["labels"]}, 0)

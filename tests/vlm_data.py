@@ -36,3 +36,31 @@ def token_loss_sum(logits, labels):
 
 def label_count(samples):
     return sum(int((s["labels"][1:] != IGNORE).sum()) for s in samples)
+
+
+def qwen_samples(model, grids, text_len=6, seed=0):
+    """One sample per entry of `grids`: (t, h, w) patches of one image, or None for a text-only sample.
+
+    Layout: <vision_start> image placeholders <vision_end> text. t*h*w/4 placeholders (2x2 merge).
+    """
+    cfg = model.config
+    v = cfg.vision_config
+    patch_dim = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size
+    gen = torch.Generator().manual_seed(seed)
+    samples = []
+    for grid in grids:
+        text = torch.randint(2, 250, (text_len,), generator=gen)
+        if grid is None:
+            ids = text
+            labels = text.clone()
+            sample = {}
+        else:
+            t, h, w = grid
+            n = t * h * w // (v.spatial_merge_size**2)
+            ids = torch.cat([torch.tensor([cfg.vision_start_token_id]), torch.full((n,), cfg.image_token_id),
+                             torch.tensor([cfg.vision_end_token_id]), text])
+            labels = torch.cat([torch.full((n + 2,), IGNORE), text])
+            sample = {"pixel_values": torch.randn(t * h * w, patch_dim, generator=gen),
+                      "image_grid_thw": torch.tensor([[t, h, w]])}
+        samples.append({"input_ids": ids, "labels": labels, **sample})
+    return samples

@@ -10,8 +10,12 @@ they were cut from (no copies), and together compute exactly the fused model's l
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 import torch
 from torch import nn
+
+from .adapter import StageAdapter
 
 
 class LlavaVisionStage(nn.Module):
@@ -26,8 +30,8 @@ class LlavaVisionStage(nn.Module):
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """Boundary rows for a batch of images: [n_images * tokens_per_image, text hidden]."""
         if pixel_values.shape[0] == 0:  # a rank whose share of the batch has no image
-            return self._empty_rows(pixel_values)
-        pixel_values = pixel_values.to(next(self.vision_tower.parameters()).dtype)
+            return empty_rows(self.multi_modal_projector.linear_2)
+        pixel_values = pixel_values.to(self.multi_modal_projector.linear_2.weight.dtype)
         out = self.vision_tower(pixel_values, output_hidden_states=True, return_dict=True)
         layers = [self.feature_layer] if isinstance(self.feature_layer, int) else list(self.feature_layer)
         selected = [out.hidden_states[i] for i in layers]
@@ -36,19 +40,25 @@ class LlavaVisionStage(nn.Module):
         features = self.multi_modal_projector(torch.cat(selected, dim=-1))
         return features.reshape(-1, features.shape[-1])
 
-    def _empty_rows(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        # Keep the projector in the graph so every rank's backward touches the same parameters.
-        width = self.multi_modal_projector.linear_2.out_features
-        weight = self.multi_modal_projector.linear_2.weight
-        return weight.new_zeros(0, width) + 0 * weight.sum()
+
+def empty_rows(last_linear: nn.Linear) -> torch.Tensor:
+    """`[0, H]` rows that still depend on the stage's output layer.
+
+    A rank with no image must produce a boundary tensor like everyone else, and its backward
+    must reach the stage's parameters (ZeRO's gradient hooks expect every rank to take part).
+    """
+    weight = last_linear.weight
+    return weight.new_zeros(0, weight.shape[0]) + 0 * weight.sum()
 
 
-class LlavaLanguageStage(nn.Module):
-    def __init__(self, model: nn.Module):
+class LanguageStage(nn.Module):
+    """Embeddings + decoder + head of a Hugging Face VLM; image rows replace the placeholders."""
+
+    def __init__(self, language_model: nn.Module, lm_head: nn.Module, image_token_id: int):
         super().__init__()
-        self.language_model = model.model.language_model
-        self.lm_head = model.lm_head
-        self.image_token_id = model.config.image_token_id
+        self.language_model = language_model
+        self.lm_head = lm_head
+        self.image_token_id = image_token_id
 
     def forward(
         self,
@@ -73,6 +83,46 @@ class LlavaLanguageStage(nn.Module):
         return self.lm_head(hidden)
 
 
+class LlavaLanguageStage(LanguageStage):
+    def __init__(self, model: nn.Module):
+        super().__init__(model.model.language_model, model.lm_head, model.config.image_token_id)
+
+
 def split_llava(model: nn.Module) -> dict[str, nn.Module]:
     """{"vision": ..., "language": ...} stage modules sharing `model`'s parameters."""
     return {"vision": LlavaVisionStage(model), "language": LlavaLanguageStage(model)}
+
+
+class LlavaAdapter(StageAdapter):
+    """Samples carry `pixel_values` of shape [1, C, H, W] (one image) or none (text only)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.image_token_id = model.config.image_token_id
+        self.pad_token_id = model.config.text_config.pad_token_id or 0
+        v = model.config.vision_config
+        # CLIP prepends a CLS token; the "default" strategy drops it, "full" keeps it.
+        has_cls = v.model_type.startswith("clip")
+        keeps_cls = has_cls and model.config.vision_feature_select_strategy == "full"
+        self.tokens_per_image = (v.image_size // v.patch_size) ** 2 + int(keeps_cls)
+        self.image_shape = (v.num_channels, v.image_size, v.image_size)
+
+    def split(self) -> dict[str, nn.Module]:
+        return split_llava(self.model)
+
+    def vision_inputs(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        images = [s["pixel_values"].reshape(-1, *self.image_shape) for s in samples if s.get("pixel_values") is not None]
+        if not images:
+            return {"pixel_values": torch.zeros(0, *self.image_shape)}
+        return {"pixel_values": torch.cat(images)}
+
+    def check_sample(self, sample: dict[str, Any], index: int) -> None:
+        super().check_sample(sample, index)
+        n_images = 0 if sample.get("pixel_values") is None else sample["pixel_values"].reshape(-1, *self.image_shape).shape[0]
+        expected = n_images * self.tokens_per_image
+        found = self.image_token_count(sample)
+        if found != expected:
+            raise ValueError(
+                f"sample {index}: {found} image placeholder tokens (id {self.image_token_id}) but "
+                f"{n_images} image(s) x {self.tokens_per_image} tokens = {expected}"
+            )

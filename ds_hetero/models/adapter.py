@@ -1,0 +1,66 @@
+"""What the engine needs to know about a multimodal model family, behind one interface.
+
+An adapter cuts a Hugging Face model into stage modules that share its parameters, and turns a
+list of per-sample dicts into each stage's inputs. The boundary tensor is always `[T, H]`: one
+row per image placeholder token, samples in order, placeholders in sequence order.
+
+Samples are dicts with at least `input_ids` (1-D, with image placeholder ids) and `labels`
+(1-D, -100 where no loss is taken); image samples add the model's image fields. A sample may
+have no image.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+IGNORE_INDEX = -100
+
+
+class StageAdapter:
+    """Base class: padding and placeholder bookkeeping shared by every family."""
+
+    image_token_id: int
+    pad_token_id: int = 0
+
+    def split(self) -> dict[str, nn.Module]:
+        raise NotImplementedError
+
+    def vision_inputs(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Keyword arguments of the vision stage's forward for these samples' images."""
+        raise NotImplementedError
+
+    def position_ids(self, batch: dict[str, torch.Tensor], samples: Sequence[dict[str, Any]]) -> torch.Tensor | None:
+        """Position ids of the padded batch; None lets the language model count 0..s-1."""
+        return None
+
+    def image_token_count(self, sample: dict[str, Any]) -> int:
+        return int((sample["input_ids"] == self.image_token_id).sum())
+
+    def language_inputs(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Right-padded `input_ids`, `attention_mask`, `labels` (-100 on padding), `position_ids`."""
+        length = max(int(s["input_ids"].shape[-1]) for s in samples)
+        ids = torch.full((len(samples), length), self.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(samples), length), IGNORE_INDEX, dtype=torch.long)
+        mask = torch.zeros((len(samples), length), dtype=torch.long)
+        for i, s in enumerate(samples):
+            n = int(s["input_ids"].shape[-1])
+            ids[i, :n] = s["input_ids"].reshape(-1)
+            labels[i, :n] = s["labels"].reshape(-1)
+            mask[i, :n] = 1
+        batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        batch["position_ids"] = self.position_ids(batch, samples)
+        return batch
+
+    def check_sample(self, sample: dict[str, Any], index: int) -> None:
+        """Reject a sample whose image fields disagree with its placeholders (before any collective)."""
+        for key in ("input_ids", "labels"):
+            if key not in sample:
+                raise ValueError(f"sample {index}: missing '{key}'")
+        if sample["input_ids"].shape != sample["labels"].shape:
+            raise ValueError(
+                f"sample {index}: input_ids {tuple(sample['input_ids'].shape)} and labels "
+                f"{tuple(sample['labels'].shape)} differ in shape"
+            )
