@@ -257,3 +257,13 @@ def test_errors_raise_on_every_rank_before_the_collective():
     }
     for rank, raised in enumerate(results):
         assert raised == expected, f"rank {rank}: {raised}"
+
+
+def test_inputs_from_input_ids():
+    import torch
+
+    from ds_hetero.boundary import inputs_from_input_ids
+
+    ids = torch.tensor([[1, 9, 9, 2], [1, 2, 3, 4], [9, 1, 1, 9]])
+    inp = inputs_from_input_ids(ids, 9, [0, 0, 1], [0, 1, 1])
+    assert inp.token_counts == (2, 0, 2) and inp.positions == ((1, 2), (), (0, 3)) and inp.seq_len == 4

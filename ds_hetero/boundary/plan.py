@@ -253,8 +253,9 @@ class BoundaryPlan:
         n = num_shards(self.dst)
         if n == 1:
             return 0
-        length = _seq_lens(self.inputs)[i]
-        return self.inputs.positions[i][j] // (length // n)
+        if "lens" not in self._cache:
+            self._cache["lens"] = _seq_lens(self.inputs)
+        return self.inputs.positions[i][j] // (self._cache["lens"][i] // n)
 
     def _copies(self, dp: int, shard: int) -> tuple[int, ...]:
         """Destination ranks that need a row of dp replica `dp` lying in chunk `shard`."""
