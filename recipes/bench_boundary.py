@@ -57,7 +57,8 @@ CASES = {
     4: [
         ("v tp1dp4 -> l tp2dp2", L("vision", 1, 1, 4, range(4)), L("language", 2, 1, 2, range(4)), "colocated"),
         ("v tp1dp4 -> l tp4dp1", L("vision", 1, 1, 4, range(4)), L("language", 4, 1, 1, range(4)), "colocated"),
-        ("v tp1dp4 -> l tp2cp2 sp", L("vision", 1, 1, 4, range(4)), L("language", 2, 2, 1, range(4), True), "colocated"),
+        ("v tp1dp4 -> l tp2cp2 sp", L("vision", 1, 1, 4, range(4)), L("language", 2, 2, 1, range(4), True),
+         "colocated"),
     ],
     6: [
         ("v tp2dp3 -> l tp3dp2", L("vision", 2, 1, 3, range(6)), L("language", 3, 1, 2, range(6)), "colocated"),
@@ -223,7 +224,8 @@ def _bench_case(rank, label, src, dst, placement, hidden, iters, seed):
         comm = BoundaryCommunicator(src, dst, groups, placement, hidden_size=hidden, dtype=x.dtype)
         pick = _shard_pick(comm, inp, rank)
         # The baselines' routing is precomputed, as ours is (its plan is cached per micro-batch).
-        leader, gather_all = LeaderBroadcast(inp, src, dst, groups, rank, pick), AllGatherAll(inp, src, dst, groups, rank, pick)
+        leader = LeaderBroadcast(inp, src, dst, groups, rank, pick)
+        gather_all = AllGatherAll(inp, src, dst, groups, rank, pick)
         unchecked = BoundaryCommunicator(src, dst, groups, placement, validate=False)
         ours, t_ours = _timed(lambda: comm.exchange_rows(x, inp), groups.boundary, iters)
         ours_sent = comm.last_forward.bytes_sent

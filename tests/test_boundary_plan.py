@@ -38,7 +38,8 @@ def _exchange(plans, direction, data, group, n_out):
             assert len(chunks[p, r]) == n, f"rank {r} expects {n} rows from {p}, gets {len(chunks[p, r])}"
             buf += chunks[p, r]
         assert len(buf) == len(d.recv_dest)
-        for value, o in itertools.chain(zip(buf, d.recv_dest), ((data[r][s], o) for s, o in zip(d.local_src, d.local_dst))):
+        copies = ((data[r][s], o) for s, o in zip(d.local_src, d.local_dst))
+        for value, o in itertools.chain(zip(buf, d.recv_dest), copies):
             assert out[r][o] is None, f"rank {r}: row {o} written twice"
             out[r][o] = value
     return out
@@ -169,7 +170,8 @@ def test_positions_optional_without_sequence_shards():
 
 def test_colocated_identical_layouts_move_nothing_forward():
     lay = StageLayout("vision", 2, 1, 2, (0, 1, 2, 3))
-    plan = build_plan(lay, dataclasses.replace(lay, name="language"), BoundaryInputs([3, 1, 2, 2], [0, 0, 1, 1], [0, 0, 1, 1]))
+    inp = BoundaryInputs([3, 1, 2, 2], [0, 0, 1, 1], [0, 0, 1, 1])
+    plan = build_plan(lay, dataclasses.replace(lay, name="language"), inp)
     check(plan)
     assert plan.rows_sent() == 0 and plan.lower_bound_rows() == 0
 

@@ -1,16 +1,8 @@
 """The boundary between two stages: a pure routing plan and the communicator that runs it."""
 
 from .communicator import BoundaryCommunicator, ExchangeStats, inputs_from_input_ids
-from .plan import (
-    BoundaryInputs,
-    BoundaryPlan,
-    Direction,
-    RankPlan,
-    build_plan,
-    num_shards,
-    shard_bounds,
-    shard_index,
-)
+from .inputs import PLACEMENTS, BoundaryInputs, num_shards, shard_bounds, shard_index
+from .plan import BoundaryPlan, Direction, RankPlan, build_plan
 
 __all__ = [
     "BoundaryCommunicator",
@@ -18,6 +10,7 @@ __all__ = [
     "BoundaryPlan",
     "Direction",
     "ExchangeStats",
+    "PLACEMENTS",
     "RankPlan",
     "build_plan",
     "inputs_from_input_ids",

@@ -36,7 +36,8 @@ from torch.autograd.function import once_differentiable
 from ..errors import HeteroConfigError
 from ..groups import HeteroGroups
 from ..layout import StageLayout
-from .plan import BoundaryInputs, BoundaryPlan, Direction, RankPlan, _check_placement, build_plan
+from .inputs import BoundaryInputs, check_placement
+from .plan import BoundaryPlan, Direction, RankPlan, build_plan
 
 # A dtype's code in the consensus vector; ranks must agree on it (0: anything else).
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -148,10 +149,11 @@ class BoundaryCommunicator:
                  *, hidden_size: int | None = None, dtype: torch.dtype | None = None,
                  validate: bool = True, cache_size: int = 8):
         self.src, self.dst = src, dst
-        self.placement = _check_placement(src, dst, placement)
+        self.placement = check_placement(src, dst, placement)
         for layout in (src, dst):
             if groups.stages[layout.name].layout != layout:
-                raise HeteroConfigError("stages", f"layout of {layout.name!r} differs from the one the groups were built for")
+                raise HeteroConfigError(
+                    "stages", f"layout of {layout.name!r} differs from the one the groups were built for")
         self.rank = groups.stages[src.name].rank
         peers = tuple(sorted(set(src.ranks) | set(dst.ranks)))
         if tuple(groups.boundary_ranks) != peers:
@@ -163,7 +165,8 @@ class BoundaryCommunicator:
         self.replica_group = groups.stages[src.name].model if src.contains(self.rank) else None
         # The plan indexes splits by sorted global rank: the groups must number ranks that way.
         for group in (self.group, self.replica_group):
-            if group is not None and dist.get_process_group_ranks(group) != sorted(dist.get_process_group_ranks(group)):
+            ranks = dist.get_process_group_ranks(group) if group is not None else []
+            if ranks != sorted(ranks):
                 raise ValueError("boundary groups must list their ranks in ascending order (build_groups does)")
         self.hidden_size, self.dtype, self.validate = hidden_size, dtype, validate
         self._cache: OrderedDict = OrderedDict()
@@ -235,8 +238,8 @@ class BoundaryCommunicator:
         if route is None:
             rp = entry["rank_plan"]
             completion = _Moves.of(rp.completion, device) if rp.completion is not None else None
-            route = _Route(entry["plan"], rp, _Moves.of(rp.forward, device), _Moves.of(rp.backward, device),
-                           completion, entry["digest"])
+            route = _Route(entry["plan"], rp, _Moves.of(rp.forward, device),
+                           _Moves.of(rp.backward, device), completion, entry["digest"])
             entry["routes"][device] = route
         return route
 
@@ -275,7 +278,8 @@ class BoundaryCommunicator:
         if problem is not None:
             raise HeteroConfigError(field, problem + "; no rank communicated")
         if bad:
-            raise HeteroConfigError(field, f"rank {bad - 1} rejected its {what} (its error says why); no rank communicated")
+            raise HeteroConfigError(
+                field, f"rank {bad - 1} rejected its {what} (its error says why); no rank communicated")
         if d_max != -d_min:
             raise HeteroConfigError("boundary.inputs", "ranks passed different BoundaryInputs for the same exchange")
         if h_max != -h_min:
