@@ -1,0 +1,8 @@
+"""Datasets for training and tests; everything is generated in code (no downloads)."""
+
+from .shapes import (COLOURS, SHAPES, LlavaFormat, Qwen2VLFormat, RawFormat, Shape, ShapesCaptionDataset,
+                     Vocabulary)
+
+__all__ = [
+    "COLOURS", "SHAPES", "LlavaFormat", "Qwen2VLFormat", "RawFormat", "Shape", "ShapesCaptionDataset", "Vocabulary",
+]
