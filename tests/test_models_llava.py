@@ -60,3 +60,13 @@ def test_adapter_counts_tokens_and_rejects_mismatches(vision, strategy_tokens):
     assert (batch["labels"][1, 8:] == -100).all()
     with pytest.raises(ValueError, match="16 image placeholder tokens .* 0 image"):
         adapter.check_sample({"input_ids": samples[0]["input_ids"], "labels": samples[0]["labels"]}, 0)
+
+
+@pytest.mark.parametrize("vision", ["clip", "siglip"])
+def test_trainable_parameters_are_exactly_those_with_gradients(vision):
+    model = tiny_llava(vision, seed=1)
+    stages = split_llava(model)
+    batch = collate(llava_samples(model, 2))
+    stages["language"](batch["input_ids"], stages["vision"](batch["pixel_values"])).sum().backward()
+    with_grad = {id(p) for p in stages["vision"].parameters() if p.grad is not None}
+    assert {id(p) for p in stages["vision"].trainable_parameters()} == with_grad

@@ -1,5 +1,30 @@
 """Adapters that split a Hugging Face multimodal model into stages."""
 
-from .llava import LlavaLanguageStage, LlavaVisionStage, split_llava
+from __future__ import annotations
 
-__all__ = ["LlavaLanguageStage", "LlavaVisionStage", "split_llava"]
+from .adapter import IGNORE_INDEX, StageAdapter
+from .llava import LlavaAdapter, LlavaLanguageStage, LlavaVisionStage, split_llava
+from .qwen2_vl import Qwen2VLAdapter, split_qwen2_vl
+
+# Model class name -> adapter. Names, not classes, so a model family's module is only imported
+# by the adapter that needs it.
+ADAPTERS = {
+    "LlavaForConditionalGeneration": LlavaAdapter,
+    "Qwen2VLForConditionalGeneration": Qwen2VLAdapter,
+}
+
+
+def adapter_for(model) -> StageAdapter:
+    """The stage adapter of a Hugging Face multimodal model instance."""
+    for cls in type(model).__mro__:
+        if cls.__name__ in ADAPTERS:
+            return ADAPTERS[cls.__name__](model)
+    raise TypeError(
+        f"ds_hetero has no stage adapter for {type(model).__name__}; supported: {', '.join(sorted(ADAPTERS))}"
+    )
+
+
+__all__ = [
+    "ADAPTERS", "IGNORE_INDEX", "LlavaAdapter", "LlavaLanguageStage", "LlavaVisionStage", "Qwen2VLAdapter",
+    "StageAdapter", "adapter_for", "split_llava", "split_qwen2_vl",
+]

@@ -25,8 +25,47 @@ class StageAdapter:
     image_token_id: int
     pad_token_id: int = 0
 
+    model: nn.Module
+
     def split(self) -> dict[str, nn.Module]:
         raise NotImplementedError
+
+    def vision_modules(self) -> list[nn.Module]:
+        """The vision stage's modules that tensor parallelism shards (tower, projector)."""
+        raise NotImplementedError
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of a boundary row: the language model's hidden size."""
+        return self.model.config.text_config.hidden_size
+
+    # ------------------------------------------------------------------ tensor parallelism
+    def check_layouts(self, cfg) -> None:
+        """Every tp size divides what it must (heads, kv heads, MLP width, vocabulary).
+
+        Pure: needs only the model's config and the layouts, so it runs before any collective
+        and raises the same HeteroConfigError on every rank.
+        """
+        from ..tensor_parallel import validate_tensor_parallel
+        from ..tensor_parallel.shard import _check_head
+
+        vision, language = cfg.stages["vision"], cfg.stages["language"]
+        for module in self.vision_modules():
+            validate_tensor_parallel(module, vision.tp, "vision")
+        validate_tensor_parallel(self.model.get_decoder(), language.tp, "language")
+        if language.tp > 1:
+            _check_head(self.model, language.tp, False, "language")
+
+    def shard(self, groups, cfg) -> None:
+        """Shard each stage this rank holds over that stage's tp group (in place, no communication)."""
+        from ..tensor_parallel import shard_language_model, shard_vision_tower
+
+        if groups["vision"].is_member and cfg.stages["vision"].tp > 1:
+            for module in self.vision_modules():
+                shard_vision_tower(module, groups["vision"].tp)
+        if groups["language"].is_member and cfg.stages["language"].tp > 1:
+            shard_language_model(self.model, groups["language"].tp,
+                                 sequence_parallel=cfg.stages["language"].sequence_parallel)
 
     def vision_inputs(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Keyword arguments of the vision stage's forward for these samples' images."""

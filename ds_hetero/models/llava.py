@@ -30,7 +30,7 @@ class LlavaVisionStage(nn.Module):
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """Boundary rows for a batch of images: [n_images * tokens_per_image, text hidden]."""
         if pixel_values.shape[0] == 0:  # a rank whose share of the batch has no image
-            return empty_rows(self.multi_modal_projector.linear_2)
+            return empty_rows(self, {"pixel_values": pixel_values.new_zeros(1, *pixel_values.shape[1:])})
         pixel_values = pixel_values.to(self.multi_modal_projector.linear_2.weight.dtype)
         out = self.vision_tower(pixel_values, output_hidden_states=True, return_dict=True)
         layers = [self.feature_layer] if isinstance(self.feature_layer, int) else list(self.feature_layer)
@@ -40,15 +40,35 @@ class LlavaVisionStage(nn.Module):
         features = self.multi_modal_projector(torch.cat(selected, dim=-1))
         return features.reshape(-1, features.shape[-1])
 
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The parameters LLaVA's forward uses: the tower up to its deepest feature layer, the projector.
 
-def empty_rows(last_linear: nn.Linear) -> torch.Tensor:
-    """`[0, H]` rows that still depend on the stage's output layer.
+        Why: the layers after the feature layer, the tower's post-layernorm and SigLIP's pooling
+        head never get a gradient. A single-process optimizer skips them; ZeRO would treat the
+        missing gradient as zero and still apply weight decay. Leaving them out of the
+        optimizer keeps both the same.
+        """
+        layers = self.vision_tower.encoder.layers
+        wanted = [self.feature_layer] if isinstance(self.feature_layer, int) else list(self.feature_layer)
+        deepest = max(k if k >= 0 else len(layers) + 1 + k for k in wanted)  # hidden_states[k]: after k layers
+        unused = {id(p) for layer in layers[deepest:] for p in layer.parameters()}
+        for name in ("post_layernorm", "head"):
+            if hasattr(self.vision_tower, name):
+                unused |= {id(p) for p in getattr(self.vision_tower, name).parameters()}
+        return [p for p in self.parameters() if p.requires_grad and id(p) not in unused]
 
-    A rank with no image must produce a boundary tensor like everyone else, and its backward
-    must reach the stage's parameters (ZeRO's gradient hooks expect every rank to take part).
+
+def empty_rows(stage: nn.Module, dummy_inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """`[0, H]` rows, computed through the whole stage from a dummy input and multiplied by zero.
+
+    A rank whose share of a micro-batch has no image still produces a boundary tensor, and its
+    backward must give every parameter a (zero) gradient in the same order as its dp peers do:
+    ZeRO-2 reduces gradients from per-parameter hooks into buckets filled in hook order, so a
+    rank with a different backward graph would mix up its peers' buckets. Running the same
+    modules on a dummy input gives the same graph.
     """
-    weight = last_linear.weight
-    return weight.new_zeros(0, weight.shape[0]) + 0 * weight.sum()
+    rows = stage(**dummy_inputs)
+    return rows[:0] + 0 * rows.sum()
 
 
 class LanguageStage(nn.Module):
@@ -109,6 +129,9 @@ class LlavaAdapter(StageAdapter):
 
     def split(self) -> dict[str, nn.Module]:
         return split_llava(self.model)
+
+    def vision_modules(self) -> list[nn.Module]:
+        return [self.model.model.vision_tower, self.model.model.multi_modal_projector]
 
     def vision_inputs(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         images = [s["pixel_values"].reshape(-1, *self.image_shape) for s in samples if s.get("pixel_values") is not None]

@@ -27,8 +27,11 @@ class Qwen2VLVisionStage(nn.Module):
         self.visual = model.model.visual
 
     def forward(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
-        if image_grid_thw.shape[0] == 0:
-            return empty_rows(self.visual.merger.mlp[-1])
+        if image_grid_thw.shape[0] == 0:  # the smallest image: one merged token
+            m = self.visual.spatial_merge_size
+            grid = image_grid_thw.new_tensor([[1, m, m]])
+            return empty_rows(self, {"pixel_values": pixel_values.new_zeros(m * m, pixel_values.shape[-1]),
+                                     "image_grid_thw": grid})
         dtype = self.visual.merger.mlp[-1].weight.dtype
         return self.visual(pixel_values.to(dtype), grid_thw=image_grid_thw).pooler_output
 
@@ -52,6 +55,9 @@ class Qwen2VLAdapter(StageAdapter):
 
     def split(self) -> dict[str, nn.Module]:
         return split_qwen2_vl(self.model)
+
+    def vision_modules(self) -> list[nn.Module]:
+        return [self.model.model.visual]  # blocks and merger
 
     def vision_inputs(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         with_image = [s for s in samples if s.get("image_grid_thw") is not None]

@@ -1,0 +1,279 @@
+"""HeteroEngine: one DeepSpeed engine per stage held by this rank, stepped as one model.
+
+    engine = ds_hetero.initialize(model, "ds_config.json")
+    result = engine.train_batch(samples)        # one optimizer step over the global batch
+
+Set-up, in an order every rank follows identically (group creation and engine creation are
+collective): validate the config (errors before any collective) -> process groups of every
+stage -> shard each stage over its tp group -> cut the model into stage modules -> one
+`deepspeed.initialize` per stage this rank holds, each with its own StageMPU and batch keys ->
+the boundary communicator.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from datetime import timedelta
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from . import clipping
+from .config import HeteroConfig, load_config
+from .deepspeed_compat import skip_cpu_shm_comm_build
+from .errors import HeteroConfigError
+from .groups import build_groups
+from .loader import GlobalBatchLoader
+from .loss import label_token_count
+from .models import adapter_for
+from .mpu import StageMPU, stage_context
+from .result import StepResult
+from .schedule import ColocatedSchedule
+
+DEFAULT_TIMEOUT_S = 600
+
+
+def ensure_distributed(timeout_s: float) -> tuple[int, int]:
+    """Join (or start) the default process group with the accelerator's backend."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    skip_cpu_shm_comm_build()
+    if not dist.is_initialized():
+        deepspeed.init_distributed(
+            dist_backend=get_accelerator().communication_backend_name(), timeout=timedelta(seconds=timeout_s)
+        )
+    else:  # a process group made by the caller: let DeepSpeed's comm layer wrap it
+        deepspeed.init_distributed(dist_backend=dist.get_backend())
+    return dist.get_rank(), dist.get_world_size()
+
+
+def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) -> None:
+    """What HeteroEngine runs today; everything else is refused before any collective."""
+    if cfg.placement != "colocated":
+        raise HeteroConfigError("hetero_parallel.placement", "only \"colocated\" training is implemented so far")
+    if tuple(cfg.stages) != ("vision", "language") and set(cfg.stages) != {"vision", "language"}:
+        raise HeteroConfigError("hetero_parallel.stages", "HeteroEngine trains exactly a vision and a language stage")
+    if cfg.language.sequence_parallel:
+        raise HeteroConfigError(
+            "hetero_parallel.stages.language.sequence_parallel",
+            "not supported by HeteroEngine yet (the boundary would have to deliver sequence shards to a "
+            "decoder that expects its full input); set it to false")
+    if cfg.language.cp != 1:
+        raise HeteroConfigError("hetero_parallel.stages.language.cp", "context parallelism is not implemented yet; use cp 1")
+    ds = cfg.ds_config
+    if "optimizer" not in ds and not has_client_optimizer:
+        raise HeteroConfigError(
+            "optimizer", 'missing; every stage engine builds its optimizer from it, e.g. '
+            '{"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": true}}')
+    fp16 = ds.get("fp16", {})
+    if isinstance(fp16, Mapping) and fp16.get("enabled") is True:
+        raise HeteroConfigError("fp16.enabled", "fp16 loss scaling across stages is not supported; use bf16")
+    if cfg.gradient_clipping < 0:
+        raise HeteroConfigError("gradient_clipping", f"must be >= 0, got {cfg.gradient_clipping}")
+
+
+class HeteroEngine:
+    """Trains a Hugging Face multimodal model with a per-stage parallel layout.
+
+    optimizer   optional factory `params -> torch.optim.Optimizer` used for every stage (as
+                `deepspeed.initialize(optimizer=callable)`); otherwise the DeepSpeed config's
+                "optimizer" section builds each stage's optimizer
+    seed        order of the training data (the same on every rank)
+    timeout_s   process-group timeout: a collective that waits longer raises instead of hanging
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: str | os.PathLike | Mapping[str, Any],
+        training_data: Any = None,
+        collate_fn: Callable[[list[Any]], list[dict[str, Any]]] | None = None,
+        *,
+        optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | None = None,
+        seed: int = 0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ):
+        import deepspeed
+
+        from .tensor_parallel import VocabParallelLMHead
+
+        # Config errors first: they need only the world size, which the launcher's
+        # environment gives before any process group exists.
+        world_env = int(os.environ.get("WORLD_SIZE", "0")) or None
+        self.adapter = adapter_for(model)
+        if world_env is not None and not dist.is_initialized():
+            cfg = load_config(config, world_env)
+            check_engine_support(cfg, optimizer is not None)
+            self.adapter.check_layouts(cfg)
+        self.rank, self.world_size = ensure_distributed(timeout_s)
+        self.config = cfg = load_config(config, self.world_size)
+        check_engine_support(cfg, optimizer is not None)
+        self.adapter.check_layouts(cfg)
+        self.model = model
+
+        self.groups = build_groups(cfg.stages, self.rank, timeout=timedelta(seconds=timeout_s))
+        self.coords = {name: layout.coord(self.rank) for name, layout in cfg.stages.items() if layout.contains(self.rank)}
+        self.adapter.shard(self.groups, cfg)  # per-stage tensor parallelism (checks first, then shards)
+        modules = self.adapter.split()
+        self.mpus: dict[str, StageMPU] = {}
+        self.engines: dict[str, Any] = {}
+        for name in cfg.stage_names:  # same order on every rank: initialize is collective
+            if name not in self.coords:
+                continue
+            mpu = StageMPU(self.groups[name])
+            module = modules[name]
+            params = (module.trainable_parameters() if hasattr(module, "trainable_parameters")
+                      else [p for p in module.parameters() if p.requires_grad])
+            with stage_context(mpu):
+                engine, *_ = deepspeed.initialize(
+                    model=module, model_parameters=params,
+                    optimizer=optimizer, mpu=mpu, config=cfg.stage_ds_config(name),
+                )
+            clipping.check_supported(engine, name)
+            self.mpus[name], self.engines[name] = mpu, engine
+        head = modules["language"].lm_head
+        self.lm_head = head if isinstance(head, VocabParallelLMHead) else None
+
+        from .boundary import BoundaryCommunicator
+
+        self.boundary = BoundaryCommunicator(
+            cfg.stages["vision"], cfg.language, self.groups, cfg.placement,
+            hidden_size=self.adapter.hidden_size,
+        )
+        self.schedule = ColocatedSchedule(self)
+        self.loader = (
+            GlobalBatchLoader(training_data, cfg.global_batch_size, collate_fn, seed=seed)
+            if training_data is not None else None
+        )
+        self.global_steps = 0
+
+    # ------------------------------------------------------------------ training
+    def needed_positions(self) -> set[int]:
+        """Global-batch positions whose full sample this rank reads (its stages' shares)."""
+        from .batching import stage_samples
+
+        needed: set[int] = set()
+        for name, coord in self.coords.items():
+            for m in range(self.config.micro_batches):
+                needed.update(stage_samples(self.config, name, coord.dp, m))
+        return needed
+
+    def _next_samples(self) -> list[dict[str, Any]]:
+        if self.loader is None:
+            raise ValueError("train_batch() without samples needs training_data at initialize()")
+        return self.loader.load(self.global_steps, self.needed_positions())
+
+    def _check_samples(self, samples: Sequence[dict[str, Any]], consensus: bool) -> None:
+        """Reject a bad global batch on every rank before any collective of the step.
+
+        With samples passed in, every rank holds the same full list and finds the same problem.
+        From the loader a rank reads only its share: one small all-reduce lets every rank raise.
+        """
+        problem = None
+        if len(samples) != self.config.global_batch_size:
+            problem = (f"got {len(samples)} samples, but train_batch_size (the global batch) is "
+                       f"{self.config.global_batch_size}")
+        else:
+            for i, s in enumerate(samples):
+                if s.get("light"):
+                    continue
+                try:
+                    self.adapter.check_sample(s, i)
+                except ValueError as exc:
+                    problem = str(exc)
+                    break
+        if consensus:
+            flag = torch.tensor([0 if problem is None else self.rank + 1], dtype=torch.long)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.groups.boundary)
+            if problem is None and int(flag) > 0:
+                problem = f"rank {int(flag) - 1} found an invalid sample in the global batch (see its error)"
+        if problem is not None:
+            raise ValueError(f"train_batch: {problem}")
+
+    def _global_label_count(self, samples: Sequence[dict[str, Any]]) -> int:
+        """Label tokens of the whole global batch, from the language shares (one int all-reduce)."""
+        from .batching import stage_samples
+
+        coord = self.coords["language"]
+        mine = 0
+        for m in range(self.config.micro_batches):
+            for p in stage_samples(self.config, "language", coord.dp, m):
+                mine += label_token_count(samples[p]["labels"])
+        count = torch.tensor([mine], dtype=torch.long)
+        # A language dp group holds one rank of each dp replica: every sample counted once.
+        dist.all_reduce(count, group=self.groups["language"].dp)
+        return int(count)
+
+    def train_batch(self, samples: Sequence[dict[str, Any]] | None = None) -> StepResult:
+        """One optimizer step over the global batch (the same list on every rank)."""
+        start = time.perf_counter()
+        from_loader = samples is None
+        samples = self._next_samples() if from_loader else list(samples)
+        self._check_samples(samples, consensus=from_loader)
+        n_labels = self._global_label_count(samples)
+        if n_labels == 0:
+            raise ValueError("train_batch: the global batch has no label tokens (all labels are -100)")
+
+        loss_sum, times, bytes_ = self.schedule.run(samples, n_labels)
+
+        t0 = time.perf_counter()
+        norms = {}
+        for name, engine in self.engines.items():
+            with stage_context(self.mpus[name]):
+                norms[name] = clipping.stage_norm(engine, self.groups[name].tp)
+        grad_norm = clipping.global_norm(norms)
+        for name, engine in self.engines.items():
+            with stage_context(self.mpus[name]):
+                clipping.step_with_global_norm(engine, grad_norm, self.config.gradient_clipping)
+        times["optimizer"] = {"step": time.perf_counter() - t0}
+
+        loss = torch.tensor([loss_sum], dtype=torch.float64)
+        dist.all_reduce(loss, group=self.groups["language"].dp)
+        self.global_steps += 1
+        return StepResult(
+            loss=float(loss) / n_labels,
+            grad_norm=grad_norm,
+            num_tokens=n_labels,
+            num_samples=len(samples),
+            step_time=time.perf_counter() - start,
+            stage_time=times,
+            boundary_bytes=bytes_["sent"],
+            boundary_bytes_total=bytes_["total"],
+            boundary_bytes_lower_bound=bytes_["lower_bound"],
+            skipped=not math.isfinite(grad_norm),
+        )
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None) -> str:
+        """Every stage's engine saves under save_dir/<stage>/<tag>; all ranks must call it."""
+        tag = tag or f"global_step{self.global_steps}"
+        for name, engine in self.engines.items():
+            with stage_context(self.mpus[name]):
+                engine.save_checkpoint(os.path.join(os.fspath(save_dir), name), tag=tag,
+                                       client_state={"ds_hetero_global_steps": self.global_steps})
+        # DeepSpeed writes the `latest` file only on global rank 0; write it per stage.
+        if self.rank == 0:
+            with open(os.path.join(os.fspath(save_dir), "latest"), "w") as f:
+                f.write(tag)
+        dist.barrier(group=self.groups.boundary)
+        return tag
+
+    def load_checkpoint(self, load_dir: str | os.PathLike, tag: str | None = None) -> str:
+        if tag is None:
+            with open(os.path.join(os.fspath(load_dir), "latest")) as f:
+                tag = f.read().strip()
+        for name, engine in self.engines.items():
+            with stage_context(self.mpus[name]):
+                _, client = engine.load_checkpoint(os.path.join(os.fspath(load_dir), name), tag=tag)
+            if client:
+                self.global_steps = int(client.get("ds_hetero_global_steps", self.global_steps))
+        return tag
+
+
+def initialize(model, config, training_data=None, collate_fn=None, **kwargs) -> HeteroEngine:
+    """Build a HeteroEngine: `ds_hetero.initialize(model, config, training_data=None, collate_fn=None)`."""
+    return HeteroEngine(model, config, training_data=training_data, collate_fn=collate_fn, **kwargs)

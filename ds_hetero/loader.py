@@ -1,0 +1,72 @@
+"""The global batches of a map-style dataset, read on each rank only as far as that rank needs.
+
+Every rank walks the same seeded order of sample indices, so every rank agrees on which
+samples form step k's global batch. A rank materialises in full (image fields included) only
+the samples its stages handle; for every other sample it needs just the token ids, to know the
+sample's image-token count for the boundary plan. A dataset that can give those cheaply
+implements `input_ids(index)`; otherwise the full item is read and its image fields dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+
+class GlobalBatchLoader:
+    """Step k's global batch as a list of per-sample dicts (`light` dicts outside this rank's share)."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        global_batch_size: int,
+        collate_fn: Callable[[list[Any]], list[dict[str, Any]]] | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+    ):
+        if len(dataset) < global_batch_size:
+            raise ValueError(
+                f"training_data has {len(dataset)} samples, fewer than one global batch "
+                f"(train_batch_size={global_batch_size})"
+            )
+        self.dataset = dataset
+        self.global_batch_size = global_batch_size
+        self.collate_fn = collate_fn
+        self.shuffle = shuffle
+        self.seed = seed
+        self.steps_per_epoch = len(dataset) // global_batch_size  # the last partial batch is dropped
+
+    def indices(self, step: int) -> list[int]:
+        """Dataset indices of step `step`'s global batch (a fresh permutation every epoch)."""
+        epoch, k = divmod(step, self.steps_per_epoch)
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            order = torch.randperm(len(self.dataset), generator=gen).tolist()
+        else:
+            order = list(range(len(self.dataset)))
+        return order[k * self.global_batch_size: (k + 1) * self.global_batch_size]
+
+    def load(self, step: int, needed: Iterable[int]) -> list[dict[str, Any]]:
+        """The global batch; full samples at positions in `needed`, light ones elsewhere."""
+        indices = self.indices(step)
+        needed = set(needed)
+        full_positions = sorted(needed)
+        full = self._read([indices[p] for p in full_positions])
+        batch: list[dict[str, Any]] = [None] * len(indices)  # type: ignore[list-item]
+        for p, sample in zip(full_positions, full):
+            batch[p] = sample
+        for p, index in enumerate(indices):
+            if batch[p] is None:
+                batch[p] = self._light(index)
+        return batch
+
+    def _read(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        items = [self.dataset[i] for i in indices]
+        return self.collate_fn(items) if self.collate_fn is not None else items
+
+    def _light(self, index: int) -> dict[str, Any]:
+        if self.collate_fn is None and hasattr(self.dataset, "input_ids"):
+            return {"input_ids": self.dataset.input_ids(index), "light": True}
+        sample = self._read([index])[0]
+        return {"input_ids": sample["input_ids"], "light": True}

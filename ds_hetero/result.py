@@ -1,0 +1,36 @@
+"""What one optimizer step reports."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class StepResult:
+    """One `HeteroEngine.train_batch` call.
+
+    loss            global-batch mean over label tokens (identical on every rank)
+    grad_norm       norm of all stages' gradients together, before clipping
+    num_tokens      label tokens in the global batch
+    num_samples     samples in the global batch
+    step_time       wall-clock seconds of the whole step on this rank
+    stage_time      seconds per stage and phase on this rank, e.g. {"vision": {"forward": .., "backward": ..}}
+                    ("backward" of vision includes the boundary's backward exchange)
+    boundary_bytes  bytes this rank sent over the network at the boundary (forward + backward)
+    boundary_bytes_lower_bound  the forward lower bound, all ranks together (see BoundaryPlan)
+    boundary_bytes_total        bytes all ranks sent in the forward exchanges
+    """
+
+    loss: float
+    grad_norm: float
+    num_tokens: int
+    num_samples: int
+    step_time: float
+    stage_time: dict[str, dict[str, float]] = field(default_factory=dict)
+    boundary_bytes: int = 0
+    boundary_bytes_total: int = 0
+    boundary_bytes_lower_bound: int = 0
+    skipped: bool = False
+
+    def as_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,188 @@
+"""Shared by the HeteroEngine parity tests: train N steps with ds_hetero and with one process.
+
+`train_both(...)` runs inside every rank of a 4-rank job: it builds the same seeded model twice,
+trains one copy through `ds_hetero.initialize` on the given layout and the other as a plain
+single-process Hugging Face model on the same global batches (same optimizer, same clipping),
+and returns per-step losses and grad norms of both plus the largest relative weight error.
+"""
+
+import copy
+
+import torch
+
+SCALE_FLOOR = 1e-2
+LLAVA_TP4 = dict(text_heads=4, text_kv_heads=4)  # kv heads divisible by tp 4
+
+
+def build_model(family, seed, **kw):
+    from ds_hetero.models.tiny import tiny_llava, tiny_qwen2_vl
+
+    if family == "llava":
+        return tiny_llava("clip", seed=seed, **kw)
+    if family == "siglip":
+        return tiny_llava("siglip", seed=seed, **kw)
+    return tiny_qwen2_vl(seed=seed, **kw)
+
+
+def make_batches(family, model, steps, batch_size, seed=100):
+    from tests.vlm_data import llava_samples, qwen_samples
+
+    batches = []
+    for step in range(steps):
+        if family in ("llava", "siglip"):
+            samples = llava_samples(model, batch_size, seed=seed + step)
+            # vary text length so micro-batches (and dp shares) carry different label counts
+            for i, s in enumerate(samples):
+                cut = len(s["input_ids"]) - (1 + 2 * (i >= batch_size // 2)) * ((i + step) % 3)
+                samples[i] = {k: (v[:cut] if k in ("input_ids", "labels") else v) for k, v in s.items()}
+        else:
+            grids = [(1, 4, 4), None, (1, 4, 8), (1, 8, 4), (1, 4, 4), (1, 8, 8), None, (1, 4, 8)]
+            grids = (grids * batch_size)[step % 3: step % 3 + batch_size]
+            samples = qwen_samples(model, grids, text_len=4 + step % 3, seed=seed + step)
+        batches.append(samples)
+    return batches
+
+
+def reference_forward(family, model, adapter, samples):
+    batch = adapter.language_inputs(samples)
+    vision = adapter.vision_inputs(samples)
+    if family in ("llava", "siglip"):
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    pixel_values=vision["pixel_values"])
+    else:
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    pixel_values=vision["pixel_values"] if len(vision["image_grid_thw"]) else None,
+                    image_grid_thw=vision["image_grid_thw"] if len(vision["image_grid_thw"]) else None,
+                    mm_token_type_ids=(batch["input_ids"] == model.config.image_token_id).int())
+    return out.logits, batch["labels"]
+
+
+def reference_train(family, model, batches, make_optimizer, clip, per_stage_clip=False, per_micro_batch_mean=0):
+    """Single-process training; the two flags build deliberately wrong variants (negative controls)."""
+    from ds_hetero.loss import label_token_count, token_loss_sum
+    from ds_hetero.models import adapter_for
+
+    adapter = adapter_for(model)
+    opt = make_optimizer(list(model.parameters()))
+    losses, norms = [], []
+    for samples in batches:
+        n = sum(label_token_count(s["labels"]) for s in samples)
+        if per_micro_batch_mean:  # wrong: mean per micro-batch, then averaged
+            k = len(samples) // per_micro_batch_mean
+            total = 0.0
+            for j in range(per_micro_batch_mean):
+                part = samples[j * k:(j + 1) * k]
+                logits, labels = reference_forward(family, model, adapter, part)
+                loss = token_loss_sum(logits, labels) / sum(label_token_count(s["labels"]) for s in part)
+                (loss / per_micro_batch_mean).backward()
+                total += float(loss) / per_micro_batch_mean
+            losses.append(total)
+        else:
+            logits, labels = reference_forward(family, model, adapter, samples)
+            loss = token_loss_sum(logits, labels) / n
+            loss.backward()
+            losses.append(float(loss))
+        params = [p for p in model.parameters() if p.grad is not None]
+        if per_stage_clip:  # wrong: each stage clipped by its own norm
+            stages = adapter.split()
+            total = 0.0
+            for module in stages.values():
+                ps = [p for p in module.parameters() if p.grad is not None]
+                total += float(torch.nn.utils.clip_grad_norm_(ps, clip)) ** 2
+            norms.append(total ** 0.5)
+        else:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return losses, norms
+
+
+def full_named_parameters(engine):
+    """The engine's model parameters, unsharded, by Hugging Face name."""
+    from ds_hetero.tensor_parallel import gather_full
+
+    out = {}
+    for name, p in engine.model.named_parameters():
+        group = getattr(p, "tp_group", None) or _tp_group_of(engine, name)
+        if getattr(p, "tensor_model_parallel", False):
+            out[name] = gather_full(p.detach(), p, group).clone()
+        else:
+            out[name] = p.detach().clone()
+    return out
+
+
+def _tp_group_of(engine, name):
+    stage = "vision" if ("vision_tower" in name or "multi_modal_projector" in name or ".visual." in name) else "language"
+    return engine.groups[stage].tp
+
+
+def max_rel_err(got, want):
+    """(largest per-tensor relative error max|got - want| / max|want|, where; largest absolute error).
+
+    Per tensor, not per entry: entries near zero carry rounding noise that Adam normalises.
+    A tensor whose scale is below SCALE_FLOOR is judged against the floor (CLIP's key bias has
+    an exactly zero gradient: it starts at 0 and both runs move it by rounding noise alone).
+    """
+    worst, where, worst_abs = 0.0, None, 0.0
+    for name, w in want.items():
+        g = got[name]
+        assert g.shape == w.shape, (name, g.shape, w.shape)
+        if not w.numel():
+            continue
+        diff = (g - w).abs().max().item()
+        worst_abs = max(worst_abs, diff)
+        err = diff / max(w.abs().max().item(), SCALE_FLOOR)
+        if err > worst:
+            worst, where = err, name
+    return worst, where, worst_abs
+
+
+def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimizer="adamw", model_kw=None,
+               micro_batches=2, batch_size=8, controls=False):
+    import ds_hetero
+
+    model_kw = model_kw or {}
+    lr = 1e-3 if optimizer == "adamw" else 0.5
+
+    def make_optimizer(params):
+        # Adam divides by sqrt(v) + eps. For gradient entries near zero, the fp32 rounding
+        # difference of another reduction order (~1e-9) becomes an update difference of about
+        # lr * 1e-9 / eps: with eps 1e-8 that is ~1e-4 of some weights, far above rounding.
+        # eps 1e-4 keeps Adam's amplification below fp32 rounding; the SGD runs check the
+        # gradients themselves, without any such normalisation.
+        if optimizer == "adamw":
+            return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), eps=1e-4, weight_decay=0.01)
+        return torch.optim.SGD(params, lr=lr)
+
+    config = {
+        "train_batch_size": batch_size,
+        "zero_optimization": {"stage": zero_stage},
+        "zero_allow_untested_optimizer": True,
+        "gradient_clipping": clip,
+        "steps_per_print": 10**6,
+        "hetero_parallel": {"placement": "colocated", "micro_batches": micro_batches, "stages": layout},
+    }
+    model = build_model(family, seed=7, **model_kw)
+    reference = copy.deepcopy(model)
+    batches = make_batches(family, model, steps, batch_size)
+
+    engine = ds_hetero.initialize(model, config, optimizer=make_optimizer)
+    results = [engine.train_batch(samples) for samples in batches]
+    got = full_named_parameters(engine)
+
+    ref_losses, ref_norms = reference_train(family, reference, batches, make_optimizer, clip)
+    want = {n: p.detach() for n, p in reference.named_parameters()}
+    out = {
+        "losses": [r.loss for r in results], "ref_losses": ref_losses,
+        "norms": [r.grad_norm for r in results], "ref_norms": ref_norms,
+        "weight_err": max_rel_err(got, want),
+        "boundary": [(r.boundary_bytes_total, r.boundary_bytes_lower_bound) for r in results],
+    }
+    if controls:
+        for flag in ("per_stage_clip", "per_micro_batch_mean"):
+            wrong = copy.deepcopy(build_model(family, seed=7, **model_kw))
+            kwargs = {"per_stage_clip": True} if flag == "per_stage_clip" else {"per_micro_batch_mean": micro_batches}
+            losses, _ = reference_train(family, wrong, batches, make_optimizer, clip, **kwargs)
+            out[flag] = max_rel_err(got, {n: p.detach() for n, p in wrong.named_parameters()})
+    engine.groups.destroy()
+    return out
