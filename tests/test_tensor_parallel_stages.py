@@ -73,7 +73,8 @@ def _stage_checks(rank, world_size):
 
     ranks = (0, 1, 2, 3)
     groups = build_groups({"v4": StageLayout("v4", 4, 1, 1, ranks), "l2": StageLayout("l2", 2, 1, 2, ranks),
-                           "v2": StageLayout("v2", 2, 1, 2, ranks), "l4": StageLayout("l4", 4, 1, 1, ranks)}, rank)
+                           "v2": StageLayout("v2", 2, 1, 2, ranks), "l4": StageLayout("l4", 4, 1, 1, ranks),
+                           "l1": StageLayout("l1", 1, 1, 4, ranks)}, rank)
     tp = {k: s.tp for k, s in groups.stages.items()}
     llava_batch = collate(llava_samples(m.llava(), 2))
     results = {
@@ -83,6 +84,7 @@ def _stage_checks(rank, world_size):
         "kv heads": _error_case(lambda: m.llama_lm(num_key_value_heads=2), tp["l4"]),
         "vocab": _error_case(lambda: m.llama_lm(vocab_size=250), tp["l4"]),
         "tied": _error_case(lambda: m.llama_lm(tie_word_embeddings=True), tp["l2"]),
+        "tied at tp 1": _error_case(lambda: m.llama_lm(tie_word_embeddings=True), tp["l1"]),
     }
     dist.barrier()  # nobody was left inside a collective by the errors above
     return results
@@ -114,6 +116,10 @@ def test_errors_are_raised_identically_on_every_rank_before_any_change(stage_res
     assert message is not None and needle in message, message
     assert "stages.language.tp" in message
     assert all(res[case][1] for res in stage_results), "the model was modified before the error"
+
+
+def test_tp_one_accepts_what_sharding_would_refuse(stage_results):
+    assert all(res["tied at tp 1"] == (None, True) for res in stage_results)
 
 
 # ------------------------------------------------------------------ pure checks, no processes

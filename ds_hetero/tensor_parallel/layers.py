@@ -11,11 +11,13 @@ one collective instead of three. A row layer leaves the region itself: it reduce
 output (all-reduce, or reduce-scatter on the sequence dim under sequence parallelism) and then
 adds the replicated bias once.
 
-Why not DeepSpeed's `LinearLayer` / `LinearAllreduce` (they do accept an explicit `mp_group`):
-they only train after the process-global `set_autotp_mode(training=True)`, their partition sizes
-come from DeepSpeed's AutoTP metadata, the row layer all-reduces in place on a `.contiguous()`
-copy (lost when the matmul output is not contiguous) and nothing there supports sequence
-parallelism. Layers of ~100 lines over `ds_hetero.comm` avoid all of that.
+Why not DeepSpeed's `LinearLayer` / `LinearAllreduce` (they do accept an explicit `mp_group`,
+and were verified to match on a subgroup): they only train after the process-global
+`set_autotp_mode(training=True)` and read class-level switches (`keep_module_on_host`,
+`tp_overlap_comm`); the row layer all-reduces its autograd input in place without `mark_dirty`
+(and on a `.contiguous()` copy, lost if the product were ever non-contiguous); neither has a
+sequence-parallel mode, and a fused qkv needs their sub-parameter classes. Two ~40-line layers
+over `ds_hetero.comm` avoid all of that and keep the parameter tags DeepSpeed reads.
 
 Sharded parameters carry Megatron's attributes, which DeepSpeed reads to count each parameter
 once in the gradient norm (`deepspeed.runtime.utils.is_model_parallel_parameter`):

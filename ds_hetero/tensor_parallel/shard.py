@@ -68,9 +68,9 @@ def shard_language_model(model: nn.Module, group, sequence_parallel: bool = Fals
     tp = _tp(group)
     decoder = model.get_decoder()
     found = validate_tensor_parallel(decoder, tp, stage)
-    _check_head(model, tp, pad_vocab, stage)
-    if tp == 1:
+    if tp == 1:  # nothing to shard; a tied head is fine here
         return model
+    _check_head(model, tp, pad_vocab, stage)
     apply_plans(found, group, sequence_parallel=sequence_parallel, seq_dim=1)
     if sequence_parallel:
         apply_sequence_parallel(decoder, group, seq_dim=1)
