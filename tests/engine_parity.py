@@ -101,13 +101,20 @@ def full_named_parameters(engine):
     """The engine's model parameters, unsharded, by Hugging Face name."""
     from ds_hetero.tensor_parallel import gather_full
 
+    import contextlib
+
+    import deepspeed
+
     out = {}
     for name, p in engine.model.named_parameters():
         group = getattr(p, "tp_group", None) or _tp_group_of(engine, name)
-        if getattr(p, "tensor_model_parallel", False):
-            out[name] = gather_full(p.detach(), p, group).clone()
-        else:
-            out[name] = p.detach().clone()
+        # ZeRO-3 keeps each parameter partitioned over its dp group: gather it first
+        gathered = deepspeed.zero.GatheredParameters([p]) if hasattr(p, "ds_id") else contextlib.nullcontext()
+        with gathered:
+            if getattr(p, "tensor_model_parallel", False):
+                out[name] = gather_full(p.detach(), p, group).clone()
+            else:
+                out[name] = p.detach().clone()
     return out
 
 

@@ -29,10 +29,16 @@ def _llava_suite(rank, world_size):
         "vision tp1dp4 + language tp2dp2 zero2 sgd": dict(
             layout={"vision": {"tp": 1, "dp": 4}, "language": {"tp": 2, "dp": 2}}, zero_stage=2, optimizer="sgd",
             controls=True),
+        "vision tp1dp4 + language tp2dp2 zero0 sgd": dict(
+            layout={"vision": {"tp": 1, "dp": 4}, "language": {"tp": 2, "dp": 2}}, zero_stage=0, optimizer="sgd",
+            steps=3),
+        "vision tp1dp4 + language tp2dp2 zero3 sgd": dict(
+            layout={"vision": {"tp": 1, "dp": 4}, "language": {"tp": 2, "dp": 2}}, zero_stage=3, optimizer="sgd",
+            steps=3),
         "vision tp1dp4 + language tp4dp1 zero2 adamw": dict(
             layout={"vision": {"tp": 1, "dp": 4}, "language": {"tp": 4, "dp": 1}}, zero_stage=2, model_kw=LLAVA_TP4),
     }
-    return {name: train_both(rank, world_size, "llava", steps=5, clip=CLIP, **kw) for name, kw in runs.items()}
+    return {name: train_both(rank, world_size, "llava", **{"steps": 5, "clip": CLIP, **kw}) for name, kw in runs.items()}
 
 
 def _qwen_suite(rank, world_size):

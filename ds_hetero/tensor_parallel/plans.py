@@ -101,7 +101,7 @@ def _divisors(n: int) -> list[int]:
 def _require(count: int, what: str, tp: int, cls: str, name: str, stage: str) -> None:
     if count % tp:
         raise HeteroConfigError(
-            f"stages.{stage}.tp",
+            f"hetero_parallel.stages.{stage}.tp",
             f"tp={tp} does not divide the {what} ({count}) of {cls} at '{name or '<root>'}'; "
             f"tp sizes that would: {_divisors(count)}",
         )
@@ -112,7 +112,7 @@ def validate_tensor_parallel(root: nn.Module, tp: int, stage: str = "stage") -> 
     found = list(planned_modules(root))
     if not found:
         raise HeteroConfigError(
-            f"stages.{stage}", f"no tensor-parallel plan matches any module of {type(root).__name__}; "
+            f"hetero_parallel.stages.{stage}", f"no tensor-parallel plan matches any module of {type(root).__name__}; "
             f"supported: {sorted(k.split(':')[1] for k in PLANS)}")
     for name, module, plan in found:
         cls = type(module).__name__

@@ -46,14 +46,14 @@ def shard_projector(projector: nn.Module, group, stage: str = "vision") -> nn.Mo
 def _check_head(model: nn.Module, tp: int, pad_vocab: bool, stage: str) -> None:
     head = model.get_output_embeddings()
     if head is None:
-        raise HeteroConfigError(f"stages.{stage}", f"{type(model).__name__} has no output head to shard")
+        raise HeteroConfigError(f"hetero_parallel.stages.{stage}", f"{type(model).__name__} has no output head to shard")
     if head.weight is model.get_input_embeddings().weight:
         raise HeteroConfigError(
-            f"stages.{stage}.tp", "tied input/output embeddings cannot take a vocabulary-parallel head "
+            f"hetero_parallel.stages.{stage}.tp", "tied input/output embeddings cannot take a vocabulary-parallel head "
             "(the embedding stays replicated); build the model with tie_word_embeddings=False")
     if head.out_features % tp and not pad_vocab:
         raise HeteroConfigError(
-            f"stages.{stage}.tp", f"tp={tp} does not divide the vocabulary ({head.out_features}) of the output "
+            f"hetero_parallel.stages.{stage}.tp", f"tp={tp} does not divide the vocabulary ({head.out_features}) of the output "
             f"head; pass pad_vocab=True to pad it to {-(-head.out_features // tp) * tp}")
 
 

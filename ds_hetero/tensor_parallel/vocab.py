@@ -40,7 +40,7 @@ class VocabParallelLMHead(ColumnParallelLinear):
         tp, vocab = dist.get_world_size(group), linear.out_features
         if vocab % tp and not pad_vocab:
             raise HeteroConfigError(
-                f"stages.{stage}.tp",
+                f"hetero_parallel.stages.{stage}.tp",
                 f"tp={tp} does not divide the vocabulary ({vocab}) of the output head; pass pad_vocab=True "
                 f"to pad it to {-(-vocab // tp) * tp}, or use a tp that divides {vocab}")
         padded = -(-vocab // tp) * tp
