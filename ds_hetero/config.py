@@ -7,6 +7,7 @@ rejects unknown keys inside its own sections), so the plugin owns one top-level 
     "hetero_parallel": {
         "placement": "colocated",                # or "disaggregated"
         "micro_batches": 2,                      # gradient accumulation steps of every stage
+        "timeout_s": 300,                        # a collective that waits longer raises
         "stages": {
             "vision":   {"tp": 1, "dp": 4},
             "language": {"tp": 2, "cp": 1, "dp": 2, "sequence_parallel": false}
@@ -35,7 +36,8 @@ PLACEMENTS = ("colocated", "disaggregated")
 LANGUAGE = "language"
 ENCODER_STAGES = ("vision", "audio")
 STAGE_NAMES = ENCODER_STAGES + (LANGUAGE,)
-SECTION_KEYS = ("placement", "micro_batches", "stages")
+SECTION_KEYS = ("placement", "micro_batches", "stages", "timeout_s")
+DEFAULT_TIMEOUT_S = 300.0  # a collective waiting longer than this raises instead of hanging
 STAGE_KEYS = ("tp", "cp", "dp", "ranks", "sequence_parallel")
 # DeepSpeed batch keys that ds_hetero derives per stage.
 DERIVED_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -51,6 +53,7 @@ class HeteroConfig:
     world_size: int
     stages: Mapping[str, StageLayout]  # in the order the config lists them
     ds_config: Mapping[str, Any]  # the whole DeepSpeed config as given (read-only view)
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
     @property
     def stage_names(self) -> tuple[str, ...]:
@@ -163,6 +166,9 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
     if placement not in PLACEMENTS:
         raise HeteroConfigError(f"{SECTION}.placement", f"got {placement!r}; valid values are {' or '.join(PLACEMENTS)}")
     micro_batches = _positive_int(section.get("micro_batches", 1), f"{SECTION}.micro_batches")
+    timeout_s = section.get("timeout_s", DEFAULT_TIMEOUT_S)
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+        raise HeteroConfigError(f"{SECTION}.timeout_s", f"must be a positive number of seconds, got {timeout_s!r}")
 
     if "train_batch_size" not in ds:
         raise HeteroConfigError(
@@ -190,6 +196,7 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
         world_size=world_size,
         stages=MappingProxyType(layouts),
         ds_config=MappingProxyType(copy.deepcopy(dict(ds))),
+        timeout_s=float(timeout_s),
     )
 
 

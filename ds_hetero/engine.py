@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from . import clipping
-from .config import HeteroConfig, load_config
+from .config import DEFAULT_TIMEOUT_S, HeteroConfig, load_config
 from .deepspeed_compat import skip_cpu_shm_comm_build
 from .errors import HeteroConfigError
 from .groups import build_groups
@@ -31,9 +31,9 @@ from .loss import label_token_count
 from .models import adapter_for
 from .mpu import StageMPU, stage_context
 from .result import StepResult
-from .schedule import ColocatedSchedule
+from .schedule import ColocatedSchedule, DisaggregatedSchedule
+from .timeline import Timeline, bubble_fraction
 
-DEFAULT_TIMEOUT_S = 600
 
 
 def ensure_distributed(timeout_s: float) -> tuple[int, int]:
@@ -53,8 +53,14 @@ def ensure_distributed(timeout_s: float) -> tuple[int, int]:
 
 def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) -> None:
     """What HeteroEngine runs today; everything else is refused before any collective."""
-    if cfg.placement != "colocated":
-        raise HeteroConfigError("hetero_parallel.placement", "only \"colocated\" training is implemented so far")
+    ds = cfg.ds_config
+    zero = ds.get("zero_optimization", {}).get("stage", 0) if isinstance(ds.get("zero_optimization"), Mapping) else 0
+    if cfg.placement == "disaggregated" and zero == 3:
+        raise HeteroConfigError(
+            "zero_optimization.stage",
+            "ZeRO stage 3 is not supported with placement \"disaggregated\": DeepSpeed's ZeRO-3 parameter "
+            "trace check broadcasts over the world group from inside each stage's forward, which the other "
+            "stage never joins; use stage 1 or 2 (or placement \"colocated\")")
     if tuple(cfg.stages) != ("vision", "language") and set(cfg.stages) != {"vision", "language"}:
         raise HeteroConfigError("hetero_parallel.stages", "HeteroEngine trains exactly a vision and a language stage")
     if cfg.language.sequence_parallel:
@@ -64,7 +70,6 @@ def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) 
             "decoder that expects its full input); set it to false")
     if cfg.language.cp != 1:
         raise HeteroConfigError("hetero_parallel.stages.language.cp", "context parallelism is not implemented yet; use cp 1")
-    ds = cfg.ds_config
     if "optimizer" not in ds and not has_client_optimizer:
         raise HeteroConfigError(
             "optimizer", 'missing; every stage engine builds its optimizer from it, e.g. '
@@ -83,7 +88,11 @@ class HeteroEngine:
                 `deepspeed.initialize(optimizer=callable)`); otherwise the DeepSpeed config's
                 "optimizer" section builds each stage's optimizer
     seed        order of the training data (the same on every rank)
-    timeout_s   process-group timeout: a collective that waits longer raises instead of hanging
+
+    The process groups wait at most `hetero_parallel.timeout_s` (default 300 s) in a collective:
+    a dead or stuck peer makes every other rank raise instead of hanging forever.
+    In disaggregated placement a rank holds only its own stage: the other stage's modules of
+    `model` are moved to the meta device (their memory is freed).
     """
 
     def __init__(
@@ -95,7 +104,6 @@ class HeteroEngine:
         *,
         optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | None = None,
         seed: int = 0,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
     ):
         import deepspeed
 
@@ -105,20 +113,25 @@ class HeteroEngine:
         # environment gives before any process group exists.
         world_env = int(os.environ.get("WORLD_SIZE", "0")) or None
         self.adapter = adapter_for(model)
+        timeout_s = DEFAULT_TIMEOUT_S
         if world_env is not None and not dist.is_initialized():
-            cfg = load_config(config, world_env)
-            check_engine_support(cfg, optimizer is not None)
-            self.adapter.check_layouts(cfg)
+            early = load_config(config, world_env)
+            check_engine_support(early, optimizer is not None)
+            self.adapter.check_layouts(early)
+            timeout_s = early.timeout_s  # the default process group's too
         self.rank, self.world_size = ensure_distributed(timeout_s)
         self.config = cfg = load_config(config, self.world_size)
         check_engine_support(cfg, optimizer is not None)
         self.adapter.check_layouts(cfg)
         self.model = model
 
-        self.groups = build_groups(cfg.stages, self.rank, timeout=timedelta(seconds=timeout_s))
+        self.groups = build_groups(cfg.stages, self.rank, timeout=timedelta(seconds=cfg.timeout_s))
         self.coords = {name: layout.coord(self.rank) for name, layout in cfg.stages.items() if layout.contains(self.rank)}
         self.adapter.shard(self.groups, cfg)  # per-stage tensor parallelism (checks first, then shards)
         modules = self.adapter.split()
+        for name, module in modules.items():
+            if name not in self.coords:  # disaggregated: another rank set holds this stage
+                module.to("meta")
         self.mpus: dict[str, StageMPU] = {}
         self.engines: dict[str, Any] = {}
         for name in cfg.stage_names:  # same order on every rank: initialize is collective
@@ -137,6 +150,10 @@ class HeteroEngine:
             self.mpus[name], self.engines[name] = mpu, engine
         head = modules["language"].lm_head
         self.lm_head = head if isinstance(head, VocabParallelLMHead) else None
+        any_engine = next(iter(self.engines.values()))
+        self.device = next(any_engine.module.parameters()).device
+        # The boundary carries rows in the dtype the engines compute in (bf16 or fp32).
+        self.boundary_dtype = next(any_engine.module.parameters()).dtype
 
         from .boundary import BoundaryCommunicator
 
@@ -144,7 +161,9 @@ class HeteroEngine:
             cfg.stages["vision"], cfg.language, self.groups, cfg.placement,
             hidden_size=self.adapter.hidden_size,
         )
-        self.schedule = ColocatedSchedule(self)
+        self.timeline = Timeline()
+        schedule = ColocatedSchedule if cfg.placement == "colocated" else DisaggregatedSchedule
+        self.schedule = schedule(self)
         self.loader = (
             GlobalBatchLoader(training_data, cfg.global_batch_size, collate_fn, seed=seed)
             if training_data is not None else None
@@ -195,9 +214,14 @@ class HeteroEngine:
             raise ValueError(f"train_batch: {problem}")
 
     def _global_label_count(self, samples: Sequence[dict[str, Any]]) -> int:
-        """Label tokens of the whole global batch, from the language shares (one int all-reduce)."""
+        """Label tokens of the whole global batch, from the language shares (one int all-reduce).
+
+        Only the language stage needs it (to scale its loss); other ranks return 0.
+        """
         from .batching import stage_samples
 
+        if "language" not in self.coords:
+            return 0
         coord = self.coords["language"]
         mine = 0
         for m in range(self.config.micro_batches):
@@ -210,42 +234,77 @@ class HeteroEngine:
 
     def train_batch(self, samples: Sequence[dict[str, Any]] | None = None) -> StepResult:
         """One optimizer step over the global batch (the same list on every rank)."""
+        step = self.global_steps
         start = time.perf_counter()
         from_loader = samples is None
         samples = self._next_samples() if from_loader else list(samples)
         self._check_samples(samples, consensus=from_loader)
         n_labels = self._global_label_count(samples)
-        if n_labels == 0:
+        if "language" in self.coords and n_labels == 0:
             raise ValueError("train_batch: the global batch has no label tokens (all labels are -100)")
 
-        loss_sum, times, bytes_ = self.schedule.run(samples, n_labels)
+        try:
+            loss_sum, bytes_ = self.schedule.run(samples, n_labels, step)
+            with self.timeline.span("optimizer", "optimizer", step):
+                grad_norm, loss_sum, n_labels = self._combine_norms_and_loss(loss_sum, n_labels)
+                for name, engine in self.engines.items():
+                    with stage_context(self.mpus[name]):
+                        clipping.step_with_global_norm(engine, grad_norm, self.config.gradient_clipping)
+        except RuntimeError as exc:  # a collective failed: a peer died, hung past the timeout, or raised
+            raise RuntimeError(
+                f"ds_hetero: rank {self.rank} ({', '.join(self.coords)}) failed in step {step}: a peer rank "
+                f"stopped answering (it died, raised, or exceeded hetero_parallel.timeout_s = "
+                f"{self.config.timeout_s:g} s); see the first failing rank's error. Cause: {exc}"
+            ) from exc
 
-        t0 = time.perf_counter()
-        norms = {}
-        for name, engine in self.engines.items():
-            with stage_context(self.mpus[name]):
-                norms[name] = clipping.stage_norm(engine, self.groups[name].tp)
-        grad_norm = clipping.global_norm(norms)
-        for name, engine in self.engines.items():
-            with stage_context(self.mpus[name]):
-                clipping.step_with_global_norm(engine, grad_norm, self.config.gradient_clipping)
-        times["optimizer"] = {"step": time.perf_counter() - t0}
-
-        loss = torch.tensor([loss_sum], dtype=torch.float64)
-        dist.all_reduce(loss, group=self.groups["language"].dp)
         self.global_steps += 1
+        step_time = time.perf_counter() - start
+        spans = [s for s in self.timeline.spans if s.step == step]
+        stage_time: dict[str, dict[str, float]] = {}
+        for s in spans:
+            stage, _, phase = s.name.partition(".")
+            phase = phase.split("[")[0] or s.category
+            stage_time.setdefault(stage, {}).setdefault(phase, 0.0)
+            stage_time[stage][phase] += s.end - s.start
+        busy = self.timeline.step_busy(step)
         return StepResult(
-            loss=float(loss) / n_labels,
+            loss=loss_sum / n_labels,
             grad_norm=grad_norm,
             num_tokens=n_labels,
             num_samples=len(samples),
-            step_time=time.perf_counter() - start,
-            stage_time=times,
+            step_time=step_time,
+            stage_time=stage_time,
             boundary_bytes=bytes_["sent"],
             boundary_bytes_total=bytes_["total"],
             boundary_bytes_lower_bound=bytes_["lower_bound"],
+            busy_time=busy,
+            bubble_fraction=bubble_fraction(busy, step_time),
             skipped=not math.isfinite(grad_norm),
         )
+
+    def _combine_norms_and_loss(self, loss_sum: float, n_labels: int) -> tuple[float, float, int]:
+        """(all-stage gradient norm, global loss sum, global label count) on every rank, in one all-reduce.
+
+        Each stage's norm is identical on its ranks, so its first rank alone contributes it; the
+        local loss sums come from one tp x cp rank per language dp replica, the label count from
+        one language rank. In disaggregated placement this is how vision ranks learn the loss.
+        """
+        names = list(self.config.stages)
+        vec = torch.zeros(len(names) + 2, dtype=torch.float64)
+        for i, name in enumerate(names):
+            if name in self.engines:
+                with stage_context(self.mpus[name]):
+                    norm = clipping.stage_norm(self.engines[name], self.groups[name].tp)
+                if self.rank == self.config.stages[name].ranks[0]:
+                    # DeepSpeed reports an invalid norm as -1: carry it as inf so every stage skips
+                    vec[i] = norm * norm if norm >= 0 and math.isfinite(norm) else float("inf")
+        lang = self.coords.get("language")
+        if lang is not None and lang.tp == 0 and lang.cp == 0:
+            vec[-2] = loss_sum
+        if self.rank == self.config.language.ranks[0]:
+            vec[-1] = n_labels
+        dist.all_reduce(vec, group=self.groups.boundary)
+        return math.sqrt(vec[: len(names)].sum().item()), vec[-2].item(), int(vec[-1].item())
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None) -> str:

@@ -1,6 +1,7 @@
 """Main job: heterogeneous-parallel training of a small LLaVA on the synthetic shapes-captioning task.
 
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_colocated.json
+    deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_disaggregated.json --trace t.json
 
 The model is built from config with seeded weights (a CLIP tower + projector and a Llama LM),
 unless `--model PATH` loads a checkpoint with `from_pretrained`. Every rank builds the same
@@ -37,6 +38,8 @@ def parse_args(argv=None):
     p.add_argument("--vision", default="clip", choices=["clip", "siglip"], help="tower of the built-in tiny model")
     p.add_argument("--save", default=None, help="save a checkpoint here at the end")
     p.add_argument("--summary-json", default=None, help="rank 0 writes the summary here as JSON")
+    p.add_argument("--trace", default=None,
+                   help="rank 0 writes a Chrome trace (chrome://tracing, Perfetto) of every rank's spans here")
     p.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
     return p.parse_args(argv)
 
@@ -72,7 +75,7 @@ def main(argv=None) -> int:
     dataset = ShapesCaptionDataset.for_llava(model.config, size=args.samples, seed=args.seed)
     engine = ds_hetero.initialize(model, args.deepspeed_config, training_data=dataset)
     rank, cfg = engine.rank, engine.config
-    device = next(engine.engines["language"].module.parameters()).device
+    device = engine.device
 
     bar = None
     if rank == 0:
@@ -90,7 +93,7 @@ def main(argv=None) -> int:
         history.append(r)
         if bar is not None:
             bar.set_postfix(loss=f"{r.loss:.3f}", tok_s=f"{r.num_tokens / r.step_time:.0f}",
-                            step_s=f"{r.step_time:.3f}")
+                            step_s=f"{r.step_time:.3f}", bubble=f"{r.bubble_fraction:.2f}")
             bar.update()
     wall = time.perf_counter() - start
     if bar is not None:
@@ -99,6 +102,7 @@ def main(argv=None) -> int:
         engine.save_checkpoint(args.save)
 
     # Summary: averages over the second half of the run (after warm-up), peak memory of every rank.
+    # Stage times are this rank's (rank 0); in disaggregated placement it runs only its own stage.
     tail = history[len(history) // 2:]
     split: dict[str, float] = {}
     for r in tail:
@@ -109,6 +113,16 @@ def main(argv=None) -> int:
     dist.all_gather_object(memory, round(peak_memory_mb(device), 1))
     sent = [None] * engine.world_size
     dist.all_gather_object(sent, sum(r.boundary_bytes for r in history))
+    bubbles = [None] * engine.world_size
+    dist.all_gather_object(bubbles, round(sum(r.bubble_fraction for r in tail) / len(tail), 3))
+    if args.trace:
+        from ds_hetero.timeline import chrome_trace
+
+        spans = [None] * engine.world_size
+        dist.all_gather_object(spans, engine.timeline.spans)
+        if rank == 0:
+            with open(args.trace, "w") as f:
+                json.dump(chrome_trace(spans), f)
     summary = {
         "steps": len(history),
         "first_loss": history[0].loss,
@@ -118,9 +132,12 @@ def main(argv=None) -> int:
         "median_step_s": sorted(r.step_time for r in tail)[len(tail) // 2],
         "wall_s": wall,
         "stage_time_s_per_step": {k: round(v, 5) for k, v in sorted(split.items())},
-        "boundary_bytes_per_step_all_ranks": sum(sent) / len(history),
-        "boundary_bytes_lower_bound_per_step": sum(r.boundary_bytes_lower_bound for r in history) / len(history),
+        "boundary_forward_bytes_per_step": sum(r.boundary_bytes_total for r in history) / len(history),
+        "boundary_forward_lower_bound_per_step": sum(r.boundary_bytes_lower_bound for r in history) / len(history),
+        "boundary_bytes_sent_per_step_fwd_bwd": sum(sent) / len(history),
         "peak_memory_mb_per_rank": memory,
+        "bubble_fraction_per_rank": bubbles,
+        "stages_per_rank": [cfg.stages_of_rank(r) for r in range(engine.world_size)],
     }
     if rank == 0:
         print("\nsummary")

@@ -78,9 +78,14 @@ def run_distributed(
     timeout: float = 180.0,
     backend: str = "gloo",
     pg_timeout_s: float = 60.0,
+    grace_s: float = 5.0,
     **kwargs: Any,
 ) -> list[Any]:
-    """Run `fn(rank, world_size, **kwargs)` on `world_size` processes; return per-rank results."""
+    """Run `fn(rank, world_size, **kwargs)` on `world_size` processes; return per-rank results.
+
+    After the first rank fails, the others get `grace_s` seconds to report their own outcome
+    before they are killed (tests of failure handling raise it to see the survivors' errors).
+    """
     ctx = _context()
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="ds_hetero_dist_") as tmp:
@@ -107,7 +112,7 @@ def run_distributed(
                     break
                 # After one rank fails, give the others a moment to report their own error,
                 # then stop: they are likely blocked in a collective with the dead rank.
-                if first_error_at is not None and now - first_error_at > 5.0:
+                if first_error_at is not None and now - first_error_at > grace_s:
                     break
                 try:
                     rank, status, value = results.get(timeout=0.2)

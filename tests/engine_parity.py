@@ -107,6 +107,8 @@ def full_named_parameters(engine):
 
     out = {}
     for name, p in engine.model.named_parameters():
+        if p.is_meta:  # disaggregated: another rank set holds this stage
+            continue
         group = getattr(p, "tp_group", None) or _tp_group_of(engine, name)
         # ZeRO-3 keeps each parameter partitioned over its dp group: gather it first
         gathered = deepspeed.zero.GatheredParameters([p]) if hasattr(p, "ds_id") else contextlib.nullcontext()
@@ -132,6 +134,8 @@ def max_rel_err(got, want):
     """
     worst, where, worst_abs = 0.0, None, 0.0
     for name, w in want.items():
+        if name not in got:  # a stage this rank does not hold
+            continue
         g = got[name]
         assert g.shape == w.shape, (name, g.shape, w.shape)
         if not w.numel():
@@ -145,7 +149,7 @@ def max_rel_err(got, want):
 
 
 def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimizer="adamw", model_kw=None,
-               micro_batches=2, batch_size=8, controls=False):
+               micro_batches=2, batch_size=8, controls=False, placement="colocated"):
     import ds_hetero
 
     model_kw = model_kw or {}
@@ -167,7 +171,7 @@ def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimi
         "zero_allow_untested_optimizer": True,
         "gradient_clipping": clip,
         "steps_per_print": 10**6,
-        "hetero_parallel": {"placement": "colocated", "micro_batches": micro_batches, "stages": layout},
+        "hetero_parallel": {"placement": placement, "micro_batches": micro_batches, "stages": layout},
     }
     model = build_model(family, seed=7, **model_kw)
     reference = copy.deepcopy(model)
@@ -184,6 +188,9 @@ def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimi
         "norms": [r.grad_norm for r in results], "ref_norms": ref_norms,
         "weight_err": max_rel_err(got, want),
         "boundary": [(r.boundary_bytes_total, r.boundary_bytes_lower_bound) for r in results],
+        "stages_held": sorted(engine.engines),
+        "compared": sum(1 for _ in got),
+        "bubble": [r.bubble_fraction for r in results],
     }
     if controls:
         for flag in ("per_stage_clip", "per_micro_batch_mean"):

@@ -132,6 +132,7 @@ INVALID = [
     ("conflicting_micro_batch_key", dict(COLOCATED, train_micro_batch_size_per_gpu=2), 4, "train_micro_batch_size_per_gpu", "remove it"),
     ("conflicting_gas_key", dict(COLOCATED, gradient_accumulation_steps=4), 4, "gradient_accumulation_steps", "derives it"),
     ("world_size_zero", COLOCATED, 0, "world_size", "positive"),
+    ("timeout_zero", ds({"vision": V4, "language": L22}, timeout_s=0), 4, "hetero_parallel.timeout_s", "positive number"),
 ]
 
 

@@ -155,7 +155,7 @@ def test_loader_checkpoint_bf16_and_errors(tmp_path):
         assert len(r["errors"]) == 3
     summary = r0["recipe"]
     assert summary["steps"] == 4 and summary["final_loss"] < summary["first_loss"]
-    assert summary["boundary_bytes_per_step_all_ranks"] == summary["boundary_bytes_lower_bound_per_step"] > 0
+    assert summary["boundary_forward_bytes_per_step"] == summary["boundary_forward_lower_bound_per_step"] > 0
     assert len(summary["peak_memory_mb_per_rank"]) == 4
     print("bf16 vs fp32 loss:", list(zip(fp32, bf16)), "max relative gap", max(gaps))
 

@@ -1,0 +1,37 @@
+"""Timeline spans, busy/idle accounting and the Chrome trace format."""
+
+import json
+
+from ds_hetero.timeline import Span, Timeline, bubble_fraction, chrome_trace
+
+
+def test_busy_counts_compute_spans_only():
+    t = Timeline()
+    t.spans += [Span("vision.forward[m=0]", "forward", 10.0, 10.5, 0),
+                Span("boundary.rows[m=0]", "boundary", 10.5, 11.5, 0),  # waiting for the other stage
+                Span("vision.backward[m=0]", "backward", 11.5, 12.0, 0),
+                Span("optimizer", "optimizer", 12.0, 12.1, 0),
+                Span("vision.forward[m=0]", "forward", 20.0, 21.0, 1)]
+    assert abs(t.step_busy(0) - 1.1) < 1e-9
+    assert abs(bubble_fraction(t.step_busy(0), 2.2) - 0.5) < 1e-9
+    assert bubble_fraction(3.0, 2.0) == 0.0 and bubble_fraction(1.0, 0.0) == 0.0
+
+
+def test_span_context_records_even_when_the_body_raises():
+    t = Timeline()
+    try:
+        with t.span("language.forward[m=1]", "forward", step=4):
+            raise RuntimeError("peer died")
+    except RuntimeError:
+        pass
+    assert [(s.name, s.step) for s in t.spans] == [("language.forward[m=1]", 4)]
+
+
+def test_chrome_trace_has_one_track_per_rank_in_microseconds():
+    ranks = [[Span("a", "forward", 100.0, 100.25, 0)], [Span("b", "boundary", 100.5, 101.0, 0)]]
+    trace = json.loads(json.dumps(chrome_trace(ranks)))
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert [(e["tid"], e["ts"], e["dur"], e["cat"]) for e in events] == [(0, 0.0, 250000.0, "forward"),
+                                                                         (1, 500000.0, 500000.0, "boundary")]
+    names = [e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"]
+    assert names == ["rank 0", "rank 1"]
