@@ -61,7 +61,7 @@ def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) 
             "ZeRO stage 3 is not supported with placement \"disaggregated\": DeepSpeed's ZeRO-3 parameter "
             "trace check broadcasts over the world group from inside each stage's forward, which the other "
             "stage never joins; use stage 1 or 2 (or placement \"colocated\")")
-    if tuple(cfg.stages) != ("vision", "language") and set(cfg.stages) != {"vision", "language"}:
+    if set(cfg.stages) != {"vision", "language"}:
         raise HeteroConfigError("hetero_parallel.stages", "HeteroEngine trains exactly a vision and a language stage")
     if cfg.language.sequence_parallel:
         raise HeteroConfigError(
