@@ -331,10 +331,10 @@ def summarize(name, per_rank, a):
     median = statistics.median(walls)
     split = defaultdict(float)
     for r in per_rank:
-        for phase_key in {(s, p) for rec in r["records"] for s, ph in rec["stage_time"].items() for p in ph}:
-            s, p = phase_key
-            split[f"{s}.{p}"] += statistics.median(rec["stage_time"].get(s, {}).get(p, 0.0)
-                                                   for rec in r["records"]) / WORLD
+        for s, p in {(s, p) for rec in r["records"] for s, ph in rec["stage_time"].items() for p in ph}:
+            key = s if s == "optimizer" else f"{s}.{p}"  # the optimizer's phase name varies by engine
+            split[key] += statistics.median(rec["stage_time"].get(s, {}).get(p, 0.0)
+                                            for rec in r["records"]) / WORLD
     labels = per_rank[0]["records"][0]["num_tokens"]
     return dict(
         name=name, layout=LAYOUTS[name], step_s=median, step_min=min(walls), step_max=max(walls),
@@ -377,9 +377,12 @@ def print_table(rows, paired, a):
     print("speedup = homogeneous step time / row step time; +over start = max over ranks of peak RSS minus RSS "
           "before the model was built; boundary MB = all ranks, forward + backward, per step")
     print()
-    order = ["vision", "boundary", "language", "model", "optimizer"]
+    def rank_of(word, order):
+        return order.index(word) if word in order else len(order)
+
     phases = sorted({k for r in rows for k in r["split"]}, key=lambda k: (
-        order.index(k.split(".")[0]), ["forward", "backward", "step"].index(k.split(".")[1])))
+        rank_of(k.split(".")[0], ["vision", "boundary", "language", "model", "optimizer"]),
+        rank_of(k.partition(".")[2], ["forward", "rows", "grads", "backward"]), k))
     print("per-stage time split, seconds per step (rank mean of per-rank medians):")
     print(f"{'row':<14} " + " ".join(f"{p:>17}" for p in phases) + f" {'sum':>7}")
     for r in rows:
