@@ -123,7 +123,12 @@ def _suite(rank, world_size, tmp):
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
     summary_path = os.path.join(tmp, f"summary{rank}.json")
-    recipe.main(["--steps", "4", "--samples", "256", "--summary-json", summary_path,
+    # --model: a checkpoint loaded with from_pretrained (saved here from a tiny model, offline)
+    checkpoint = os.path.join(tmp, "hf_model")
+    if rank == 0:
+        tiny_llava("clip", seed=11).save_pretrained(checkpoint)
+    dist.barrier()
+    recipe.main(["--steps", "4", "--samples", "256", "--summary-json", summary_path, "--model", checkpoint,
                  "--deepspeed_config", os.path.join(root, "ds_configs", "llava_colocated.json")])
     if rank == 0:
         with open(summary_path) as f:
