@@ -60,7 +60,7 @@ def _manual_norm_sq(engine, tp_group) -> torch.Tensor:
 
     params = [p for p in engine.module.parameters() if p.grad is not None]
     tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
-    device = params[0].grad.device if params else torch.device("cpu")
+    device = next(engine.module.parameters()).device
     total = torch.zeros((), dtype=torch.float64, device=device)
     for p in params:
         # tp replicas hold identical gradients of replicated parameters: count them once
@@ -98,10 +98,11 @@ def global_norm(stage_norms: Mapping[str, float]) -> float:
 @contextlib.contextmanager
 def _global_norm_in(engine, norm: float, clip: float) -> Iterator[None]:
     opt = engine.optimizer
+    device = next(engine.module.parameters()).device
     if _is_zero12(opt):
-        name, value = "scaled_global_norm", (lambda norm_type=2: torch.tensor(norm, dtype=torch.float32))
+        name, value = "scaled_global_norm", (lambda norm_type=2: torch.tensor(norm, dtype=torch.float32, device=device))
     elif _is_zero3(opt):
-        name, value = "_get_norm_groups", (lambda: [torch.tensor(norm, dtype=torch.float32)])
+        name, value = "_get_norm_groups", (lambda: [torch.tensor(norm, dtype=torch.float32, device=device)])
     else:
         yield
         return

@@ -206,7 +206,8 @@ class HeteroEngine:
                     problem = str(exc)
                     break
         if consensus:
-            flag = torch.tensor([0 if problem is None else self.rank + 1], dtype=torch.long)
+            # On the device the backend needs (NCCL takes only device tensors; gloo, CPU ones).
+            flag = torch.tensor([0 if problem is None else self.rank + 1], dtype=torch.long, device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.groups.boundary)
             if problem is None and int(flag) > 0:
                 problem = f"rank {int(flag) - 1} found an invalid sample in the global batch (see its error)"
@@ -227,7 +228,7 @@ class HeteroEngine:
         for m in range(self.config.micro_batches):
             for p in stage_samples(self.config, "language", coord.dp, m):
                 mine += label_token_count(samples[p]["labels"])
-        count = torch.tensor([mine], dtype=torch.long)
+        count = torch.tensor([mine], dtype=torch.long, device=self.device)
         # A language dp group holds one rank of each dp replica: every sample counted once.
         dist.all_reduce(count, group=self.groups["language"].dp)
         return int(count)
@@ -290,7 +291,7 @@ class HeteroEngine:
         one language rank. In disaggregated placement this is how vision ranks learn the loss.
         """
         names = list(self.config.stages)
-        vec = torch.zeros(len(names) + 2, dtype=torch.float64)
+        vec = torch.zeros(len(names) + 2, dtype=torch.float64, device=self.device)
         for i, name in enumerate(names):
             if name in self.engines:
                 with stage_context(self.mpus[name]):
