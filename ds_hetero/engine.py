@@ -54,7 +54,14 @@ def ensure_distributed(timeout_s: float) -> tuple[int, int]:
 def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) -> None:
     """What HeteroEngine runs today; everything else is refused before any collective."""
     ds = cfg.ds_config
-    zero = ds.get("zero_optimization", {}).get("stage", 0) if isinstance(ds.get("zero_optimization"), Mapping) else 0
+    zero_section = ds.get("zero_optimization")
+    zero = zero_section.get("stage", 0) if isinstance(zero_section, Mapping) else 0
+    bf16 = ds.get("bf16")
+    if isinstance(bf16, Mapping) and bf16.get("enabled") is True and zero == 0:
+        raise HeteroConfigError(
+            "zero_optimization.stage",
+            "bf16 with ZeRO stage 0 makes DeepSpeed wrap the optimizer in its BF16_Optimizer, whose "
+            "clipping cannot span all stages; use ZeRO stage 1, 2 or 3 with bf16")
     if cfg.placement == "disaggregated" and zero == 3:
         raise HeteroConfigError(
             "zero_optimization.stage",

@@ -111,6 +111,8 @@ def _suite(rank, world_size, tmp):
             vision={"dp": 4}, language={"tp": 4, "dp": 1})), HeteroConfigError, "key/value heads"),
         _raises_everywhere(lambda: ds_hetero.initialize(model, _config(
             vision={"dp": 4}, language={"tp": 3, "dp": 1})), HeteroConfigError, "product is 4"),
+        _raises_everywhere(lambda: ds_hetero.initialize(model, _config(zero=0, bf16=True)),
+                           HeteroConfigError, "BF16_Optimizer"),
     ]
 
     # 6. the main job's script, a few steps (the README's first command runs it under `deepspeed`)
@@ -157,7 +159,7 @@ def test_loader_checkpoint_bf16_and_errors(tmp_path):
     assert max(gaps) < BF16_TOLERANCE, (fp32, bf16, gaps)
     assert bf16[-1] < bf16[0] - 1.0
     for r in results:
-        assert len(r["errors"]) == 3
+        assert len(r["errors"]) == 4
     summary = r0["recipe"]
     assert summary["steps"] == 4 and summary["final_loss"] < summary["first_loss"]
     assert summary["boundary_forward_bytes_per_step"] == summary["boundary_forward_lower_bound_per_step"] > 0
