@@ -16,6 +16,9 @@ token rows [T, H] into the language stage's layout (forward exchange only) three
 Bytes are what crosses the network (local copies are free): for the broadcast, the full tensor
 once per non-root member; for the all-gather, (N - 1) blocks into each of the N ranks. The
 lower bound is every row a destination rank needs and does not hold, once per needing rank.
+The backward columns are ours alone (one gradient exchange, bytes only): gradient rows sent,
+completion among source replicas included, against the backward lower bound (every row
+gradient a source replica needs and holds no destination copy of, once per replica).
 Time is the median over iterations of the slowest rank's time per exchange. All three outputs
 are checked equal on every rank. Runs on CPU with gloo (GPU: NCCL, one process per device).
 """
@@ -55,6 +58,8 @@ def L(name, tp, cp, dp, ranks, sp=False):
 # (label, vision layout, language layout, placement); grouped by world size, one launch each.
 CASES = {
     4: [
+        ("v tp2dp2 -> l tp2dp2", L("vision", 2, 1, 2, range(4)), L("language", 2, 1, 2, range(4)), "colocated"),
+        ("v tp4dp1 -> l tp2dp2", L("vision", 4, 1, 1, range(4)), L("language", 2, 1, 2, range(4)), "colocated"),
         ("v tp1dp4 -> l tp2dp2", L("vision", 1, 1, 4, range(4)), L("language", 2, 1, 2, range(4)), "colocated"),
         ("v tp1dp4 -> l tp4dp1", L("vision", 1, 1, 4, range(4)), L("language", 4, 1, 1, range(4)), "colocated"),
         ("v tp1dp4 -> l tp2cp2 sp", L("vision", 1, 1, 4, range(4)), L("language", 2, 2, 1, range(4), True),
@@ -234,11 +239,14 @@ def _bench_case(rank, label, src, dst, placement, hidden, iters, seed):
         (ag, ag_sent), t_ag = _timed(lambda: gather_all(x), groups.boundary, iters)
         if dst.contains(rank):
             assert torch.equal(ours, lead) and torch.equal(ours, ag), f"{label}: rank {rank} outputs differ"
-        sent = torch.tensor([ours_sent, lead_sent, ag_sent], dtype=torch.float64)
+        comm.exchange_grads(ours if dst.contains(rank) else x[:0], inp)  # any gradient: bytes only
+        bwd = comm.last_backward
+        sent = torch.tensor([ours_sent, lead_sent, ag_sent, bwd.bytes_sent], dtype=torch.float64)
         dist.all_reduce(sent, group=groups.boundary)
         ms = [t * 1e3 for t in (t_ours, t_unchecked, t_lead, t_ag)]
         return dict(label=label, placement=placement, ranks=len(groups.boundary_ranks),
-                    bound=comm.last_forward.lower_bound_bytes, bytes=sent.tolist(), ms=ms)
+                    bound=comm.last_forward.lower_bound_bytes, bytes=sent.tolist()[:3], ms=ms,
+                    bwd=sent.tolist()[3], bwd_bound=bwd.lower_bound_bytes)
     finally:
         groups.destroy()
 
@@ -281,13 +289,19 @@ def main(argv=None):
     print(f"hidden {args.hidden}, fp32, 12 samples/micro-batch with 0-576 image tokens, seq {SEQ_LEN}, "
           f"gloo on {os.cpu_count()} CPU cores, median of {args.iters} exchanges (slowest rank)\n")
     print("| layout pair | placement | ranks | lower bound MB | ours MB (ratio) | leader+bcast MB (ratio) "
-          "| all-gather MB (ratio) | ours ms | ours ms, no check | leader ms | all-gather ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| all-gather MB (ratio) | ours ms | ours ms, no check | leader ms | all-gather ms "
+          "| backward lower bound MB | ours backward MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def ratio(x, b):  # a zero bound (identical colocated layouts) is met only by zero bytes
+        return f"{x / b:.3f}" if b else ("1.000" if x == 0 else "inf")
+
     for r in rows:
         b = r["bound"]
-        cells = [f"{x * mb:.2f} ({x / b:.3f})" for x in r["bytes"]]
+        cells = [f"{x * mb:.2f} ({ratio(x, b)})" for x in r["bytes"]]
         print(f"| {r['label']} | {r['placement']} | {r['ranks']} | {b * mb:.2f} | " + " | ".join(cells) + " | "
-              + " | ".join(f"{t:.2f}" for t in r["ms"]) + " |")
+              + " | ".join(f"{t:.2f}" for t in r["ms"])
+              + f" | {r['bwd_bound'] * mb:.2f} | {r['bwd'] * mb:.2f} ({ratio(r['bwd'], r['bwd_bound'])}) |")
 
 
 if __name__ == "__main__":

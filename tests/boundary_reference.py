@@ -35,9 +35,13 @@ def dst_rows(dst, inputs, rank):
 
 
 def lower_bound(src, dst, inputs):
-    """(row, needing rank) pairs where the rank is not a source replica of the row."""
-    return sum(
-        rank not in [r for r in src.ranks if src.coord(r).dp == inputs.src_dp[i]]
-        for rank in dst.ranks
-        for i, _ in dst_rows(dst, inputs, rank)
-    )
+    """(row, needing rank) pairs where the rank is not a source replica of the row (does not hold it)."""
+    held = {r: set(src_rows(src, inputs, r)) for r in src.ranks}
+    return sum(label not in held.get(r, ()) for r in dst.ranks for label in dst_rows(dst, inputs, r))
+
+
+def backward_lower_bound(src, dst, inputs):
+    """(row, source replica) pairs where the replica is no destination copy of the row: it needs the
+    row's gradient and cannot take it locally (a replica that is a copy has it, identical by tp)."""
+    needed = {r: set(dst_rows(dst, inputs, r)) for r in dst.ranks}
+    return sum(label not in needed.get(r, ()) for r in src.ranks for label in src_rows(src, inputs, r))

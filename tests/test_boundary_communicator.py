@@ -3,7 +3,8 @@
 Every rank derives the logical boundary rows X (one [H] row per image token of the micro-batch)
 from a shared seed, takes its source share, exchanges and back-propagates twice:
   1. with a different random output gradient on every destination rank, so the parent can see
-     which single copy each source gradient came from (a sum of two copies matches none);
+     which single copy each source gradient came from (a sum of two copies matches none): a
+     source rank that is itself a copy of the row takes its own, the others one common copy;
   2. with the gradient of each logical row Y[g] on every copy of it (consistent replicas), for
      the adjoint identity.
 The parent holds every rank's tensors and checks them against a reference that gathers
@@ -23,7 +24,7 @@ import pytest
 
 from ds_hetero import HeteroConfigError, StageLayout
 from ds_hetero.boundary import BoundaryInputs
-from tests.boundary_reference import dst_rows, lower_bound, src_rows
+from tests.boundary_reference import backward_lower_bound, dst_rows, lower_bound, src_rows
 from tests.distributed import run_distributed
 
 pytestmark = pytest.mark.distributed
@@ -76,7 +77,7 @@ def _one_case(rank, src, dst, placement, inp, seed):
         out = comm.exchange(x, inp)
         y = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed * 100 + rank), dtype=torch.float64)
         (out * y).sum().backward()
-        fwd = comm.last_forward
+        fwd, bwd = comm.last_forward, comm.last_backward
 
         x2 = X[mine].clone().requires_grad_(True)
         out2 = comm.exchange(x2, inp)
@@ -90,7 +91,8 @@ def _one_case(rank, src, dst, placement, inp, seed):
         arrays = dict(x=X[mine], out=out, y=y, grad=x.grad, y2=y2, out2=out2, grad2=x2.grad, X=X, Y=Y)
         return dict({k: v.detach().numpy() for k, v in arrays.items()}, mine=mine, need=need,
                     fwd_sent=fwd.bytes_sent, fwd_recv=fwd.bytes_received,
-                    total=fwd.total_bytes_sent, bound=fwd.lower_bound_bytes)
+                    total=fwd.total_bytes_sent, bound=fwd.lower_bound_bytes, bwd_sent=bwd.bytes_sent,
+                    bwd_total=bwd.total_bytes_sent, bwd_bound=bwd.lower_bound_bytes)
     finally:
         groups.destroy()
 
@@ -111,7 +113,8 @@ def check_case(results, src, dst, placement, inp):
     # Forward: every destination rank holds exactly X at the rows it needs, in its order.
     for r in ranks:
         assert torch.equal(results[r]["out"], X[results[r]["need"]]), f"rank {r}: wrong forward rows"
-    # Gradient 1: from exactly one copy, identical on every source replica.
+    # Gradient 1: from exactly one copy; a source rank that is a copy takes its own (no bytes),
+    # every other replica the same copy (identical gradients once the copies agree, see 2).
     copies = {}  # g -> [(rank, output row)]
     for r in ranks:
         for o, g in enumerate(results[r]["need"]):
@@ -122,7 +125,10 @@ def check_case(results, src, dst, placement, inp):
             got = results[r]["grad"][k]
             matches = [(d, o) for d, o in copies[g] if torch.equal(got, results[d]["y"][o])]
             assert len(matches) == 1, f"rank {r}: gradient of row {g} is not one copy's gradient"
-            assert chosen.setdefault(g, matches[0]) == matches[0], f"row {g}: replicas got different gradients"
+            if any(d == r for d, _ in copies[g]):
+                assert matches[0][0] == r, f"rank {r} holds a copy of row {g} but takes another's gradient"
+            else:
+                assert chosen.setdefault(g, matches[0]) == matches[0], f"row {g}: replicas got different gradients"
     # Gradient 2: the logical adjoint A^T y = Y at the rows held, and the weighted identity.
     k_src = src.tp * src.cp
     k_dst = 1 if dst.sequence_parallel else dst.tp
@@ -135,10 +141,14 @@ def check_case(results, src, dst, placement, inp):
     row_bytes = H * 8
     sent = sum(results[r]["fwd_sent"] for r in ranks)
     assert sent == results[ranks[0]]["total"] == results[ranks[0]]["bound"] == lower_bound(src, dst, inp) * row_bytes
+    # Backward: gradient rows sent (exchange and completion) equal the backward lower bound.
+    bwd = sum(results[r]["bwd_sent"] for r in ranks)
+    assert bwd == results[ranks[0]]["bwd_total"] == results[ranks[0]]["bwd_bound"] \
+        == backward_lower_bound(src, dst, inp) * row_bytes
     if placement == "disaggregated":
         assert all(results[r]["fwd_recv"] == 0 for r in src.ranks), "a source rank received rows"
         assert all(results[r]["fwd_sent"] == 0 for r in dst.ranks), "a destination rank sent rows"
-    return sent // row_bytes
+    return sent // row_bytes, bwd // row_bytes
 
 
 def run_cases(world_size, cases):
@@ -164,7 +174,10 @@ def test_two_ranks():
     ]
     moved = run_cases(2, cases)
     # Hand-counted rows sent: rank 0 lacks 6 rows, rank 1 lacks 3; both vision replicas hold all.
-    assert (moved[0], moved[1], moved[3]) == (9, 0, 5)
+    # Backward: each vision rank is a copy of its rows (0); the vision tp2 ranks each hold copies
+    # of their language dp rank's 7 and 1 rows and need the other's (8); the single vision rank
+    # of the disaggregated case needs all 5.
+    assert moved[0] == (9, 0) and moved[1] == (0, 8) and moved[3] == (5, 5)
 
 
 def test_four_ranks():
@@ -187,7 +200,15 @@ def test_four_ranks():
          inputs([4, 1, 3, 2], [0, 0, 1, 1], [0, 0, 0, 0], seq_len=10)),
     ]
     moved = run_cases(4, cases)
-    assert all(m > 0 for m in moved)
+    assert all(fwd > 0 for fwd, _ in moved)
+
+
+def test_four_ranks_identical_layouts_move_nothing():
+    # vision tp2dp2 -> language tp2dp2 colocated: every rank holds a copy of its rows and of their
+    # gradient, so nothing crosses the network either way (before: every row through completion).
+    same = inputs([3, 0, 2, 4, 1, 5, 0, 2], [i // 4 for i in range(8)], [i // 4 for i in range(8)])
+    cases = [(lay("vision", 2, 1, 2, range(4)), lay("language", 2, 1, 2, range(4)), "colocated", same)]
+    assert run_cases(4, cases) == [(0, 0)]
 
 
 def test_six_ranks_vision_dp3_to_language_dp2():

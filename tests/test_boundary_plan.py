@@ -3,8 +3,8 @@
 The simulator runs each rank's plan on symbolic rows (labels (sample, token)), exactly as the
 communicator runs it on tensors: one all-to-all (send_index + splits -> recv_dest), local
 copies, then for gradients the backward all-to-all and the completion among source replicas.
-What every destination must end up with is computed independently, from the definitions in
-the plan's docstring (a destination's samples in ascending order, positions in its chunk).
+What every destination must end up with, and both lower bounds, are computed independently, from
+the definitions in the plan's docstring (tests/boundary_reference.py).
 """
 
 import dataclasses
@@ -15,7 +15,7 @@ import pytest
 
 from ds_hetero import HeteroConfigError, StageLayout
 from ds_hetero.boundary import BoundaryInputs, build_plan, shard_bounds
-from tests.boundary_reference import dst_rows, lower_bound, src_rows
+from tests.boundary_reference import backward_lower_bound, dst_rows, lower_bound, src_rows
 
 
 # ---------------------------------------------------------------------------- simulator
@@ -72,17 +72,23 @@ def check(plan):
     for r in peers:
         assert y[r] == dst_rows(dst, inputs, r), f"rank {r} receives the wrong rows"
     # Every source replica ends with a gradient for every row, taken from exactly one copy of
-    # that row (a copy: some destination rank's output row holding the same label), and the
-    # same copy on every replica: identical, full gradients.
-    by_row = {}
+    # that row (a copy: some destination rank's output row holding the same label; the simulator
+    # rejects a row written twice, i.e. a sum). A replica that is itself a copy takes its own
+    # (no bytes); the others all take the same copy. Copies' gradients are identical by the tp
+    # convention, so all replicas end with the full, identical gradient.
+    remote = {}
     for r in peers:
         for label, g in zip(x[r], dx[r]):
             assert g is not None, f"rank {r}: no gradient for row {label}"
             d, o = g
             assert y[d][o] == label, f"rank {r}: gradient of {label} comes from a copy of {y[d][o]}"
-            by_row.setdefault(label, set()).add(g)
-    assert all(len(v) == 1 for v in by_row.values())
+            if label in y[r]:
+                assert d == r, f"rank {r} holds a copy of {label} but takes the gradient of rank {d}'s"
+            else:
+                remote.setdefault(label, set()).add(g)
+    assert all(len(v) == 1 for v in remote.values()), "replicas without a copy got different copies"
     assert plan.rows_sent() == plan.lower_bound_rows() == lower_bound(src, dst, inputs)
+    assert plan.backward_rows_sent() == plan.backward_lower_bound_rows() == backward_lower_bound(src, dst, inputs)
     if plan.placement == "disaggregated":
         for r in src.ranks:
             assert plans_rank(plan, r).forward.rows_received == 0 and plans_rank(plan, r).n_out == 0
@@ -168,12 +174,31 @@ def test_positions_optional_without_sequence_shards():
     assert plan.placement == "disaggregated"
 
 
-def test_colocated_identical_layouts_move_nothing_forward():
+def test_colocated_identical_layouts_move_nothing():
+    # vision tp2dp2 -> language tp2dp2 on the same 4 ranks: each vision tp replica of dp d is a
+    # language tp replica of dp d, so it holds a copy of every row and its gradient: no bytes
+    # either way, and no completion collective (before: 8 * 576 rows through the completion).
     lay = StageLayout("vision", 2, 1, 2, (0, 1, 2, 3))
-    inp = BoundaryInputs([3, 1, 2, 2], [0, 0, 1, 1], [0, 0, 1, 1])
-    plan = build_plan(lay, dataclasses.replace(lay, name="language"), inp)
+    for inp in (BoundaryInputs([3, 1, 2, 2], [0, 0, 1, 1], [0, 0, 1, 1]),
+                BoundaryInputs([576] * 8, [i // 4 for i in range(8)], [i // 4 for i in range(8)])):
+        plan = build_plan(lay, dataclasses.replace(lay, name="language"), inp)
+        check(plan)
+        assert plan.rows_sent() == plan.lower_bound_rows() == 0
+        assert plan.backward_rows_sent() == plan.backward_lower_bound_rows() == 0
+        assert all(plan.for_rank(r).completion is None for r in range(4))
+
+
+def test_backward_sends_only_to_replicas_without_a_copy():
+    # vision tp4 -> language tp2dp2 on the same 4 ranks: of a row for language dp 0, ranks 0 and 1
+    # hold copies (their own gradient), ranks 2 and 3 get it once each from one of them.
+    src = StageLayout("vision", 4, 1, 1, (0, 1, 2, 3))
+    dst = StageLayout("language", 2, 1, 2, (0, 1, 2, 3))
+    plan = build_plan(src, dst, BoundaryInputs([3, 5], [0, 0], [0, 1]))
     check(plan)
-    assert plan.rows_sent() == 0 and plan.lower_bound_rows() == 0
+    assert plan.backward_lower_bound_rows() == plan.backward_rows_sent() == 2 * 8
+    assert sum(plan.for_rank(r).backward.rows_sent for r in range(4)) == 0  # local copies only
+    # The owners of a row alternate between its two copies: both share the completion sending.
+    assert [plan.for_rank(r).completion.rows_sent for r in range(4)] == [4, 2, 4, 6]
 
 
 def test_source_replicas_share_the_sending():
@@ -182,8 +207,11 @@ def test_source_replicas_share_the_sending():
     plan = build_plan(src, dst, BoundaryInputs([40, 40], [0, 0], [0, 1]))
     sent = [plan.for_rank(r).forward.rows_sent for r in (0, 1)]
     assert sent == [40, 40]
-    owned = [len(plan.for_rank(r).completion.send_index) for r in (0, 1)]  # one copy per other replica
+    # No replica holds a copy: the designated copy returns each gradient to one replica, which
+    # completes the other. Backward bytes == the backward lower bound: every row to both.
+    owned = [plan.for_rank(r).completion.rows_sent for r in (0, 1)]
     assert owned == [40, 40]
+    assert plan.backward_rows_sent() == plan.backward_lower_bound_rows() == 160
 
 
 def test_lower_bound_counts_each_needing_rank():
@@ -241,6 +269,17 @@ def test_checker_catches_a_gradient_returned_by_two_copies():
     plan = _corrupt(plan, 0, backward={"recv_dest": bwd0.recv_dest + (src_row,),
                                        "recv_splits": (bwd0.recv_splits[0], bwd0.recv_splits[1] + 1)})
     with pytest.raises(AssertionError, match="written twice"):
+        check(plan)
+
+
+def test_checker_catches_a_replica_left_without_a_gradient():
+    # Rank 0 skips its completion: replica 1 ends with a partial gradient.
+    src, dst = StageLayout("vision", 2, 1, 1, (0, 1)), StageLayout("language", 1, 1, 2, (2, 3))
+    plan = build_plan(src, dst, BoundaryInputs([2, 3], [0, 0], [0, 1]))
+    check(plan)
+    plan = _corrupt(plan, 0, completion={"send_index": (), "send_splits": (0, 0)})
+    plan = _corrupt(plan, 1, completion={"recv_dest": (), "recv_splits": (0, 0)})
+    with pytest.raises(AssertionError, match="no gradient"):
         check(plan)
 
 

@@ -9,9 +9,11 @@
 
     forward    one all_to_all_single over the boundary group with the plan's uneven splits, plus
                local copies of rows the rank already holds (colocated; never sent)
-    backward   the same exchange reversed (splits swapped), restricted to the one designated copy
-               of each row, plus local copies; then a completion all_to_all_single among the
-               source replicas, after which each holds the full, identical gradient
+    backward   the same exchange reversed (splits swapped), restricted to the designated copy of
+               each row no source replica holds a copy of, plus local copies (a replica holding
+               a copy takes its gradient from it); then a completion all_to_all_single among the
+               source replicas, only to those holding no copy, after which each holds the full,
+               identical gradient (identical by the tp convention, see plan.py)
                (`once_differentiable`: the boundary is linear and its inputs are leaves or
                activations, double backward is not needed)
 
@@ -45,7 +47,11 @@ _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 @dataclass(frozen=True)
 class ExchangeStats:
-    """What one exchange moved. Local counts are this rank's; totals and bound cover all ranks."""
+    """What one exchange moved. Local counts are this rank's; totals and bound cover all ranks.
+
+    `backward` says which exchange: the forward (rows) or the backward (gradients, completion
+    included); the totals and the lower bound are those of the same direction.
+    """
 
     rows_sent: int
     bytes_sent: int
@@ -53,16 +59,20 @@ class ExchangeStats:
     bytes_received: int
     row_bytes: int
     plan: BoundaryPlan = field(repr=False)
+    backward: bool = False
 
     @property
     def total_bytes_sent(self) -> int:
-        """Bytes all ranks send in the forward exchange (from the plan's send splits)."""
-        return self.plan.rows_sent() * self.row_bytes
+        """Bytes all ranks send in this direction's exchange(s) (from the plan's send splits)."""
+        p = self.plan
+        return (p.backward_rows_sent() if self.backward else p.rows_sent()) * self.row_bytes
 
     @property
     def lower_bound_bytes(self) -> int:
-        """Bytes of every row some destination needs and does not hold, once per needing rank."""
-        return self.plan.lower_bound_rows() * self.row_bytes
+        """Forward: every row some destination needs and does not hold, once per needing rank.
+        Backward: every row gradient some source replica needs and holds no copy of, once per replica."""
+        p = self.plan
+        return (p.backward_lower_bound_rows() if self.backward else p.lower_bound_rows()) * self.row_bytes
 
 
 @dataclass(frozen=True)
@@ -120,7 +130,7 @@ class _Route:
 
 
 class _BoundaryExchange(torch.autograd.Function):
-    """fwd: rows -> destination layout; bwd: designated gradient copies back, then completion."""
+    """fwd: rows -> destination layout; bwd: local and designated gradient copies back, then completion."""
 
     @staticmethod
     def forward(ctx, rows, comm, route):
@@ -208,13 +218,14 @@ class BoundaryCommunicator:
         if route.completion is not None:
             s, r = _all_to_all(grad_in, route.completion, grad_in, self.replica_group)
             sent, received = sent + s, received + r
-        self.last_backward = self._stats(grad_out, sent, received, route)
+        self.last_backward = self._stats(grad_out, sent, received, route, backward=True)
         return grad_in
 
     @staticmethod
-    def _stats(x: torch.Tensor, sent: int, received: int, route: _Route) -> ExchangeStats:
+    def _stats(x: torch.Tensor, sent: int, received: int, route: _Route, backward: bool = False) -> ExchangeStats:
         row_bytes = x.shape[1] * x.element_size()
-        return ExchangeStats(sent, sent * row_bytes, received, received * row_bytes, row_bytes, route.plan)
+        return ExchangeStats(sent, sent * row_bytes, received, received * row_bytes, row_bytes, route.plan,
+                             backward)
 
     # ------------------------------------------------------------------ plans and checks
     def _entry(self, inputs: BoundaryInputs) -> dict:

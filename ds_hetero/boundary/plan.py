@@ -13,11 +13,13 @@ Routing rules (what makes the exchange exact and byte-minimal)
 * Every other copy is sent exactly once, by one source replica; the replicas share the sending
   (copy c of row g is sent by replica `(g + c) % k`, a fixed rule every rank evaluates alone).
   Hence rows sent == the lower bound: every (row, needing rank) pair the rank does not hold.
-* Backward: exactly one *designated* copy per row returns the gradient (a local copy when there
-  is one, else copy `(g // k) % n`): the tp convention makes the replicas' gradients identical,
-  summing them would scale by tp. It goes back to the replica that sent it, which then *owns*
-  the row's gradient. A completion exchange among the source replicas (each sends the rows it
-  owns to the others) gives every replica the full, identical gradient.
+* Backward: every source replica needs the full gradient of every row, taken from exactly one
+  copy (the tp convention makes the copies' gradients identical, not partial; summing two would
+  scale by tp). A replica that holds a local copy takes its gradient from it: no bytes. When no
+  replica holds a copy, the *designated* copy `(g // k) % n` returns it to the replica that sent
+  it. Either way one replica with the gradient *owns* the row and, in a completion exchange among
+  the source replicas, sends it to each replica holding no copy of it. Hence backward rows sent
+  == the backward lower bound: every (row, source replica) pair where the replica is no copy.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ class Direction:
     local_src    input rows copied locally ...
     local_dst    ... to these output rows
     n_out        rows of the output (every one is written exactly once, except, in the
-                 gradient exchange, rows owned by another source replica: completion fills them)
+                 gradient exchange, rows this replica holds no copy of and does not own: the
+                 completion fills them)
     """
 
     send_index: tuple[int, ...]
@@ -65,9 +68,10 @@ class RankPlan:
 
     forward     over the boundary group: source rows [n_in, H] -> destination rows [n_out, H]
     backward    over the boundary group: gradient rows [n_out, H] -> source gradient [n_in, H]
-                (designated copies only)
+                (local copies, and designated copies of rows no source replica holds a copy of)
     completion  over the source replica group (`replicas`, sorted): owned gradient rows to the
-                other replicas; None when the rank is no source or has no other replica
+                replicas holding no copy of them; None when the rank is no source or when the
+                group has nothing to complete (e.g. identical colocated layouts)
     """
 
     rank: int
@@ -121,18 +125,21 @@ class BoundaryPlan:
         return self._cache[key]
 
     def _route(self, i: int, j: int, g: int):
-        """(holders, copies, local flags, designated copy, owner) of row (i, j), global index g."""
+        """(holders, copies, local flags, designated copy or None, owner) of row (i, j), global index g.
+
+        The owner is a source replica that has the row's gradient after the backward exchange: one
+        holding a local copy (rotated by g to share the completion sending), else the replica that
+        sent the designated copy (the designated copies rotate too, spreading the returns).
+        """
         holders = self._holders(self.inputs.src_dp[i])
         copies = self._copies(self.inputs.dst_dp[i], self._shard_of(i, j))
         local = [d in holders for d in copies]
         k = len(holders)
         if any(local):
-            designated = local.index(True)
-            owner = copies[designated]
-        else:
-            designated = (g // k) % len(copies)
-            owner = holders[(g + designated) % k]
-        return holders, copies, local, designated, owner
+            mine = [d for d, here in zip(copies, local) if here]
+            return holders, copies, local, None, mine[g % len(mine)]
+        designated = (g // k) % len(copies)
+        return holders, copies, local, designated, holders[(g + designated) % k]
 
     def _sample_offsets(self):
         """Global row offset of each sample, and its offset inside its source replica's rows."""
@@ -160,17 +167,31 @@ class BoundaryPlan:
         """Rows all ranks send over the network in the forward (sum of every send split)."""
         return sum(self.for_rank(r).forward.rows_sent for r in self.peers)
 
+    def backward_rows_sent(self) -> int:
+        """Rows all ranks send over the network in the backward (gradient exchange and completion)."""
+        return sum(rp.backward.rows_sent + (rp.completion.rows_sent if rp.completion else 0)
+                   for rp in map(self.for_rank, self.peers))
+
     def lower_bound_rows(self) -> int:
         """Rows some destination needs and does not hold, once per needing rank (from the definition)."""
-        if "lower_bound" not in self._cache:
-            g_off, _, _ = self._sample_offsets()
-            total = 0
+        return self._lower_bounds()[0]
+
+    def backward_lower_bound_rows(self) -> int:
+        """Row gradients some source replica needs and holds no copy of, once per replica (definition)."""
+        return self._lower_bounds()[1]
+
+    def _lower_bounds(self) -> tuple[int, int]:
+        """(forward, backward): over every row, copies that are no holder, holders that are no copy."""
+        if "lower_bounds" not in self._cache:
+            fwd = bwd = 0
             for i, count in enumerate(self.inputs.token_counts):
-                holders = set(self._holders(self.inputs.src_dp[i]))
+                holders = self._holders(self.inputs.src_dp[i])
                 for j in range(count):
-                    total += sum(d not in holders for d in self._copies(self.inputs.dst_dp[i], self._shard_of(i, j)))
-            self._cache["lower_bound"] = total
-        return self._cache["lower_bound"]
+                    copies = self._copies(self.inputs.dst_dp[i], self._shard_of(i, j))
+                    fwd += sum(d not in holders for d in copies)
+                    bwd += sum(h not in copies for h in holders)
+            self._cache["lower_bounds"] = (fwd, bwd)
+        return self._cache["lower_bounds"]
 
 
 def build_plan(
@@ -194,23 +215,31 @@ def _rank_plan(plan: BoundaryPlan, rank: int) -> RankPlan:
     recv = {p: [] for p in peers}        # forward: my output rows from each peer
     grad_send = {p: [] for p in peers}   # backward: my output rows whose gradient I return
     local_src, local_dst, glocal_src, glocal_dst = [], [], [], []
-    owned, replicas, n_in = {}, (), 0
+    replicas, n_in, completing = (), 0, 0
 
     if plan.src.contains(rank):
         replica = plan.src.coord(rank).dp
         holders = plan._holders(replica)
         replicas, n_in = tuple(sorted(holders)), per_replica.get(replica, 0)
-        owned = {h: [] for h in replicas}
+        owe = {h: [] for h in replicas}   # completion: my owned rows each replica lacks
+        owed = {h: [] for h in replicas}  # completion: my rows each replica owns and I lack
         for i in (i for i, r in enumerate(inputs.src_dp) if r == replica):
             for j in range(inputs.token_counts[i]):
                 g, li = g_off[i] + j, s_off[i] + j
                 _, copies, local, designated, owner = plan._route(i, j, g)
-                owned[owner].append(li)
                 for c, d in enumerate(copies):
                     if not local[c] and holders[(g + c) % len(holders)] == rank:
                         send[d].append(li)
                         if c == designated:
                             grad_recv[d].append(li)
+                # Replicas holding no copy get the gradient from the owner (which already has it).
+                lacking = [h for h in holders if h not in copies and h != owner]
+                completing += len(lacking)  # the same count on every replica of the group
+                if owner == rank:
+                    for h in lacking:
+                        owe[h].append(li)
+                elif rank in lacking:
+                    owed[owner].append(li)
 
     n_out = 0
     if plan.dst.contains(rank):
@@ -223,37 +252,31 @@ def _rank_plan(plan: BoundaryPlan, rank: int) -> RankPlan:
                     continue  # outside this rank's sequence shard
                 c, o = copies.index(rank), n_out
                 n_out += 1
-                if local[c]:
+                if local[c]:  # this rank is also a source replica of the row: copy both ways
                     local_src.append(s_off[i] + j)
                     local_dst.append(o)
-                    if c == designated:
-                        glocal_src.append(o)
-                        glocal_dst.append(s_off[i] + j)
+                    glocal_src.append(o)
+                    glocal_dst.append(s_off[i] + j)
                 else:
                     sender = holders[(g + c) % len(holders)]
                     recv[sender].append(o)
                     if c == designated:
                         grad_send[sender].append(o)
 
-    def cat(d):
-        return tuple(x for p in peers for x in d[p])
+    def cat(d, order=peers):
+        return tuple(x for p in order for x in d[p])
 
-    def splits(d):
-        return tuple(len(d[p]) for p in peers)
+    def splits(d, order=peers):
+        return tuple(len(d[p]) for p in order)
 
     forward = Direction(cat(send), splits(send), splits(recv), cat(recv),
                         tuple(local_src), tuple(local_dst), n_out)
     backward = Direction(cat(grad_send), splits(grad_send), splits(grad_recv), cat(grad_recv),
                          tuple(glocal_src), tuple(glocal_dst), n_in)
+    # No collective when the whole replica group has nothing to complete (every replica a copy).
     completion = None
-    if len(replicas) > 1:
-        mine = owned[rank]
-        completion = Direction(
-            send_index=tuple(x for q in replicas if q != rank for x in mine),
-            send_splits=tuple(0 if q == rank else len(mine) for q in replicas),
-            recv_splits=tuple(0 if q == rank else len(owned[q]) for q in replicas),
-            recv_dest=tuple(x for q in replicas if q != rank for x in owned[q]),
-            n_out=n_in,
-        )
+    if completing:
+        completion = Direction(cat(owe, replicas), splits(owe, replicas), splits(owed, replicas),
+                               cat(owed, replicas), n_out=n_in)
     return RankPlan(rank=rank, n_in=n_in, n_out=n_out, forward=forward, backward=backward,
                     completion=completion, replicas=replicas)
