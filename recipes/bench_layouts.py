@@ -1,39 +1,53 @@
-"""Homogeneous vs heterogeneous layouts of one LLaVA on 4 ranks, and ds_hetero vs plain DeepSpeed.
+"""Homogeneous, colocated heterogeneous and disaggregated layouts of one LLaVA on 4 ranks, in one run.
 
-    python recipes/bench_layouts.py            # default sizes, ~3-5 min on 2 idle CPU cores
-    python recipes/bench_layouts.py --quick    # tiny sizes, ~1 min
-    python recipes/bench_layouts.py --profile  # + where the time goes (torch.profiler, one step)
+    python recipes/bench_layouts.py                       # both scenarios, ~6-7 min on 2 idle CPU cores
+    python recipes/bench_layouts.py --quick               # tiny sizes, ~1.5 min
+    python recipes/bench_layouts.py --scenario wide-vision   # a tower large in parameters (~1.5 min)
+    python recipes/bench_layouts.py --rows "hetero tp4" "plain DS dp4" ...   # any rows of LAYOUTS
+    python recipes/bench_layouts.py --profile             # + where the time goes (torch.profiler, one step)
 
-One run launches a fresh set of 4 gloo processes per row (so each row's peak memory is its own),
-builds the same seeded LLaVA (CLIP tower, 576 image tokens per sample by default, a vision tower
-about the size of the language model, as in LLaVA training where the encoder sees 576 tokens per
-image) and trains it on the same global batches of the synthetic shapes-captioning data:
+A scenario is a model size; for each, one run launches a fresh set of 4 gloo processes per row
+(so each row's peak memory is its own), builds the same seeded LLaVA (CLIP tower, 256 image
+tokens per sample as LLaVA at 224 px, Llama LM) and trains it on the same global batches (16
+samples) of the synthetic shapes-captioning data. The default scenarios:
 
-    homogeneous      vision tp2 dp2, language tp2 dp2  (the encoder forced into the LLM's layout)
-    hetero tp2       vision tp1 dp4, language tp2 dp2
-    hetero tp4       vision tp1 dp4, language tp4 dp1
-    ds_hetero dp4    vision tp1 dp4, language tp1 dp4  (dp only: what plain DeepSpeed can also run)
-    plain DS dp4     one deepspeed.initialize over the whole LlavaForConditionalGeneration, dp4
+    balanced       vision tower about the language model's size and compute
+    large-vision   vision tower 2x the language model's parameters, 2.25x its compute per token
+
+and the default rows (every other row of LAYOUTS is available with --rows):
+
+    homogeneous     vision tp2 dp2, language tp2 dp2 (the encoder forced into the LLM's layout), mb 1
+    hetero tp2      vision tp1 dp4, language tp2 dp2, colocated on all 4 ranks, mb 1
+    ds_hetero dp4   vision tp1 dp4, language tp1 dp4, colocated, mb 1
+    hetero tp2 mb4  hetero tp2 with 4 micro-batches: the colocated control for the pipelined rows
+    disagg 2+2 tp   vision dp2 on ranks 0-1, language tp2 on ranks 2-3, 4 micro-batches in 1F1B
+    disagg 2+2 dp   vision dp2 on ranks 0-1, language dp2 on ranks 2-3, 4 micro-batches in 1F1B
 
 Every ds_hetero row goes through the same HeteroEngine (`ds_hetero.initialize`, ZeRO 1, AdamW,
-global-norm clipping 1.0); the plain row uses the same DeepSpeed config, optimizer, clipping,
-objective (sum of token losses / global label tokens) and samples per rank. Then all rows run
-once more in ONE set of 4 processes holding every row's engine, stepping them round-robin
-(A B C D E, E D C B A, ...), so the drift of a shared machine hits every row alike; the medians
-of the per-round ratios are the speedups and the plugin-overhead figure (ds_hetero dp4 / plain
-DeepSpeed dp4).
+global-norm clipping 1.0); "plain DS dp4" (with --rows) uses one deepspeed.initialize over the
+whole model with the same config, optimizer, clipping, objective and samples per rank. Then all
+rows run once more in ONE set of 4 processes holding every row's engine (disaggregated ones
+too: each engine builds its own groups on all ranks), stepping them round-robin (A B C, C B A,
+...), so the drift of a shared machine hits every row alike; the medians of the per-round ratios
+are the speedups (and, with both dp4 rows, the plugin-overhead figure).
 
-Reported per row: median step time (per step the slowest rank, after warm-up), label tokens/s
-and all tokens/s (text + image placeholders), peak memory per rank (max RSS from
-resource.getrusage(RUSAGE_SELF).ru_maxrss, which includes the loaded libraries; "+over start"
-subtracts the RSS measured before the model was built, psutil), per-stage time split
-(rank mean of the medians), boundary bytes per step (all ranks, forward + backward), and ratios
-to the homogeneous row. The first-step loss must be equal on every row (same model, same batches,
-same objective): a cheap check that every row trains the same function.
+Reported per row: median step time (per step the slowest rank, after warm-up), all tokens/s
+(text + image placeholders), per rank and label tokens/s, the ratio to the homogeneous row, the
+bubble fraction of every rank (StepResult.bubble_fraction: the share of the step outside
+forward, backward and optimizer spans, i.e. waiting at the boundary), CPU seconds per step
+(all ranks; time.process_time) and the machine utilisation (CPU seconds / (step time x cores)),
+the parameters each rank holds, peak memory per rank (max RSS; "+over start" subtracts the RSS
+before the model was built), boundary bytes per step, and the time split per rank set (all ranks
+for colocated rows; the vision and the language ranks for disaggregated ones). The first-step
+loss must be equal on every row (same model, batches and objective; micro-batching only changes
+the summation order): a cheap check that every row trains the same function.
 
-On a 2-core machine the 4 ranks are oversubscribed (one thread each, two per core), so absolute
-times are low and noisy: read the ratios, and on a machine shared with other jobs prefer the
-interleaved table (and its ratios of fastest steps) to the per-row table.
+On a 2-core machine the 4 ranks are oversubscribed (one thread each, two per core). A rank that
+waits in a gloo collective sleeps and hands its core to another rank, so a pipeline bubble costs
+no CPU as long as two ranks are runnable, and the step time is about (CPU seconds of all ranks)
+/ (cores x util): compare the CPU s and util columns to see why a row wins. Absolute times are
+low and noisy: read the ratios, and on a machine shared with other jobs prefer the interleaved
+table (and its ratios of fastest steps) to the per-row table.
 """
 
 from __future__ import annotations
@@ -49,26 +63,87 @@ import tempfile
 import time
 import traceback
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import timedelta
 
 WORLD = 4
 PRELOAD = ["torch", "torch.distributed", "deepspeed", "transformers"]
 
-LAYOUTS = {  # row name -> (vision (tp, dp), language (tp, dp)); None = plain DeepSpeed
-    "homogeneous": ((2, 2), (2, 2)),
-    "hetero tp2": ((1, 4), (2, 2)),
-    "hetero tp4": ((1, 4), (4, 1)),
-    "ds_hetero dp4": ((1, 4), (1, 4)),
+
+@dataclass(frozen=True)
+class Layout:
+    """One ds_hetero row: (tp, dp) per stage; disaggregated rows also name each stage's ranks."""
+
+    vision: tuple[int, int]
+    language: tuple[int, int]
+    placement: str = "colocated"
+    vision_ranks: tuple[int, ...] | None = None
+    language_ranks: tuple[int, ...] | None = None
+    mb: int | None = None  # micro-batches of this row only (default: see micro_batches)
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.placement == "disaggregated"
+
+    def micro_batches(self, a) -> int:
+        """Colocated rows run --micro-batches (1: no pipeline to fill); disaggregated rows pipeline
+        --pipeline-micro-batches (a two-stage 1F1B needs >= 2 to overlap anything)."""
+        if self.mb is not None:
+            return self.mb
+        return a["pipeline_micro_batches"] if self.disaggregated else a["micro_batches"]
+
+    def rank_groups(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(label, ranks) of the rank sets that do different work: all ranks, or one set per stage."""
+        if not self.disaggregated:
+            return [("all", tuple(range(WORLD)))]
+        return [("vision", self.vision_ranks), ("language", self.language_ranks)]
+
+
+LAYOUTS = {  # row name -> Layout; None = plain DeepSpeed over the whole model
+    "homogeneous": Layout((2, 2), (2, 2)),
+    "hetero tp2": Layout((1, 4), (2, 2)),
+    "hetero tp4": Layout((1, 4), (4, 1)),
+    "ds_hetero dp4": Layout((1, 4), (1, 4)),
+    "hetero Vtp4": Layout((4, 1), (1, 4)),
+    "hetero tp2 mb4": Layout((1, 4), (2, 2), mb=4),  # colocated controls for the pipelined rows
+    "hetero dp4 mb4": Layout((1, 4), (1, 4), mb=4),
     "plain DS dp4": None,
+    # disaggregated: each rank holds one stage; the vision ranks encode micro-batch m+1 while the
+    # language ranks run forward + backward of m
+    "disagg 2+2 tp": Layout((1, 2), (2, 1), "disaggregated", (0, 1), (2, 3)),
+    "disagg 2+2 dp": Layout((1, 2), (1, 2), "disaggregated", (0, 1), (2, 3)),
+    "disagg 2+2 Vtp2": Layout((2, 1), (1, 2), "disaggregated", (0, 1), (2, 3)),
+    "disagg 3+1": Layout((1, 3), (1, 1), "disaggregated", (0, 1, 2), (3,)),  # needs --batch 12 or 24
+    "disagg 1+3": Layout((1, 1), (1, 3), "disaggregated", (0,), (1, 2, 3)),
 }
 BASELINE = "homogeneous"
 
-DEFAULTS = dict(image_size=96, patch_size=4, vision_hidden=256, vision_layers=4, vision_heads=8,
+DEFAULTS = dict(image_size=64, patch_size=4, vision_hidden=256, vision_layers=4, vision_heads=8,
                 text_hidden=256, text_layers=4, text_heads=8, text_kv_heads=4,
-                batch=8, micro_batches=1, warmup=2, steps=5, rounds=6)
+                batch=16, micro_batches=1, pipeline_micro_batches=4, warmup=2, steps=4, rounds=6)
 QUICK = dict(image_size=32, patch_size=4, vision_hidden=64, vision_layers=2, vision_heads=4,
              text_hidden=64, text_layers=2, text_heads=4, text_kv_heads=4,
-             batch=8, micro_batches=1, warmup=1, steps=3, rounds=3)
+             batch=16, micro_batches=1, pipeline_micro_batches=4, warmup=1, steps=3, rounds=3)
+
+# One run = one or more scenarios (a model size and the rows that run on it). Each scenario's sizes
+# override DEFAULTS (or QUICK); explicit size flags override both.
+COMPARE = ["homogeneous", "hetero tp2", "ds_hetero dp4", "hetero tp2 mb4", "disagg 2+2 tp", "disagg 2+2 dp"]
+SCENARIOS = {
+    "balanced": dict(
+        about="vision tower about the language model's size and compute",
+        sizes={}, quick_sizes={}, rows=COMPARE),
+    "large-vision": dict(
+        about="vision tower 2x the language model's parameters, 2.25x its compute per token",
+        sizes=dict(vision_hidden=384), quick_sizes=dict(vision_hidden=128), rows=COMPARE),
+    # not in the default run: a tower large in parameters for the few tokens it sees (64 per image),
+    # where the work that scales with a replica's parameters (gradient reduction, optimizer) dominates
+    "wide-vision": dict(
+        about="vision tower 12x the language model's parameters, 64 image tokens per sample",
+        sizes=dict(image_size=32, vision_hidden=768, vision_layers=6, vision_heads=12),
+        quick_sizes=dict(image_size=16, vision_hidden=256, vision_layers=4),
+        rows=["homogeneous", "hetero tp2", "ds_hetero dp4", "hetero Vtp4", "disagg 2+2 dp", "disagg 2+2 Vtp2"]),
+}
+DEFAULT_SCENARIOS = ["balanced", "large-vision"]
 
 
 # ----------------------------------------------------------------------------- model, data, configs
@@ -104,9 +179,12 @@ def ds_config(a, layout=None):
         cfg["gradient_accumulation_steps"] = a["micro_batches"]
         cfg["train_micro_batch_size_per_gpu"] = a["batch"] // (WORLD * a["micro_batches"])
     else:
-        (vtp, vdp), (ltp, ldp) = layout
-        cfg["hetero_parallel"] = {"placement": "colocated", "micro_batches": a["micro_batches"], "stages": {
-            "vision": {"tp": vtp, "dp": vdp}, "language": {"tp": ltp, "dp": ldp}}}
+        stages = {}
+        for name, (tp, dp), ranks in (("vision", layout.vision, layout.vision_ranks),
+                                      ("language", layout.language, layout.language_ranks)):
+            stages[name] = {"tp": tp, "dp": dp} | ({"ranks": list(ranks)} if ranks else {})
+        cfg["hetero_parallel"] = {"placement": layout.placement, "micro_batches": layout.micro_batches(a),
+                                  "stages": stages}
     return cfg
 
 
@@ -178,17 +256,29 @@ def as_record(result):
     if isinstance(result, dict):
         return result
     return dict(loss=result.loss, num_tokens=result.num_tokens, step_time=result.step_time,
-                stage_time=result.stage_time, boundary_bytes=result.boundary_bytes)
+                stage_time=result.stage_time, boundary_bytes=result.boundary_bytes,
+                busy=result.busy_time, bubble=result.bubble_fraction)
 
 
 def timed_step(engine, samples):
+    """One step from a common start (barrier); wall and CPU seconds of this process (all its threads).
+
+    CPU time is what the rank really got from the cores: a rank blocked in a gloo collective does
+    not spin (it sleeps), so its core goes to the other ranks.
+    """
     import torch.distributed as dist
 
     dist.barrier()  # every rank starts the step together
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rec = as_record(engine.train_batch(samples))
-    rec["wall"] = time.perf_counter() - t0
+    rec["wall"], rec["cpu"] = time.perf_counter() - t0, time.process_time() - c0
     return rec
+
+
+def held_params(model, engine):
+    """Parameters this rank holds (its tp shards; a disaggregated rank's other stage is on meta)."""
+    modules = [e.module for e in engine.engines.values()] if hasattr(engine, "engines") else [model]
+    return sum(p.numel() for m in modules for p in m.parameters() if p.device.type != "meta")
 
 
 def rss_mb():
@@ -211,7 +301,8 @@ def run_row(rank, world, name, a):
     batches = make_batches(model, a, a["warmup"] + a["steps"] + int(a["profile"]))
     records = [timed_step(engine, s) for s in batches[:a["warmup"] + a["steps"]]]
     out = dict(records=records[a["warmup"]:], first_loss=records[0]["loss"], peak_rss=peak_rss_mb(),
-               start_rss=start_rss, tokens=sum(int(s["input_ids"].numel()) for s in batches[0]))
+               start_rss=start_rss, tokens=sum(int(s["input_ids"].numel()) for s in batches[0]),
+               params=held_params(model, engine))
     if a["profile"]:
         out["profile"] = profile_step(engine, batches[-1])
     del engine, model
@@ -228,14 +319,15 @@ def run_interleaved(rank, world, names, a):
     engines = {n: make_engine(n, a) for n in names}
     model = engines[names[0]][0]
     batches = make_batches(model, a, a["warmup"] + a["rounds"])
-    times = {n: [] for n in names}
+    times, first_loss = {n: [] for n in names}, {}
     for i, samples in enumerate(batches):
         order = names if i % 2 == 0 else names[::-1]  # no row always goes first
         for n in order:
             rec = timed_step(engines[n][1], samples)
+            first_loss.setdefault(n, rec["loss"])
             if i >= a["warmup"]:
                 times[n].append(rec["wall"])
-    return times
+    return times, first_loss
 
 
 # Collectives as the profiler sees them: c10d/gloo ops, DeepSpeed's comm records, and ds_hetero's
@@ -325,69 +417,139 @@ def launch(fn, *args, timeout=1200.0):
 
 
 # ----------------------------------------------------------------------------- summary and table
+def flat_times(rec):
+    """{"vision.forward": s, "boundary.rows": s, "optimizer": s, ...} of one step record."""
+    return {(s if s == "optimizer" else f"{s}.{p}"): t  # the optimizer's phase name varies by engine
+            for s, phases in rec["stage_time"].items() for p, t in phases.items()}
+
+
+def rank_groups(name):
+    layout = LAYOUTS[name]
+    return layout.rank_groups() if layout is not None else [("all", tuple(range(WORLD)))]
+
+
 def summarize(name, per_rank, a):
     steps = len(per_rank[0]["records"])
-    walls = [max(r["records"][i]["wall"] for r in per_rank) for i in range(steps)]
+    at = [[r["records"][i] for r in per_rank] for i in range(steps)]  # at[step][rank]
+    walls = [max(x["wall"] for x in recs) for recs in at]
+    cpus = [sum(x["cpu"] for x in recs) for recs in at]
     median = statistics.median(walls)
-    split = defaultdict(float)
-    for r in per_rank:
-        for s, p in {(s, p) for rec in r["records"] for s, ph in rec["stage_time"].items() for p in ph}:
-            key = s if s == "optimizer" else f"{s}.{p}"  # the optimizer's phase name varies by engine
-            split[key] += statistics.median(rec["stage_time"].get(s, {}).get(p, 0.0)
-                                            for rec in r["records"]) / WORLD
+    cores = len(os.sched_getaffinity(0))
+    med = statistics.median
+    groups = {}
+    for label, ranks in rank_groups(name):  # time split per rank set doing the same work
+        g = defaultdict(float)
+        for r in ranks:
+            recs = per_rank[r]["records"]
+            for key in {k for rec in recs for k in flat_times(rec)}:
+                g[key] += med(flat_times(rec).get(key, 0.0) for rec in recs) / len(ranks)
+        groups[label] = dict(
+            ranks=ranks, split=dict(g), cpu=med(med(rec["cpu"] for rec in per_rank[r]["records"]) for r in ranks),
+            bubble=(med(med(rec["bubble"] for rec in per_rank[r]["records"]) for r in ranks)
+                    if "bubble" in per_rank[ranks[0]]["records"][0] else None))
     labels = per_rank[0]["records"][0]["num_tokens"]
     return dict(
-        name=name, layout=LAYOUTS[name], step_s=median, step_min=min(walls), step_max=max(walls),
+        name=name, layout=LAYOUTS[name], micro_batches=mb_of(name, a),
+        step_s=median, step_min=min(walls), step_max=max(walls),
         label_tok_s=labels / median, all_tok_s=per_rank[0]["tokens"] / median,
+        cpu_s=med(cpus), util=med(c / (w * cores) for c, w in zip(cpus, walls)),
+        bubble=[med(rec["bubble"] for rec in r["records"]) if "bubble" in r["records"][0] else None
+                for r in per_rank],
         peak_rss=[r["peak_rss"] for r in per_rank], start_rss=[r["start_rss"] for r in per_rank],
-        split=dict(split), first_loss=per_rank[0]["first_loss"],
-        boundary_bytes=statistics.median(sum(r["records"][i]["boundary_bytes"] for r in per_rank)
-                                         for i in range(steps)),
+        params=[r["params"] for r in per_rank], groups=groups, first_loss=per_rank[0]["first_loss"],
+        boundary_bytes=med(sum(r["records"][i]["boundary_bytes"] for r in per_rank) for i in range(steps)),
         profile=[r.get("profile") for r in per_rank],
     )
+
+
+def mb_of(name, a):
+    layout = LAYOUTS[name]
+    return layout.micro_batches(a) if layout is not None else a["micro_batches"]
+
+
+def ranks_str(ranks):
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
 
 
 def layout_str(layout):
     if layout is None:
         return "whole model dp4"
-    (vtp, vdp), (ltp, ldp) = layout
+    (vtp, vdp), (ltp, ldp) = layout.vision, layout.language
+    if layout.disaggregated:
+        return f"V tp{vtp}dp{vdp}@{ranks_str(layout.vision_ranks)} L tp{ltp}dp{ldp}@{ranks_str(layout.language_ranks)}"
     return f"V tp{vtp}dp{vdp} L tp{ltp}dp{ldp}"
 
 
-def print_table(rows, paired, a):
+SHORT = {"vision.forward": "V fwd", "vision.backward": "V bwd", "boundary.rows": "bnd rows",
+         "boundary.grads": "bnd grads", "language.forward": "L fwd", "language.backward": "L bwd",
+         "model.forward": "fwd", "model.backward": "bwd", "optimizer": "optim"}
+
+
+def print_table(rows, paired, a, scenario=None):
     base = next((r for r in rows if r["name"] == BASELINE), rows[0])
+    cores = len(os.sched_getaffinity(0))
     print()
+    if scenario:
+        print(f"== scenario {scenario}: {SCENARIOS[scenario]['about'] if scenario in SCENARIOS else ''}")
     print(f"model: LLaVA (CLIP {a['vision_layers']}x{a['vision_hidden']}, {a['image_size']}px/{a['patch_size']} -> "
           f"{(a['image_size'] // a['patch_size']) ** 2} image tokens; Llama {a['text_layers']}x{a['text_hidden']}); "
           f"{a['vision_params'] / 1e6:.2f}M vision + {a['text_params'] / 1e6:.2f}M language params; "
-          f"global batch {a['batch']}, micro_batches {a['micro_batches']}, ZeRO 1, fp32, AdamW")
-    print(f"{WORLD} CPU ranks (gloo, 1 thread each) on {os.cpu_count()} cores; "
-          f"median of {a['steps']} steps after {a['warmup']} warm-up, per step the slowest rank")
-    head = (f"{'row':<14} {'layout':<20} {'step s':>7} {'min-max':>11} {'label tok/s':>11} {'all tok/s':>9} "
-            f"{'peak RSS MB/rank':>22} {'+over start':>11} {'boundary MB':>11} {'speedup':>7} {'loss@1':>8}")
+          f"global batch {a['batch']}, ZeRO 1, fp32, AdamW")
+    print(f"{WORLD} CPU ranks (gloo, 1 thread each) on {cores} cores; median of {a['steps']} steps after "
+          f"{a['warmup']} warm-up, per step the slowest rank; mb = micro-batches (gradient accumulation; "
+          f"disaggregated rows pipeline them)")
+    head = (f"{'row':<15} {'layout':<26} {'mb':>2} {'step s':>6} {'min-max':>11} {'tok/s':>6} {'tok/s/rank':>10} "
+            f"{'label tok/s':>11} {'vs homog.':>9} {'bubble %/rank':>15} {'CPU s':>6} {'util':>5} {'loss@1':>8}")
     print(head)
     print("-" * len(head))
     for r in rows:
-        rss = "/".join(f"{x:.0f}" for x in r["peak_rss"])
-        delta = max(p - s for p, s in zip(r["peak_rss"], r["start_rss"]))
-        print(f"{r['name']:<14} {layout_str(r['layout']):<20} {r['step_s']:>7.2f} "
-              f"{r['step_min']:>5.2f}-{r['step_max']:<5.2f} {r['label_tok_s']:>11.1f} {r['all_tok_s']:>9.0f} "
-              f"{rss:>22} {delta:>11.0f} {r['boundary_bytes'] / 2**20:>11.2f} "
-              f"{base['step_s'] / r['step_s']:>6.2f}x {r['first_loss']:>8.4f}")
-    print("speedup = homogeneous step time / row step time; +over start = max over ranks of peak RSS minus RSS "
-          "before the model was built; boundary MB = all ranks, forward + backward, per step")
+        bub = "/".join(f"{100 * b:.0f}" for b in r["bubble"]) if r["bubble"][0] is not None else "-"
+        print(f"{r['name']:<15} {layout_str(r['layout']):<26} {r['micro_batches']:>2} {r['step_s']:>6.2f} "
+              f"{r['step_min']:>5.2f}-{r['step_max']:<5.2f} {r['all_tok_s']:>6.0f} {r['all_tok_s'] / WORLD:>10.0f} "
+              f"{r['label_tok_s']:>11.1f} {base['step_s'] / r['step_s']:>8.2f}x {bub:>15} {r['cpu_s']:>6.2f} "
+              f"{r['util']:>5.2f} {r['first_loss']:>8.4f}")
+    print("tok/s = all tokens (text + image placeholders) per second, /rank = over the 4 ranks; vs homog. = "
+          "homogeneous step time / row step time (= the tokens/s ratio); bubble = 1 - busy / step time per rank "
+          "(StepResult.bubble_fraction: time outside forward, backward and optimizer, i.e. waiting at the "
+          f"boundary); CPU s = CPU seconds per step, all ranks; util = CPU s / (step s x {cores} cores)")
     print()
+    head = (f"{'row':<15} {'params M/rank':>23} {'peak RSS MB/rank':>23} {'+over start MB/rank':>23} "
+            f"{'max +over':>9} {'vs homog.':>9} {'boundary MB':>11}")
+    print(head)
+    print("-" * len(head))
+    def over(r):
+        return [p - s for p, s in zip(r["peak_rss"], r["start_rss"])]
+    for r in rows:
+        print(f"{r['name']:<15} {'/'.join(f'{x / 1e6:.2f}' for x in r['params']):>23} "
+              f"{'/'.join(f'{x:.0f}' for x in r['peak_rss']):>23} "
+              f"{'/'.join(f'{x:.0f}' for x in over(r)):>23} {max(over(r)):>9.0f} "
+              f"{max(over(r)) / max(over(base)):>8.2f}x {r['boundary_bytes'] / 2**20:>11.2f}")
+    print("params = parameters each rank holds (tp shards; a disaggregated rank holds one stage); "
+          "peak RSS = max RSS of each rank's process (includes the libraries); +over start = peak minus the RSS "
+          "before the model was built (every rank first builds the whole model; disaggregated ranks then move the "
+          "other stage to the meta device); boundary MB = all ranks, forward + backward, per step")
+    print()
+
     def rank_of(word, order):
         return order.index(word) if word in order else len(order)
 
-    phases = sorted({k for r in rows for k in r["split"]}, key=lambda k: (
+    phases = sorted({k for r in rows for g in r["groups"].values() for k in g["split"]}, key=lambda k: (
         rank_of(k.split(".")[0], ["vision", "boundary", "language", "model", "optimizer"]),
         rank_of(k.partition(".")[2], ["forward", "rows", "grads", "backward"]), k))
-    print("per-stage time split, seconds per step (rank mean of per-rank medians):")
-    print(f"{'row':<14} " + " ".join(f"{p:>17}" for p in phases) + f" {'sum':>7}")
+    print("time split, seconds per step on each rank set (mean over its ranks of per-rank medians); busy = forward "
+          "+ backward + optimizer; CPU = CPU seconds per rank and step:")
+    head = (f"{'row':<15} {'ranks':<12} " + " ".join(f"{SHORT.get(p, p):>9}" for p in phases)
+            + f" {'busy':>6} {'CPU':>6} {'bubble':>6} {'step':>6}")
+    print(head)
     for r in rows:
-        print(f"{r['name']:<14} " + " ".join(f"{r['split'].get(p, float('nan')):>17.3f}" for p in phases)
-              + f" {sum(r['split'].values()):>7.3f}")
+        for label, g in r["groups"].items():
+            busy = sum(v for k, v in g["split"].items() if not k.startswith("boundary"))
+            bub = f"{100 * g['bubble']:>5.0f}%" if g["bubble"] is not None else f"{'-':>6}"
+            print(f"{r['name']:<15} {label + ' ' + ranks_str(g['ranks']):<12} "
+                  + " ".join(f"{g['split'][p]:>9.3f}" if p in g["split"] else f"{'':>9}" for p in phases)
+                  + f" {busy:>6.3f} {g['cpu']:>6.3f} {bub} {r['step_s']:>6.2f}")
+    print("bnd rows / bnd grads: boundary exchanges, including the wait for the other rank set (colocated: the "
+          "gradient exchange runs inside V bwd)")
     if any(r["profile"][0] for r in rows):
         print()
         print("profile of one extra step (torch.profiler self CPU time, seconds, rank mean; collectives include "
@@ -398,7 +560,7 @@ def print_table(rows, paired, a):
                 for k, v in prof["buckets"].items():
                     b[k] += v / WORLD
             top = ", ".join(f"{k} {v:.2f}" for k, v in r["profile"][0]["top"][:4])
-            print(f"{r['name']:<14} " + "  ".join(f"{k} {v:.2f}" for k, v in sorted(b.items()))
+            print(f"{r['name']:<15} " + "  ".join(f"{k} {v:.2f}" for k, v in sorted(b.items()))
                   + f"   | rank 0 top: {top}")
     if paired:
         print()
@@ -406,11 +568,13 @@ def print_table(rows, paired, a):
         print(f"interleaved: every row's engine in ONE set of 4 processes, round-robin steps ({n} rounds after "
               f"{a['warmup']} warm-up), per step the slowest rank; ratios are per round, then the median")
         ref = paired.get(BASELINE)
-        print(f"{'row':<14} {'layout':<20} {'median s':>8} {'min s':>6} {'speedup vs homog.':>17} {'(by min)':>8}")
+        print(f"{'row':<15} {'layout':<26} {'mb':>2} {'median s':>8} {'min s':>6} {'speedup vs homog.':>17} "
+              f"{'(by min)':>8}")
         for name, ts in paired.items():
             sp = (f"{statistics.median(r / t for r, t in zip(ref, ts)):>16.2f}x {min(ref) / min(ts):>7.2f}x"
                   if ref else f"{'-':>17} {'-':>8}")
-            print(f"{name:<14} {layout_str(LAYOUTS[name]):<20} {statistics.median(ts):>8.3f} {min(ts):>6.3f} {sp}")
+            print(f"{name:<15} {layout_str(LAYOUTS[name]):<26} {mb_of(name, a):>2} {statistics.median(ts):>8.3f} "
+                  f"{min(ts):>6.3f} {sp}")
         print("(by min): ratio of the fastest steps; contention from other jobs only adds time, so on a shared "
               "machine the minimum is the steadier estimate")
         if "ds_hetero dp4" in paired and "plain DS dp4" in paired:
@@ -422,62 +586,100 @@ def print_table(rows, paired, a):
                   f"{statistics.median(p):.3f} s; target <= 1.05")
 
 
-def run_benchmark(a, rows=None, interleaved=True, log=print):
-    """Each row in fresh processes, then all of them interleaved; returns (summaries, interleaved, a)."""
-    model = build_model(a)
+def with_param_counts(a):
     from ds_hetero.models import split_llava
 
+    model = build_model(a)
     stages = split_llava(model)
-    a = dict(a, vision_params=sum(p.numel() for p in stages["vision"].parameters()),
-             text_params=sum(p.numel() for p in stages["language"].parameters()))
-    del model, stages
+    return dict(a, vision_params=sum(p.numel() for p in stages["vision"].parameters()),
+                text_params=sum(p.numel() for p in stages["language"].parameters()))
+
+
+def run_benchmark(a, rows=None, interleaved=True, log=print, fresh=None):
+    """Each row (or only those in `fresh`) in fresh processes, then all of them interleaved.
+
+    Returns (summaries, interleaved step times per row, a); a["interleaved_loss"] holds each row's
+    first-step loss in the interleaved phase.
+    """
+    a = with_param_counts(a)
+    names = [n for n in LAYOUTS if n in (rows or LAYOUTS)]
     summaries = []
-    for name in [n for n in LAYOUTS if n in (rows or LAYOUTS)]:
+    for name in [n for n in names if fresh is None or n in fresh]:
         t0 = time.perf_counter()
         s = summarize(name, launch(run_row, name, a), a)
         summaries.append(s)
-        log(f"[{time.perf_counter() - t0:5.1f}s] {name:<14} step {s['step_s']:.2f}s  loss@1 {s['first_loss']:.4f}",
+        log(f"[{time.perf_counter() - t0:5.1f}s] {name:<15} step {s['step_s']:.2f}s  loss@1 {s['first_loss']:.4f}",
             flush=True)
     pair = None
     if interleaved and a["rounds"] > 0:
         t0 = time.perf_counter()
-        names = [n for n in LAYOUTS if n in (rows or LAYOUTS)]
         per_rank = launch(run_interleaved, names, a)
-        pair = {n: [max(r[n][i] for r in per_rank) for i in range(len(per_rank[0][n]))] for n in names}
+        pair = {n: [max(r[0][n][i] for r in per_rank) for i in range(len(per_rank[0][0][n]))] for n in names}
+        a["interleaved_loss"] = per_rank[0][1]
         log(f"[{time.perf_counter() - t0:5.1f}s] interleaved rows done", flush=True)
     return summaries, pair, a
 
 
+def batch_problems(a, names):
+    """Rows whose stages cannot split the global batch into dp x micro-batches evenly."""
+    out = []
+    for n in names:
+        layout = LAYOUTS[n]
+        stages = [("vision", layout.vision), ("language", layout.language)] if layout else [("model", (1, WORLD))]
+        for stage, (_, dp) in stages:
+            if a["batch"] % (dp * mb_of(n, a)):
+                out.append(f"{n}: {stage} dp{dp} x mb{mb_of(n, a)} does not divide --batch {a['batch']}")
+    return out
+
+
 def parse_args(argv=None):
+    """Returns (args, [(scenario, a), ...]); a holds the sizes of that scenario."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="tiny model and few steps (~1 min)")
+    p.add_argument("--quick", action="store_true", help="tiny models and few steps (~1-2 min)")
     p.add_argument("--profile", action="store_true", help="profile one extra step per row (torch.profiler)")
-    p.add_argument("--rows", nargs="+", choices=list(LAYOUTS), help="only these rows (default: all)")
+    p.add_argument("--scenario", nargs="+", choices=list(SCENARIOS), default=DEFAULT_SCENARIOS,
+                   help=f"model sizes to run, one table each (default: {' '.join(DEFAULT_SCENARIOS)})")
+    p.add_argument("--rows", nargs="+", choices=list(LAYOUTS),
+                   help="only these rows, in every scenario (default: each scenario's rows)")
     p.add_argument("--no-interleaved", action="store_true", help="skip the interleaved phase")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the results here")
+    scenario_keys = {k for sc in SCENARIOS.values() for k in sc["sizes"]}
     for k, v in DEFAULTS.items():
         p.add_argument("--" + k.replace("_", "-"), type=int, default=None,
-                       help=f"default {v} ({QUICK[k]} with --quick)")
+                       help=f"default {v} ({QUICK[k]} with --quick)"
+                       + ("; some scenarios change it" if k in scenario_keys else ""))
     args = p.parse_args(argv)
-    a = dict(QUICK if args.quick else DEFAULTS)
-    a.update({k: getattr(args, k) for k in DEFAULTS if getattr(args, k) is not None})
-    a.update(seed=args.seed, profile=args.profile)
-    if a["batch"] % (WORLD * a["micro_batches"]):
-        p.error(f"--batch must be divisible by {WORLD} x --micro-batches")
-    return args, a
+    runs = []
+    for name in args.scenario:
+        sc = SCENARIOS[name]
+        a = dict(QUICK if args.quick else DEFAULTS)
+        a.update(sc["quick_sizes"] if args.quick else sc["sizes"])
+        a.update({k: getattr(args, k) for k in DEFAULTS if getattr(args, k) is not None})
+        a.update(seed=args.seed, profile=args.profile, rows=list(args.rows or sc["rows"]))
+        problems = batch_problems(a, a["rows"])
+        if problems:
+            p.error("; ".join(problems))
+        runs.append((name, a))
+    return args, runs
 
 
 def main(argv=None):
-    args, a = parse_args(argv)
+    args, runs = parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     t0 = time.perf_counter()
-    rows, pair, a = run_benchmark(a, args.rows, interleaved=not args.no_interleaved)
-    print_table(rows, pair, a)
+    results = []
+    for scenario, a in runs:
+        print(f"== scenario {scenario}", flush=True)
+        rows, pair, a = run_benchmark(a, a["rows"], interleaved=not args.no_interleaved)
+        results.append((scenario, rows, pair, a))
+    for scenario, rows, pair, a in results:
+        print_table(rows, pair, a, scenario)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": a, "rows": rows, "interleaved": pair}, f, indent=1, default=str)
+            json.dump([{"scenario": sc, "args": a, "rows": rows, "interleaved": pair}
+                       for sc, rows, pair, a in results], f, indent=1, default=str)
 
 
 if __name__ == "__main__":
