@@ -1,8 +1,8 @@
 """Homogeneous, colocated heterogeneous and disaggregated layouts of one LLaVA on 4 ranks, in one run.
 
-    python recipes/bench_layouts.py                       # both scenarios, ~6-7 min on 2 idle CPU cores
+    python recipes/bench_layouts.py                       # both scenarios, ~5 min on 2 CPU cores
     python recipes/bench_layouts.py --quick               # tiny sizes, ~1.5 min
-    python recipes/bench_layouts.py --scenario wide-vision   # a tower large in parameters (~1.5 min)
+    python recipes/bench_layouts.py --scenario wide-vision   # a tower large in parameters (~3.5 min)
     python recipes/bench_layouts.py --rows "hetero tp4" "plain DS dp4" ...   # any rows of LAYOUTS
     python recipes/bench_layouts.py --profile             # + where the time goes (torch.profiler, one step)
 
