@@ -253,8 +253,12 @@ class HeteroEngine:
 
         try:
             loss_sum, bytes_ = self.schedule.run(samples, n_labels, step)
-            with self.timeline.span("optimizer", "optimizer", step):
-                grad_norm, loss_sum, n_labels = self._combine_norms_and_loss(loss_sum, n_labels)
+            with self.timeline.span("optimizer.norm", "optimizer", step):
+                norms = self._stage_norms()
+            # Waiting here for the other rank set is idle time, not optimizer work.
+            with self.timeline.span("boundary.combine", "boundary", step):
+                grad_norm, loss_sum, n_labels = self._combine_norms_and_loss(norms, loss_sum, n_labels)
+            with self.timeline.span("optimizer.step", "optimizer", step):
                 for name, engine in self.engines.items():
                     with stage_context(self.mpus[name]):
                         clipping.step_with_global_norm(engine, grad_norm, self.config.gradient_clipping)
@@ -290,7 +294,16 @@ class HeteroEngine:
             skipped=not math.isfinite(grad_norm),
         )
 
-    def _combine_norms_and_loss(self, loss_sum: float, n_labels: int) -> tuple[float, float, int]:
+    def _stage_norms(self) -> dict[str, float]:
+        """The gradient norm of every stage this rank holds (identical on all ranks of the stage)."""
+        norms = {}
+        for name, engine in self.engines.items():
+            with stage_context(self.mpus[name]):
+                norms[name] = clipping.stage_norm(engine, self.groups[name].tp)
+        return norms
+
+    def _combine_norms_and_loss(self, norms: dict[str, float], loss_sum: float, n_labels: int
+                                ) -> tuple[float, float, int]:
         """(all-stage gradient norm, global loss sum, global label count) on every rank, in one all-reduce.
 
         Each stage's norm is identical on its ranks, so its first rank alone contributes it; the
@@ -300,12 +313,10 @@ class HeteroEngine:
         names = list(self.config.stages)
         vec = torch.zeros(len(names) + 2, dtype=torch.float64, device=self.device)
         for i, name in enumerate(names):
-            if name in self.engines:
-                with stage_context(self.mpus[name]):
-                    norm = clipping.stage_norm(self.engines[name], self.groups[name].tp)
-                if self.rank == self.config.stages[name].ranks[0]:
-                    # DeepSpeed reports an invalid norm as -1: carry it as inf so every stage skips
-                    vec[i] = norm * norm if norm >= 0 and math.isfinite(norm) else float("inf")
+            if name in norms and self.rank == self.config.stages[name].ranks[0]:
+                norm = norms[name]
+                # DeepSpeed reports an invalid norm as -1: carry it as inf so every stage skips
+                vec[i] = norm * norm if norm >= 0 and math.isfinite(norm) else float("inf")
         lang = self.coords.get("language")
         if lang is not None and lang.tp == 0 and lang.cp == 0:
             vec[-2] = loss_sum

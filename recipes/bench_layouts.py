@@ -419,8 +419,12 @@ def launch(fn, *args, timeout=1200.0):
 # ----------------------------------------------------------------------------- summary and table
 def flat_times(rec):
     """{"vision.forward": s, "boundary.rows": s, "optimizer": s, ...} of one step record."""
-    return {(s if s == "optimizer" else f"{s}.{p}"): t  # the optimizer's phase name varies by engine
-            for s, phases in rec["stage_time"].items() for p, t in phases.items()}
+    out = {}
+    for s, phases in rec["stage_time"].items():
+        for p, t in phases.items():
+            key = s if s == "optimizer" else f"{s}.{p}"  # the optimizer's phases (norm, step) summed
+            out[key] = out.get(key, 0.0) + t
+    return out
 
 
 def rank_groups(name):
@@ -481,7 +485,7 @@ def layout_str(layout):
 
 
 SHORT = {"vision.forward": "V fwd", "vision.backward": "V bwd", "boundary.rows": "bnd rows",
-         "boundary.grads": "bnd grads", "language.forward": "L fwd", "language.backward": "L bwd",
+         "boundary.grads": "bnd grads", "boundary.combine": "bnd sync", "language.forward": "L fwd", "language.backward": "L bwd",
          "model.forward": "fwd", "model.backward": "bwd", "optimizer": "optim"}
 
 
