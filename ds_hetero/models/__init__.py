@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from .adapter import IGNORE_INDEX, StageAdapter
 from .llava import LlavaAdapter, LlavaLanguageStage, LlavaVisionStage, split_llava
 from .qwen2_vl import Qwen2VLAdapter, split_qwen2_vl
 
 # Model class name -> adapter. Names, not classes, so a model family's module is only imported
 # by the adapter that needs it.
-ADAPTERS = {
+ADAPTERS = MappingProxyType({
     "LlavaForConditionalGeneration": LlavaAdapter,
     "Qwen2VLForConditionalGeneration": Qwen2VLAdapter,
-}
+})
 
 
 def adapter_for(model) -> StageAdapter:
