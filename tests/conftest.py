@@ -1,6 +1,5 @@
 import os
 
-import pytest
 
 # Tests run on CPU ranks with gloo. On a GPU machine leave the accelerator to DeepSpeed.
 try:

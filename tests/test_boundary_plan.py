@@ -47,7 +47,7 @@ def _exchange(plans, direction, data, group, n_out):
 
 def simulate(plan):
     """Forward and backward of every rank on labels; returns (inputs, outputs, gradients)."""
-    src, dst, inputs, peers = plan.src, plan.dst, plan.inputs, plan.peers
+    src, inputs, peers = plan.src, plan.inputs, plan.peers
     plans = {r: plan.for_rank(r) for r in peers}
     x = {r: src_rows(src, inputs, r) for r in peers}
     for r in peers:

@@ -73,7 +73,6 @@ def _vision_case(build_tower, group, projector=True):
 
 
 def _qwen_vision_case(group):
-    import torch
 
     from ds_hetero.tensor_parallel import shard_vision_tower
     from tests.tp_checks import param_errors, qwen2_vl, qwen_vision_inputs, rel_err, twin

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .adapter import StageAdapter
-from .llava import LanguageStage, empty_rows
+from .stages import LanguageStage, empty_rows
 
 
 class Qwen2VLVisionStage(nn.Module):

@@ -1,0 +1,51 @@
+"""Stage modules shared by every model family: the language stage, and empty boundary rows."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def empty_rows(stage: nn.Module, dummy_inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """`[0, H]` rows, computed through the whole stage from a dummy input and multiplied by zero.
+
+    A rank whose share of a micro-batch has no image still produces a boundary tensor, and its
+    backward must give every parameter a (zero) gradient in the same order as its dp peers do:
+    ZeRO-2 reduces gradients from per-parameter hooks into buckets filled in hook order, so a
+    rank with a different backward graph would mix up its peers' buckets. Running the same
+    modules on a dummy input gives the same graph.
+    """
+    rows = stage(**dummy_inputs)
+    return rows[:0] + 0 * rows.sum()
+
+
+class LanguageStage(nn.Module):
+    """Embeddings + decoder + head of a Hugging Face VLM; image rows replace the placeholders."""
+
+    def __init__(self, language_model: nn.Module, lm_head: nn.Module, image_token_id: int):
+        super().__init__()
+        self.language_model = language_model
+        self.lm_head = lm_head
+        self.image_token_id = image_token_id
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        image_rows: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        embeds = self.language_model.get_input_embeddings()(input_ids)
+        placeholder = input_ids == self.image_token_id
+        n_placeholders = int(placeholder.sum())
+        if n_placeholders != image_rows.shape[0]:
+            raise ValueError(
+                f"input_ids hold {n_placeholders} image placeholder tokens (id {self.image_token_id}) "
+                f"but {image_rows.shape[0]} image rows arrived"
+            )
+        # Out of place: the rows keep their own autograd path back to the vision stage.
+        embeds = embeds.masked_scatter(placeholder.unsqueeze(-1), image_rows.to(embeds.dtype))
+        hidden = self.language_model(
+            inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids
+        ).last_hidden_state
+        return self.lm_head(hidden)
