@@ -23,9 +23,10 @@ def _swap_two_images(inputs):
     for a in flat:
         for b in flat:
             ra, rb = runs[a[0]][a[1]], runs[b[0]][b[1]]
-            if ra[0] == rb[0] and ra[1] != rb[1]:
+            if ra[0] == rb[0] > 0 and ra[1] != rb[1]:
                 runs[a[0]][a[1]], runs[b[0]][b[1]] = (ra[0], rb[1]), (rb[0], ra[1])
-                return dataclasses.replace(inputs, src_dp=[tuple(r) for r in runs])
+                return dataclasses.replace(inputs, src_dp=[tuple(r) if c else d for r, c, d in
+                                                           zip(runs, inputs.token_counts, inputs.src_dp)])
     raise AssertionError("no two equal-size images on different ranks to swap")
 
 
