@@ -210,3 +210,28 @@ def test_language_micro_batches_key_must_match_the_global_one():
         _cfg({"dp": 4}, {"tp": 2, "dp": 2, "micro_batches": 1})
     assert err.value.field == "hetero_parallel.stages.language.micro_batches"
     assert _cfg({"dp": 4}, {"tp": 2, "dp": 2, "micro_batches": 2}).micro_batches == 2
+
+
+def test_loader_reads_in_full_what_each_vision_rank_encodes():
+    # The engine's read pattern with balance "tokens": the language share first, then the samples
+    # whose images this vision rank encodes (known from the light batch's token ids).
+    from ds_hetero.engine import HeteroEngine
+    from ds_hetero.loader import GlobalBatchLoader
+
+    model = build_model("qwen2_vl", seed=0)
+    adapter = adapter_for(model)
+    data = _batch("qwen2_vl", model, step=2, repeat=2)  # 16 samples, one global batch
+    cfg = _cfg({"dp": 4, "micro_batches": 1}, {"tp": 2, "dp": 2}, batch=16)
+    work = StageWork(SimpleNamespace(config=cfg, adapter=adapter))
+    loader = GlobalBatchLoader(data, 16, seed=3)
+    encoded = set()
+    for dp in range(4):
+        fake = SimpleNamespace(coords={"vision": SimpleNamespace(dp=dp)}, config=cfg, schedule=work)
+        batch = loader.load(0, set())
+        assert all(s.get("light") for s in batch)
+        loader.fill(0, batch, HeteroEngine._vision_positions(fake, batch))
+        for p, ks in work.assignment(batch, 0).images_of(dp):
+            assert not batch[p].get("light")
+            adapter.select_images(batch[p], ks)  # the image fields are there
+            encoded |= {(p, k) for k in ks}
+    assert len(encoded) == sum(len(adapter.image_rows(s)) for s in data)
