@@ -259,9 +259,10 @@ class HeteroEngine:
             with self.timeline.span("boundary.combine", "boundary", step):
                 grad_norm, loss_sum, n_labels = self._combine_norms_and_loss(norms, loss_sum, n_labels)
             with self.timeline.span("optimizer.step", "optimizer", step):
+                applied = []
                 for name, engine in self.engines.items():
                     with stage_context(self.mpus[name]):
-                        clipping.step_with_global_norm(engine, grad_norm, self.config.gradient_clipping)
+                        applied.append(clipping.step_with_global_norm(engine, grad_norm, self.config.gradient_clipping))
         except RuntimeError as exc:  # a collective failed: a peer died, hung past the timeout, or raised
             raise RuntimeError(
                 f"ds_hetero: rank {self.rank} ({', '.join(self.coords)}) failed in step {step}: a peer rank "
@@ -291,7 +292,7 @@ class HeteroEngine:
             boundary_bytes_lower_bound=bytes_["lower_bound"],
             busy_time=busy,
             bubble_fraction=bubble_fraction(busy, step_time),
-            skipped=not math.isfinite(grad_norm),
+            skipped=not all(applied),  # as the stage engines counted it (a non-finite norm skips all)
         )
 
     def _stage_norms(self) -> dict[str, float]:
