@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from . import clipping
+from . import batch_agreement, clipping
 from .config import DEFAULT_TIMEOUT_S, HeteroConfig, load_config
 from .deepspeed_compat import skip_cpu_shm_comm_build
 from .errors import HeteroConfigError
@@ -193,65 +193,33 @@ class HeteroEngine:
             raise ValueError("train_batch() without samples needs training_data at initialize()")
         return self.loader.load(self.global_steps, self.needed_positions())
 
-    def _check_samples(self, samples: Sequence[dict[str, Any]], consensus: bool) -> None:
-        """Reject a bad global batch on every rank before any collective of the step.
+    def _agree_on_batch(self, samples: Sequence[dict[str, Any]]) -> int:
+        """The global label-token count, after every rank of every stage accepted the batch.
 
-        With samples passed in, every rank holds the same full list and finds the same problem.
-        From the loader a rank reads only its share: one small all-reduce lets every rank raise.
-        """
-        problem = None
-        if len(samples) != self.config.global_batch_size:
-            problem = (f"got {len(samples)} samples, but train_batch_size (the global batch) is "
-                       f"{self.config.global_batch_size}")
-        else:
-            for i, s in enumerate(samples):
-                if s.get("light"):
-                    continue
-                try:
-                    self.adapter.check_sample(s, i)
-                except ValueError as exc:
-                    problem = str(exc)
-                    break
-        if consensus:
-            # On the device the backend needs (NCCL takes only device tensors; gloo, CPU ones).
-            flag = torch.tensor([0 if problem is None else self.rank + 1], dtype=torch.long, device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.groups.boundary)
-            if problem is None and int(flag) > 0:
-                problem = f"rank {int(flag) - 1} found an invalid sample in the global batch (see its error)"
-        if problem is not None:
-            raise ValueError(f"train_batch: {problem}")
-
-    def _global_label_count(self, samples: Sequence[dict[str, Any]]) -> int:
-        """Label tokens of the whole global batch, from the language shares (one int all-reduce).
-
-        Only the language stage needs it (to scale its loss); other ranks return 0.
+        With samples passed in, every rank holds the same full list; from the loader a rank reads
+        only its share. Either way one small all-reduce (`batch_agreement`) makes every rank
+        raise alike, before any other collective of the step; it also sums the label tokens of
+        the language shares (one tp x cp rank per language dp replica counts its share).
         """
         from .batching import stage_samples
 
-        if "language" not in self.coords:
-            return 0
-        coord = self.coords["language"]
+        problem = batch_agreement.local_problem(samples, self.config.global_batch_size, self.adapter.check_sample)
         mine = 0
-        for m in range(self.config.micro_batches):
-            for p in stage_samples(self.config, "language", coord.dp, m):
-                mine += label_token_count(samples[p]["labels"])
-        count = torch.tensor([mine], dtype=torch.long, device=self.device)
-        # A language dp group holds one rank of each dp replica: every sample counted once.
-        dist.all_reduce(count, group=self.groups["language"].dp)
-        return int(count)
+        lang = self.coords.get("language")
+        if problem is None and lang is not None and lang.tp == 0 and lang.cp == 0:
+            for m in range(self.config.micro_batches):
+                for p in stage_samples(self.config, "language", lang.dp, m):
+                    mine += label_token_count(samples[p]["labels"])
+        return batch_agreement.agree(problem, mine, self.groups.boundary, self.device)
 
     def train_batch(self, samples: Sequence[dict[str, Any]] | None = None) -> StepResult:
         """One optimizer step over the global batch (the same list on every rank)."""
         step = self.global_steps
         start = time.perf_counter()
-        from_loader = samples is None
-        samples = self._next_samples() if from_loader else list(samples)
-        self._check_samples(samples, consensus=from_loader)
-        n_labels = self._global_label_count(samples)
-        if "language" in self.coords and n_labels == 0:
-            raise ValueError("train_batch: the global batch has no label tokens (all labels are -100)")
+        samples = self._next_samples() if samples is None else list(samples)
 
-        try:
+        try:  # every collective of the step, the batch agreement first, reports through one error
+            n_labels = self._agree_on_batch(samples)  # a refused batch raises ValueError on every rank
             loss_sum, bytes_ = self.schedule.run(samples, n_labels, step)
             with self.timeline.span("optimizer.norm", "optimizer", step):
                 norms = self._stage_norms()
