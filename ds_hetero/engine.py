@@ -32,6 +32,7 @@ from .models import adapter_for
 from .mpu import StageMPU, stage_context
 from .result import StepResult
 from .schedule import ColocatedSchedule, DisaggregatedSchedule
+from .support import check_all
 from .timeline import Timeline, bubble_fraction
 
 
@@ -49,43 +50,6 @@ def ensure_distributed(timeout_s: float) -> tuple[int, int]:
     else:  # a process group made by the caller: let DeepSpeed's comm layer wrap it
         deepspeed.init_distributed(dist_backend=dist.get_backend())
     return dist.get_rank(), dist.get_world_size()
-
-
-def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) -> None:
-    """What HeteroEngine runs today; everything else is refused before any collective."""
-    ds = cfg.ds_config
-    zero_section = ds.get("zero_optimization")
-    zero = zero_section.get("stage", 0) if isinstance(zero_section, Mapping) else 0
-    bf16 = ds.get("bf16")
-    if isinstance(bf16, Mapping) and bf16.get("enabled") is True and zero == 0:
-        raise HeteroConfigError(
-            "zero_optimization.stage",
-            "bf16 with ZeRO stage 0 makes DeepSpeed wrap the optimizer in its BF16_Optimizer, whose "
-            "clipping cannot span all stages; use ZeRO stage 1, 2 or 3 with bf16")
-    if cfg.placement == "disaggregated" and zero == 3:
-        raise HeteroConfigError(
-            "zero_optimization.stage",
-            "ZeRO stage 3 is not supported with placement \"disaggregated\": DeepSpeed's ZeRO-3 parameter "
-            "trace check broadcasts over the world group from inside each stage's forward, which the other "
-            "stage never joins; use stage 1 or 2 (or placement \"colocated\")")
-    if set(cfg.stages) != {"vision", "language"}:
-        raise HeteroConfigError("hetero_parallel.stages", "HeteroEngine trains exactly a vision and a language stage")
-    if cfg.language.sequence_parallel:
-        raise HeteroConfigError(
-            "hetero_parallel.stages.language.sequence_parallel",
-            "not supported by HeteroEngine yet (the boundary would have to deliver sequence shards to a "
-            "decoder that expects its full input); set it to false")
-    if cfg.language.cp != 1:
-        raise HeteroConfigError("hetero_parallel.stages.language.cp", "context parallelism is not implemented yet; use cp 1")
-    if "optimizer" not in ds and not has_client_optimizer:
-        raise HeteroConfigError(
-            "optimizer", 'missing; every stage engine builds its optimizer from it, e.g. '
-            '{"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": true}}')
-    fp16 = ds.get("fp16", {})
-    if isinstance(fp16, Mapping) and fp16.get("enabled") is True:
-        raise HeteroConfigError("fp16.enabled", "fp16 loss scaling across stages is not supported; use bf16")
-    if cfg.gradient_clipping < 0:
-        raise HeteroConfigError("gradient_clipping", f"must be >= 0, got {cfg.gradient_clipping}")
 
 
 class HeteroEngine:
@@ -123,13 +87,11 @@ class HeteroEngine:
         timeout_s = DEFAULT_TIMEOUT_S
         if world_env is not None and not dist.is_initialized():
             early = load_config(config, world_env)
-            check_engine_support(early, optimizer is not None)
-            self.adapter.check_layouts(early)
+            check_all(early, model, optimizer is not None)
             timeout_s = early.timeout_s  # the default process group's too
         self.rank, self.world_size = ensure_distributed(timeout_s)
         self.config = cfg = load_config(config, self.world_size)
-        check_engine_support(cfg, optimizer is not None)
-        self.adapter.check_layouts(cfg)
+        check_all(cfg, model, optimizer is not None)  # the checks `ds-hetero validate` runs
         self.model = model
 
         self.groups = build_groups(cfg.stages, self.rank, timeout=timedelta(seconds=cfg.timeout_s))
