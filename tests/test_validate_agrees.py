@@ -101,6 +101,8 @@ def test_validate_model_checks_heads_and_vocabulary(tmp_path, capsys, model):
     tiny_llava("clip", vocab=255).config.save_pretrained(tmp_path / "ckpt")
     code, err = _validate(tmp_path, BASE, capsys, "--model", str(tmp_path / "ckpt"))
     assert code == 1 and "vocabulary (255)" in err, err
+    # advice a user of initialize can follow (there is no pad_vocab knob in the engine)
+    assert "pad_vocab" not in err and "resize_token_embeddings(255, pad_to_multiple_of=2)" in err, err
     code, err = _validate(tmp_path, BASE, capsys, "--model", str(tmp_path / "nowhere"))
     assert code == 1 and "'--model'" in err, err
 
