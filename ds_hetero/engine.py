@@ -202,13 +202,7 @@ class HeteroEngine:
 
         self.global_steps += 1
         step_time = time.perf_counter() - start
-        spans = [s for s in self.timeline.spans if s.step == step]
-        stage_time: dict[str, dict[str, float]] = {}
-        for s in spans:
-            stage, _, phase = s.name.partition(".")
-            phase = phase.split("[")[0] or s.category
-            stage_time.setdefault(stage, {}).setdefault(phase, 0.0)
-            stage_time[stage][phase] += s.end - s.start
+        stage_time = self.timeline.step_stage_time(step)  # O(spans of this step)
         busy = self.timeline.step_busy(step)
         return StepResult(
             loss=loss_sum / n_labels,
