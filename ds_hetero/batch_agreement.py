@@ -1,21 +1,27 @@
 """One verdict on a global batch, the same on every rank of every stage, from one small all-reduce.
 
-Each rank checks what it can see of the global batch (its size, the samples it holds in full)
-and counts the label tokens of its language share. One SUM all-reduce over the boundary group
-(every rank of every stage) carries both:
+Each rank checks what it can see of the global batch (its size, the samples it holds in full),
+digests the boundary's inputs (every sample's image-token count, which every rank reads) and
+counts the label tokens of its language share. One SUM all-reduce over the boundary group
+(every rank of every stage) carries all three:
 
-    [problem of boundary rank 0, ..., problem of boundary rank n-1, label tokens]
+    [problem of rank 0 .. rank n-1 | digest of rank 0 .. rank n-1 | label tokens]
 
-so every rank learns which ranks refused the batch and the global label-token count (the
-loss's denominator) at once, before any other collective of the step. A refused batch raises
-the same ValueError everywhere and leaves the engine as it was; a batch without label tokens
-is refused alike (the loss would divide by zero). One slot per rank rather than a MAX of the
-failing rank: a SUM carries the count too, in one collective (8 bytes a rank).
+so every rank learns which ranks refused the batch, whether all ranks see the same boundary
+inputs, and the global label-token count (the loss's denominator) at once, before any other
+collective of the step, and all decide alike from the same vector. A refused batch raises the
+same ValueError everywhere and leaves the engine as it was; a batch without label tokens is
+refused alike (the loss would divide by zero). Slots per rank rather than a MAX: a SUM carries
+the count too, in one collective (16 bytes a rank). With the digest agreed here every step, the
+boundary's own per-exchange consensus is needed only on the first step (hidden size and dtype
+do not change), so no exchange after it waits for an extra all-reduce and a host read.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
+
+import hashlib
 
 import torch
 import torch.distributed as dist
@@ -38,24 +44,40 @@ def local_problem(samples: Sequence[dict[str, Any]], global_batch_size: int,
     return None
 
 
-def agree(problem: str | None, label_tokens: int, group, device: torch.device) -> int:
-    """All ranks of `group` exchange their verdicts and label counts; returns the global count.
+def digest(values: Iterable[int]) -> int:
+    """A 62-bit digest of a list of ints (fits an int64 slot)."""
+    text = repr(list(values)).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 2
 
-    Raises ValueError on every rank when any rank found a problem or the batch has no label
-    tokens. The device is the one the group's backend needs (NCCL: the accelerator; gloo: CPU).
+
+def agree(problem: str | None, label_tokens: int, group, device: torch.device, inputs_digest: int = 0) -> int:
+    """All ranks of `group` exchange their verdicts, input digests and label counts; returns the
+    global label-token count.
+
+    Raises ValueError on every rank when any rank found a problem, the ranks' digests differ, or
+    the batch has no label tokens. The device is the one the group's backend needs (NCCL: the
+    accelerator; gloo: CPU).
     """
     size, me = dist.get_world_size(group), dist.get_rank(group)
-    vec = torch.zeros(size + 1, dtype=torch.long, device=device)
+    vec = torch.zeros(2 * size + 1, dtype=torch.long, device=device)
     vec[me] = problem is not None
-    vec[size] = label_tokens
+    vec[size + me] = inputs_digest
+    vec[2 * size] = label_tokens
     dist.all_reduce(vec, group=group)
-    *flags, total = vec.tolist()  # the step's one host read of it
+    values = vec.tolist()  # the step's one host read of it
+    flags, digests, total = values[:size], values[size:2 * size], values[2 * size]
     if problem is not None:
         raise ValueError(f"train_batch: {problem}")
     bad = [dist.get_global_rank(group, i) for i, flag in enumerate(flags) if flag]
     if bad:
         raise ValueError(f"train_batch: rank {bad[0]} found an invalid sample in the global batch (see its error); "
                          f"ranks refusing it: {bad}")
+    if len(set(digests)) > 1:
+        odd = [dist.get_global_rank(group, i) for i, d in enumerate(digests) if d != digests[0]]
+        raise ValueError(
+            "train_batch: ranks were given different global batches (the image-token counts of the "
+            f"samples differ between rank {dist.get_global_rank(group, 0)} and ranks {odd}); pass the same "
+            "list on every rank")
     if total == 0:
         raise ValueError("train_batch: the global batch has no label tokens (all labels are -100)")
     return int(total)

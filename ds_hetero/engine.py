@@ -166,13 +166,16 @@ class HeteroEngine:
         from .batching import stage_samples
 
         problem = batch_agreement.local_problem(samples, self.config.global_batch_size, self.adapter.check_sample)
-        mine = 0
+        mine, inputs = 0, 0
         lang = self.coords.get("language")
-        if problem is None and lang is not None and lang.tp == 0 and lang.cp == 0:
-            for m in range(self.config.micro_batches):
-                for p in stage_samples(self.config, "language", lang.dp, m):
-                    mine += label_token_count(samples[p]["labels"])
-        return batch_agreement.agree(problem, mine, self.groups.boundary, self.device)
+        if problem is None:
+            # the boundary plans of all micro-batches follow from these counts (every rank reads them)
+            inputs = batch_agreement.digest(self.adapter.image_token_count(s) for s in samples)
+            if lang is not None and lang.tp == 0 and lang.cp == 0:
+                for m in range(self.config.micro_batches):
+                    for p in stage_samples(self.config, "language", lang.dp, m):
+                        mine += label_token_count(samples[p]["labels"])
+        return batch_agreement.agree(problem, mine, self.groups.boundary, self.device, inputs)
 
     def train_batch(self, samples: Sequence[dict[str, Any]] | None = None) -> StepResult:
         """One optimizer step over the global batch (the same list on every rank)."""
@@ -200,6 +203,9 @@ class HeteroEngine:
                 f"{self.config.timeout_s:g} s); see the first failing rank's error. Cause: {exc}"
             ) from exc
 
+        # The first step's exchanges checked rows, hidden size and dtype on every rank; from now on
+        # the batch agreement's digest of each step's boundary inputs stands in for that consensus.
+        self.boundary.validate = False
         self.global_steps += 1
         step_time = time.perf_counter() - start
         stage_time = self.timeline.step_stage_time(step)  # O(spans of this step)

@@ -77,6 +77,7 @@ def main(argv=None) -> int:
     dataset = ShapesCaptionDataset.for_llava(model.config, size=args.samples, seed=args.seed)
     engine = ds_hetero.initialize(model, args.deepspeed_config, training_data=dataset)
     engine.timeline.trace_window = args.trace_window
+    engine.timeline.synchronize = bool(args.trace)  # a trace times device work, at the cost of overlap
     rank, cfg = engine.rank, engine.config
     device = engine.device
 

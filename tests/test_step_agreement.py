@@ -3,10 +3,11 @@
 One 2-rank disaggregated launch (vision on rank 0, language on rank 1: the layout where only
 the language rank can see that a batch has no label tokens):
 
-1. a batch without label tokens, a batch of the wrong size and a batch with a bad sample are
-   refused with a ValueError on both ranks, before any collective of the step, and change
-   nothing: the weights are bit-identical and the next good batch trains as if they had never
-   been given (same loss as a fresh engine's second step);
+1. a batch without label tokens, a batch of the wrong size, a batch with a bad sample and
+   different batches on the two ranks are refused with a ValueError on both ranks, before any
+   collective of the step, and change nothing: the weights are bit-identical and the next good
+   batch trains as if they had never been given (same loss as a fresh engine's second step);
+   the boundary's own consensus all-reduce runs in the first step only;
 2. rank 1 is killed at a step boundary (before the step's first collective) while rank 0 reads
    from the loader: rank 0 raises the engine's error naming its rank and the step within a few
    seconds of the kill (gloo notices the closed connection), not a raw gloo error and not after
@@ -73,17 +74,24 @@ def _suite(rank, world_size, tmp):
     fresh.groups.destroy()
 
     engine = ds_hetero.initialize(model, _config(), training_data=data)
+    consensus = []
+    agree = engine.boundary._agree
+    engine.boundary._agree = lambda *a, **k: consensus.append(engine.global_steps) or agree(*a, **k)
     first = engine.train_batch(good[0]).loss
     no_labels = [dict(s, labels=torch.full_like(s["labels"], -100)) for s in good[1]]
+    text_only = {"input_ids": good[1][0]["input_ids"][-8:], "labels": good[1][0]["labels"][-8:]}
     out = {"errors": [
         refused(engine, no_labels, "no label tokens"),
         refused(engine, good[1][:3], "got 3 samples"),
         refused(engine, [dict(s, labels=s["labels"][1:]) if i == 2 else s for i, s in enumerate(good[1])],
                 "differ in shape"),
+        # rank 1 alone is given a text-only first sample: each rank's batch is valid, but they differ
+        refused(engine, ([text_only] + good[1][1:]) if rank == 1 else good[1], "different global batches"),
     ]}
     second = engine.train_batch(good[1]).loss
     out["losses"] = [first, second]
     out["want"] = want
+    out["consensus_steps"] = sorted(set(consensus))
 
     # 2. rank 1 dies at a step boundary; rank 0 reads its share from the loader
     kill_file = os.path.join(tmp, "killed_at")
@@ -119,7 +127,8 @@ def test_bad_batches_are_refused_on_every_rank_and_a_dead_peer_is_named(tmp_path
     message = section.split("RESULT ")[-1]  # the raised message (the traceback also shows its source line)
     out = eval(message.split(" AFTER ")[0])  # noqa: S307 - our own repr
     # every refusal happened on rank 0 too (the vision rank, which cannot see labels)
-    assert len(out["errors"]) == 3, out
+    assert len(out["errors"]) == 4, out
+    assert out["consensus_steps"] == [0], out  # the boundary's per-exchange check: first step only
     # the refusals changed nothing: the good batches train exactly as on a fresh engine
     assert out["losses"] == pytest.approx(out["want"], rel=1e-6), out
     # the dead peer surfaces through the engine's error, naming rank and step, within seconds
