@@ -119,9 +119,9 @@ def full_named_parameters(engine):
         gathered = deepspeed.zero.GatheredParameters([p]) if hasattr(p, "ds_id") else contextlib.nullcontext()
         with gathered:
             if getattr(p, "tensor_model_parallel", False):
-                out[name] = gather_full(p.detach(), p, group).clone()
+                out[name] = gather_full(p.detach(), p, group).cpu()  # the reference trains on the CPU
             else:
-                out[name] = p.detach().clone()
+                out[name] = p.detach().cpu().clone()
     return out
 
 
