@@ -22,9 +22,8 @@ import torch
 import torch.distributed as dist
 
 from . import batch_agreement, clipping
-from .config import DEFAULT_TIMEOUT_S, HeteroConfig, load_config
+from .config import DEFAULT_TIMEOUT_S, load_config
 from .deepspeed_compat import skip_cpu_shm_comm_build
-from .errors import HeteroConfigError
 from .groups import build_groups
 from .loader import GlobalBatchLoader
 from .loss import label_token_count
@@ -233,7 +232,7 @@ class HeteroEngine:
                 norms[name] = clipping.stage_norm(engine, self.groups[name].tp)
         return norms
 
-    def _combine_norms_and_loss(self, norms: dict[str, float], loss_sum: float, n_labels: int
+    def _combine_norms_and_loss(self, norms: dict[str, float], loss_sum: float | torch.Tensor, n_labels: int
                                 ) -> tuple[float, float, int]:
         """(all-stage gradient norm, global loss sum, global label count) on every rank, in one all-reduce.
 

@@ -63,7 +63,7 @@ elif [ "$GPUS" -eq 1 ]; then
 c['train_batch_size'] = 4; c['hetero_parallel']['stages'] = {'vision': {'dp': 1}, 'language': {'dp': 1}}; \
 c['bf16'] = {'enabled': True}; c['zero_optimization'] = {'stage': 1}; json.dump(c, open(sys.argv[1], 'w'))" "$CONFIG"
   run "$PY" -m ds_hetero.cli validate "$CONFIG" --world-size 1 --model tiny-llava
-  run .venv/bin/deepspeed --num_gpus 1 recipes/train_llava.py --steps 10 --samples 256 \
+  run "$(dirname "$PY")/deepspeed" --num_gpus 1 recipes/train_llava.py --steps 10 --samples 256 \
     --deepspeed_config "$CONFIG" --summary-json "$TMP/summary.json"
   run cat "$TMP/summary.json"
 else
