@@ -43,7 +43,8 @@ def test_invalid_config_exits_1_with_the_field():
 
 
 def test_validate_shows_encoder_balance_and_micro_batches(tmp_path, capsys):
-    cfg = {"train_batch_size": 8, "hetero_parallel": {"micro_batches": 2, "balance": "tokens", "stages": {
+    cfg = {"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+           "hetero_parallel": {"micro_batches": 2, "balance": "tokens", "stages": {
         "vision": {"dp": 4, "micro_batches": 1}, "language": {"tp": 2, "dp": 2}}}}
     path = tmp_path / "b.json"
     path.write_text(json.dumps(cfg))
