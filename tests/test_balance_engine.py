@@ -64,8 +64,8 @@ def _check_balanced(results, control=None):
     assert any(r["split_samples"] > 0 for r in good[0].values())
     if control:
         for per_rank in results:
-            rel, _, abs_ = per_rank[control]["weight_err"]
-            assert rel > 1e-3 and abs_ > 1e-4, per_rank[control]["weight_err"]
+            rel, _, abs_, compared = per_rank[control]["weight_err"]
+            assert compared > 0 and rel > 1e-3 and abs_ > 1e-4, per_rank[control]["weight_err"]
     return good
 
 
