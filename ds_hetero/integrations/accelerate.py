@@ -30,6 +30,39 @@ from .ds_config import require_hetero_section, restore_derived_keys
 from .metrics import StepMetrics
 
 
+# Accelerate config fields the DeepSpeed JSON owns: field -> (its environment variable, the JSON key)
+JSON_OWNED = {
+    "mixed_precision": ("ACCELERATE_MIXED_PRECISION", "bf16.enabled"),
+    "gradient_accumulation_steps": ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "hetero_parallel.micro_batches"),
+    "gradient_clipping": ("ACCELERATE_GRADIENT_CLIPPING", "gradient_clipping"),
+    "zero_stage": ("ACCELERATE_DEEPSPEED_ZERO_STAGE", "zero_optimization.stage"),
+    "offload_optimizer_device": ("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "zero_optimization.offload_optimizer"),
+    "offload_param_device": ("ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE", "zero_optimization.offload_param"),
+}
+
+
+def check_launch_environment(environ=os.environ) -> None:
+    """Under `accelerate launch`: a YAML that sets what the DeepSpeed JSON owns is an error naming the field.
+
+    Accelerate refuses it too, inside `Accelerator()`, but with a list of every field it could have
+    been; this names the ones the YAML actually set, with their values and the JSON key to use.
+    Runs when ds_hetero.accelerate is imported, so before the script builds its Accelerator.
+    """
+    json_file = environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
+    if json_file == "none":
+        return
+    set_in_yaml = set(environ.get("ACCELERATE_CONFIG_DS_FIELDS", "").split(","))
+    bad = [f"{field}={environ.get(var, '?')} (use {key} in the JSON)"
+           for field, (var, key) in JSON_OWNED.items() if field in set_in_yaml]
+    if bad:
+        raise HeteroConfigError(
+            "deepspeed_config_file", f"the accelerate config sets {', '.join(bad)}, but it names the DeepSpeed JSON "
+            f"{json_file}, which owns these settings; remove them from the accelerate YAML")
+
+
+check_launch_environment()
+
+
 def _user_config(plugin) -> dict[str, Any]:
     """The DeepSpeed config as the user wrote it (the plugin inserts gradient_accumulation_steps=1)."""
     path = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
@@ -49,6 +82,7 @@ def prepare(accelerator, model, training_data: Any = None,
     """
     import ds_hetero
 
+    check_launch_environment()
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
     if plugin is None:
         raise HeteroConfigError(
