@@ -35,6 +35,11 @@ def require_hetero_section(config: Mapping[str, Any], where: str) -> None:
             f"llava_colocated.json); without one, use the stock entry point")
 
 
+def is_derived_mismatch(line: str) -> bool:
+    """A line of the Trainer's mismatch list about a key ds_hetero derives per stage."""
+    return any(f"ds {key}=" in line for key in DERIVED_BATCH_KEYS)
+
+
 def trainer_conflicts(args, original: Mapping[str, Any]) -> list[str]:
     """What the DeepSpeed config and TrainingArguments disagree on, each naming both values."""
     problems = []
@@ -42,7 +47,7 @@ def trainer_conflicts(args, original: Mapping[str, Any]) -> list[str]:
     # The Trainer's own comparison (made when TrainingArguments was built, raised only at train()):
     # the per-device micro batch and accumulation are ds_hetero's per-stage business, checked below.
     for line in getattr(hf_config, "mismatches", []):
-        if not any(f"ds {key}=" in line for key in DERIVED_BATCH_KEYS):
+        if not is_derived_mismatch(line):
             problems.append(line.lstrip("- "))
     if args.gradient_accumulation_steps != 1:
         problems.append(

@@ -51,7 +51,7 @@ from transformers import Trainer, TrainerCallback
 from ..errors import HeteroConfigError
 from ..loader import GlobalBatchLoader
 from ..loss import label_token_count
-from .ds_config import trainer_ds_config
+from .ds_config import is_derived_mismatch, trainer_ds_config
 from .metrics import StepMetrics
 
 
@@ -186,6 +186,10 @@ class HeteroTrainer(Trainer):
         # Every conflict now, on every rank, before any collective (the Trainer itself would raise
         # its mismatches only at train(), and would not know ours).
         self._hetero_config, _ = trainer_ds_config(self.args)
+        # The per-device micro batch and accumulation are per stage in ds_hetero (its config checks
+        # them); keep the Trainer's deepspeed_init from re-raising its own comparison of them.
+        hf_config = self.args.hf_deepspeed_config
+        hf_config.mismatches = [m for m in hf_config.mismatches if not is_derived_mismatch(m)]
         self.hetero: HeteroModel | None = None
         self._hetero_metrics = StepMetrics()
 
