@@ -175,9 +175,13 @@ class HeteroTrainer(Trainer):
     """`transformers.Trainer` over a HeteroEngine; `TrainingArguments(deepspeed=...)` carries `hetero_parallel`."""
 
     def __init__(self, *args, **kwargs):
-        for cb in kwargs.get("callbacks") or []:
+        callbacks = [cb() if isinstance(cb, type) and issubclass(cb, HeteroCallback) else cb
+                     for cb in kwargs.get("callbacks") or []]
+        for cb in callbacks:
             if isinstance(cb, HeteroCallback):
-                cb._in_hetero_trainer = True
+                cb._in_hetero_trainer = True  # the guard has nothing to stop here
+        if callbacks:
+            kwargs["callbacks"] = callbacks
         super().__init__(*args, **kwargs)
         if not self.is_deepspeed_enabled or self.args.deepspeed is None:
             raise HeteroConfigError(
