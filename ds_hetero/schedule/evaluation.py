@@ -44,6 +44,11 @@ class EvaluationSchedule(StageWork):
         """The loss of `samples`, in eval mode (dropout off, as `model.eval()` would), then back to train."""
         if not samples:
             raise ValueError("eval_batch: no samples")
+        for i, sample in enumerate(samples):  # every rank holds every sample: all raise alike, before any collective
+            try:
+                self.h.adapter.check_sample(sample, i)
+            except ValueError as exc:
+                raise ValueError(f"eval_batch: {exc}") from None
         modules = [engine.module for engine in self.h.engines.values()]
         modes = [m.training for m in modules]
         for m in modules:
