@@ -76,6 +76,12 @@ def _case(rank, tmp, name, family, placement, zero, stages):
         lab[k] = (lab[k] + 1) % 50
         changed[0]["labels"] = lab
         out["eval_control"] = float(untrained(**hf_inputs(family, untrained, changed)).loss)
+        bad = [dict(s) for s in held_out]
+        bad[3]["labels"] = bad[3]["labels"][:-1]  # shape differs from input_ids: refused before any collective
+        try:
+            engine.eval_batch(bad)
+        except ValueError as exc:
+            out["bad_sample"] = str(exc)
 
     engine.train_batch(train)
     save_dir = f"{tmp}/{name.replace(' ', '_')}"
@@ -114,6 +120,7 @@ def test_eval_batch_and_save_pretrained(tmp_path):
         assert all(r["eval"] == per_rank[0]["eval"] for r in per_rank), f"{name}: eval loss differs across ranks"
         full_loss = per_rank[0]["eval"][0][1]
         assert abs(per_rank[0]["eval_control"] - full_loss) > 1e-4  # the check can fail
+        assert all("eval_batch: sample 3" in r.get("bad_sample", "") for r in per_rank), name
         r0 = per_rank[0]
         assert r0["compared"] > 0 and r0["logits_diff"] <= 1e-6, (name, r0["logits_diff"])
         assert r0["control_diff"] > 1e-3, (name, r0["control_diff"])  # training moved the weights
