@@ -143,13 +143,14 @@ def assign_images(images: Sequence[Image], position_rank: Sequence[int], dp: int
     return balanced
 
 
-def encoder_assignment(cfg, adapter, samples: Sequence[dict[str, Any]], stage: str, micro_batch: int
-                       ) -> EncoderAssignment:
-    """The assignment of encoder micro-batch `micro_batch` of `stage` (config's balance and micro-batches)."""
-    from .batching import micro_batch_samples
-
-    positions = micro_batch_samples(cfg, micro_batch, stage)
-    dp, per_rank = cfg.stages[stage].dp, cfg.micro_batch_size(stage)
+def encoder_assignment(cfg, adapter, samples: Sequence[dict[str, Any]], stage: str, micro_batch: int,
+                       micro_batches: int | None = None) -> EncoderAssignment:
+    """The assignment of encoder micro-batch `micro_batch` of `stage`, the batch cut into
+    `micro_batches` (default: the stage's own) consecutive micro-batches; the config's balance."""
+    size = cfg.global_batch_size // (micro_batches or cfg.micro_batches_of(stage))
+    positions = range(micro_batch * size, (micro_batch + 1) * size)
+    dp = cfg.stages[stage].dp
+    per_rank = size // dp
     images, position_rank, counts = [], [], []
     for offset, p in enumerate(positions):
         rows = adapter.image_rows(samples[p])

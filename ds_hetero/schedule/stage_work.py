@@ -45,7 +45,7 @@ class StageWork:
 
     def assignment(self, samples: Sequence[dict[str, Any]], v: int) -> EncoderAssignment:
         """Which vision dp rank encodes which image of vision micro-batch v (pure, every rank)."""
-        return encoder_assignment(self.h.config, self.h.adapter, samples, "vision", v)
+        return encoder_assignment(self.h.config, self.h.adapter, samples, "vision", v, self.v_gas)
 
     def boundary_inputs(self, samples: Sequence[dict[str, Any]], v: int) -> BoundaryInputs:
         """The boundary of vision micro-batch v: its samples, sent to the language micro-batches they
@@ -53,7 +53,7 @@ class StageWork:
         cfg = self.h.config
         a = self.assignment(samples, v)
         l_mb, l_size = cfg.global_batch_size // self.gas, cfg.micro_batch_size("language")
-        v_size = cfg.micro_batch_size("vision")
+        v_size = cfg.global_batch_size // (self.v_gas * self.v_dp)
         return BoundaryInputs(
             token_counts=a.token_counts,
             src_dp=a.src_dp([i // v_size for i in range(len(a.samples))]),
