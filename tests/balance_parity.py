@@ -28,9 +28,11 @@ def _swap_two_images(inputs):
     raise AssertionError("no two equal-size images on different ranks to swap")
 
 
-def _balance_figures(corrupt):
+def _balance_figures(family, corrupt):
     def inspect(engine, batches):
         from ds_hetero.balance import encoder_assignment
+        from ds_hetero.models import adapter_for
+        from tests.engine_parity import build_model, reference_forward
 
         cfg, work = engine.config, engine.schedule
         vision_mbs = range(cfg.micro_batches_of("vision"))
@@ -39,7 +41,10 @@ def _balance_figures(corrupt):
             return [max(encoder_assignment(c, engine.adapter, b, "vision", v).imbalance() for v in vision_mbs)
                     for b in batches]
 
+        # eval_batch (before training) on an uneven batch: the untrained HF model's own loss
+        model = build_model(family, seed=7)
         out = {
+            "eval": (engine.eval_batch(batches[0]), reference_forward(family, model, adapter_for(model), batches[0])[2]),
             "imbalance": imbalance(cfg), "imbalance_position": imbalance(dataclasses.replace(cfg, balance="position")),
             "split_samples": sum(isinstance(d, tuple) for b in batches for v in vision_mbs
                                  for d in work.boundary_inputs(b, v).src_dp),
@@ -56,4 +61,4 @@ def train_uneven(rank, world_size, family, layout, zero_stage=1, steps=5, clip=0
     return train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimizer=optimizer,
                       micro_batches=micro_batches, placement=placement,
                       hetero={"balance": balance} if balance else None, make_data=uneven_batches,
-                      inspect=_balance_figures(corrupt))
+                      inspect=_balance_figures(family, corrupt))

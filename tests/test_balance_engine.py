@@ -6,7 +6,7 @@ any, one sample holding most of the batch's tokens), fp32, 5 steps, clipping act
 the balanced placement. LLaVA and Qwen2-VL, both placements, and in colocated placement one
 vision pass per step feeding two language micro-batches. Negative control: two equal-size
 images that trade source ranks in the boundary inputs only (row counts unchanged) end with
-different weights.
+different weights. eval_batch on an uneven batch equals the HF model's own loss.
 """
 
 import pytest
@@ -57,6 +57,8 @@ def _check_balanced(results, control=None):
     for per_rank in good:
         for name, r in per_rank.items():
             assert r["compared"] > 0, name
+            got, want = r["eval"]  # eval_batch assigns images as training does
+            assert abs(got - want) <= 1e-5 * abs(want), (name, r["eval"])
             # token balancing is never worse than position, and better on some step
             assert all(t <= p for t, p in zip(r["imbalance"], r["imbalance_position"])), (name, r)
             assert any(t < p for t, p in zip(r["imbalance"], r["imbalance_position"])), (name, r)
