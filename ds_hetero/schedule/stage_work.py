@@ -15,12 +15,15 @@ ZeRO stage 0 requires.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import torch
 
 from ..batching import micro_batch_samples, stage_samples
 from ..boundary import BoundaryInputs
+from ..boundary.inputs import num_shards
+from ..context_parallel import image_positions, is_sharded, padded_lengths, shard_language_batch
 from ..loss import token_loss_sum
 from ..mpu import stage_context
 
@@ -49,11 +52,16 @@ class StageWork:
         positions = micro_batch_samples(cfg, m)
         v_size, l_size = cfg.micro_batch_size("vision"), cfg.micro_batch_size("language")
         offsets = range(len(positions))
-        return BoundaryInputs(
+        inputs = BoundaryInputs(
             token_counts=[adapter.image_token_count(samples[p]) for p in positions],
             src_dp=[i // v_size for i in offsets],
             dst_dp=[i // l_size for i in offsets],
         )
+        if is_sharded(cfg.language):  # each language rank takes the rows of its sequence shard only
+            mb = [samples[p] for p in positions]
+            inputs = dataclasses.replace(inputs, positions=image_positions(mb, adapter.image_token_id),
+                                         seq_len=padded_lengths(mb, inputs.dst_dp, cfg.language))
+        return inputs
 
     def empty_rows(self, requires_grad: bool = False) -> torch.Tensor:
         """`[0, H]` in the boundary dtype: what a rank passes for a side of the exchange it is not on."""
@@ -73,12 +81,17 @@ class StageWork:
         """Forward and backward of the language stage; returns (local loss sum, gradient of rows_in)."""
         h = self.h
         mine = [samples[p] for p in stage_samples(h.config, "language", h.coords["language"].dp, m)]
-        batch = {k: (v.to(self.device) if v is not None else None) for k, v in h.adapter.language_inputs(mine).items()}
+        layout = h.config.language
+        sharded = is_sharded(layout)
+        batch = h.adapter.language_inputs(mine, multiple=num_shards(layout))
+        if sharded:  # this rank's sequence shard; labels come back shifted on the full sequence
+            batch = shard_language_batch(batch, layout, h.rank)
+        batch = {k: (v.to(self.device) if v is not None else None) for k, v in batch.items()}
         engine = h.engines["language"]
         with stage_context(h.mpus["language"]):
             with h.timeline.span(f"language.forward[m={m}]", "forward", step):
                 logits = engine(batch["input_ids"], rows_in, batch["attention_mask"], batch["position_ids"])
-                local = token_loss_sum(logits, batch["labels"], h.lm_head)
+                local = token_loss_sum(logits, batch["labels"], h.lm_head, shifted=sharded)
                 _sync(self.device)
             with h.timeline.span(f"language.backward[m={m}]", "backward", step):
                 engine.backward(local / n_labels * (self.l_dp * self.gas))
