@@ -111,8 +111,14 @@ class SequenceShardedAttention:
     """
 
     def __init__(self, module: nn.Module, cp_group, inner: str | None):
+        import deepspeed
         from deepspeed.sequence.layer import DistributedAttention
 
+        from ..deepspeed_compat import skip_cpu_shm_comm_build
+
+        if not deepspeed.comm.is_initialized():  # its collectives go through deepspeed.comm
+            skip_cpu_shm_comm_build()
+            deepspeed.init_distributed(dist_backend=dist.get_backend())
         self.cp_group, self.cp = cp_group, dist.get_world_size(cp_group)
         self.inner_name = inner
         self.inner = _inner_kernel(module, inner)
