@@ -68,6 +68,12 @@ def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) 
             "ZeRO stage 3 is not supported with placement \"disaggregated\": DeepSpeed's ZeRO-3 parameter "
             "trace check broadcasts over the world group from inside each stage's forward, which the other "
             "stage never joins; use stage 1 or 2 (or placement \"colocated\")")
+    if zero == 3 and (cfg.language.cp > 1 or cfg.language.sequence_parallel):
+        raise HeteroConfigError(
+            "zero_optimization.stage",
+            "ZeRO stage 3 with a sequence-sharded language stage (cp > 1 or sequence_parallel) does not match "
+            "the single-process reference in ds_hetero's tests (DeepSpeed 0.19's ZeRO-3 reduce-scatter averages "
+            "the cp shards' partial gradients over dp x cp); use ZeRO stage 1 or 2")
     if set(cfg.stages) != {"vision", "language"}:
         raise HeteroConfigError("hetero_parallel.stages", "HeteroEngine trains exactly a vision and a language stage")
     if "optimizer" not in ds and not has_client_optimizer:
