@@ -36,7 +36,8 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_layouts import launch, peak_rss_mb  # noqa: E402  (one launcher for the benches)
+from bench_layouts import launch  # noqa: E402  (one launcher for the benches)
+from train_llava import peak_memory_mb  # noqa: E402
 
 ROWS = {
     "hetero": {"vision": {"tp": 1, "dp": 4}},
@@ -111,8 +112,6 @@ def timed_step(engine, samples) -> dict:
 
 
 def run_row(rank, world, name, a):
-    import torch
-
     import ds_hetero
 
     row = ROWS[name]
@@ -128,14 +127,8 @@ def run_row(rank, world, name, a):
     engine = ds_hetero.initialize(model, config)
     batches = make_batches(model, a, a["steps"] + 1)
     recs = [timed_step(engine, samples) for samples in batches]
-    if engine.device.type != "cpu":
-        from deepspeed.accelerator import get_accelerator
-
-        peak = get_accelerator().max_memory_allocated() / 2**20
-    else:
-        peak = peak_rss_mb()
+    peak = peak_memory_mb(engine.device)
     engine.groups.destroy()
-    del torch
     return {"recs": recs[1:], "peak_mb": peak, "seq_len": int(batches[0][0]["input_ids"].numel())}
 
 

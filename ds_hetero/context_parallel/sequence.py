@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..boundary.inputs import num_shards, shard_bounds, shard_index
+from ..boundary.inputs import num_shards, shard_bounds
 from ..layout import StageLayout
 from ..loss import shifted_labels
 
@@ -98,4 +98,4 @@ def padded_lengths(samples: Sequence[dict[str, Any]], dst_dp: Sequence[int], lay
 
 
 __all__ = ["full_attention_mask", "image_positions", "is_sharded", "padded_length", "padded_lengths",
-           "shard_index", "shard_language_batch"]
+           "shard_language_batch"]
