@@ -162,3 +162,15 @@ def test_attention_over_shards_matches_full_sequence_attention():
         assert abs(a - b) <= 1e-10 * max(1.0, abs(a)), r["adjoint"]
     for kv in ("kv2", "kv1"):  # negative control: local positions fail the check (on rank 1, whose shard starts at 8)
         assert max(r[f"{kv} local positions"] for r in results) > 10 * 1e-5, results
+
+
+def test_validate_shows_the_cp_coordinate_of_every_rank(capsys):
+    from pathlib import Path
+
+    from ds_hetero.cli import main
+
+    config = Path(__file__).resolve().parents[1] / "ds_configs/llava_long_context.json"
+    assert main(["validate", str(config), "--world-size", "4"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line[:1].isdigit()]
+    # language tp2 cp2 dp1: tp fastest, then cp
+    assert rows == [["0", "0,0,0", "0,0,0"], ["1", "0,0,1", "1,0,0"], ["2", "0,0,2", "0,1,0"], ["3", "0,0,3", "1,1,0"]]

@@ -84,9 +84,9 @@ class StageWork:
         layout = h.config.language
         sharded = is_sharded(layout)
         batch = h.adapter.language_inputs(mine, multiple=num_shards(layout))
-        if sharded:  # this rank's sequence shard; labels come back shifted on the full sequence
-            batch = shard_language_batch(batch, layout, h.rank)
         batch = {k: (v.to(self.device) if v is not None else None) for k, v in batch.items()}
+        if sharded:  # this rank's sequence shard (the [b, 1, S, S] mask is built on the device)
+            batch = shard_language_batch(batch, layout, h.rank)
         engine = h.engines["language"]
         with stage_context(h.mpus["language"]):
             with h.timeline.span(f"language.forward[m={m}]", "forward", step):
