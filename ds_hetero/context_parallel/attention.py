@@ -157,8 +157,14 @@ class SequenceShardedAttention:
         return out, None
 
 
-def check_context_parallel(config, tp: int, cp: int, stage: str = "language") -> None:
-    """Heads divisible by tp*cp (pure; the same HeteroConfigError on every rank)."""
+def check_context_parallel(config, tp: int, cp: int, sharded: bool = True, stage: str = "language") -> None:
+    """Heads divisible by tp*cp, no sliding-window layers on sequence shards (pure; the same
+    HeteroConfigError on every rank). `sharded`: the stage cuts its sequences (cp or sp)."""
+    if sharded and getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+        raise HeteroConfigError(
+            f"hetero_parallel.stages.{stage}",
+            "sequence shards (cp > 1 or sequence_parallel) need full causal attention; this decoder has "
+            f"sliding-window layers (sliding_window={config.sliding_window}), whose mask is not built here")
     if cp == 1:
         return
     heads = config.num_attention_heads

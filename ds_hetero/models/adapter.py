@@ -55,9 +55,9 @@ class StageAdapter:
         validate_tensor_parallel(self.model.get_decoder(), language.tp, "language")
         if language.tp > 1:
             _check_head(self.model, language.tp, False, "language")
-        from ..context_parallel import check_context_parallel
+        from ..context_parallel import check_context_parallel, is_sharded
 
-        check_context_parallel(self.model.config.text_config, language.tp, language.cp)
+        check_context_parallel(self.model.config.text_config, language.tp, language.cp, is_sharded(language))
 
     def shard(self, groups, cfg) -> None:
         """Shard each stage this rank holds over that stage's tp group (in place, no communication)."""
