@@ -174,3 +174,15 @@ def test_validate_shows_the_cp_coordinate_of_every_rank(capsys):
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line[:1].isdigit()]
     # language tp2 cp2 dp1: tp fastest, then cp
     assert rows == [["0", "0,0,0", "0,0,0"], ["1", "0,0,1", "1,0,0"], ["2", "0,0,2", "0,1,0"], ["3", "0,0,3", "1,1,0"]]
+
+
+def test_kernels_without_a_dense_mask_are_refused_on_sequence_shards():
+    from ds_hetero.context_parallel import check_context_parallel
+    from ds_hetero.models.tiny import tiny_llava
+
+    text = tiny_llava("clip").config.text_config
+    check_context_parallel(text, 2, 2)  # sdpa: fine
+    text._attn_implementation = "flash_attention_2"
+    with pytest.raises(HeteroConfigError, match="flash_attention_2"):
+        check_context_parallel(text, 2, 2)
+    check_context_parallel(text, 2, 1, sharded=False)  # unsharded language stage: any kernel

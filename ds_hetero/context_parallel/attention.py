@@ -165,6 +165,13 @@ def check_context_parallel(config, tp: int, cp: int, sharded: bool = True, stage
             f"hetero_parallel.stages.{stage}",
             "sequence shards (cp > 1 or sequence_parallel) need full causal attention; this decoder has "
             f"sliding-window layers (sliding_window={config.sliding_window}), whose mask is not built here")
+    kernel = getattr(config, "_attn_implementation", None)
+    if sharded and kernel not in (None, "eager", "sdpa", ATTENTION_NAME):
+        raise HeteroConfigError(
+            f"hetero_parallel.stages.{stage}",
+            f"sequence shards pass the full sequence's mask as a dense [b, 1, S, S] tensor, which the "
+            f"attention implementation {kernel!r} does not take; load the model with attn_implementation="
+            "\"sdpa\" or \"eager\"")
     if cp == 1:
         return
     heads = config.num_attention_heads
