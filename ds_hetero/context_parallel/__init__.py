@@ -6,10 +6,10 @@ attention.py   attention over sequence shards (DeepSpeed's DistributedAttention 
 
 from .attention import ATTENTION_NAME, SequenceShardedAttention, apply_sequence_sharded_attention, check_context_parallel
 from .sequence import (full_attention_mask, image_positions, is_sharded, padded_length, padded_lengths,
-                       shard_language_batch)
+                       shard_input_ids, shard_language_batch)
 
 __all__ = [
     "ATTENTION_NAME", "SequenceShardedAttention", "apply_sequence_sharded_attention", "check_context_parallel",
     "full_attention_mask", "image_positions", "is_sharded", "padded_length", "padded_lengths",
-    "shard_language_batch",
+    "shard_input_ids", "shard_language_batch",
 ]

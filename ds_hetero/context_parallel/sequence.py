@@ -57,6 +57,12 @@ def _cp_bounds(layout: StageLayout, rank: int, length: int) -> tuple[int, int]:
     return c * size, (c + 1) * size
 
 
+def shard_input_ids(input_ids: torch.Tensor, layout: StageLayout, rank: int) -> torch.Tensor:
+    """`rank`'s chunk of the padded `input_ids` [b, S] (what it embeds)."""
+    start, stop = shard_bounds(layout, rank, input_ids.shape[-1])  # raises if S is not a multiple
+    return input_ids[..., start:stop]
+
+
 def shard_language_batch(batch: dict[str, Any], layout: StageLayout, rank: int) -> dict[str, Any]:
     """This rank's shard of a padded language batch (see the module docstring).
 
@@ -67,13 +73,12 @@ def shard_language_batch(batch: dict[str, Any], layout: StageLayout, rank: int) 
     """
     ids = batch["input_ids"]
     length = ids.shape[-1]
-    start, stop = shard_bounds(layout, rank, length)  # raises if length is not a multiple
     c0, c1 = _cp_bounds(layout, rank, length)
     positions = batch.get("position_ids")
     if positions is None:  # what the decoder would count for the full, right-padded sequence
         positions = torch.arange(length, device=ids.device).expand(ids.shape[0], length)
     return {
-        "input_ids": ids[..., start:stop],
+        "input_ids": shard_input_ids(ids, layout, rank),
         "labels": shifted_labels(batch["labels"])[..., c0:c1],
         "position_ids": positions[..., c0:c1],
         "attention_mask": full_attention_mask(batch["attention_mask"]),
@@ -98,4 +103,4 @@ def padded_lengths(samples: Sequence[dict[str, Any]], dst_dp: Sequence[int], lay
 
 
 __all__ = ["full_attention_mask", "image_positions", "is_sharded", "padded_length", "padded_lengths",
-           "shard_language_batch"]
+           "shard_input_ids", "shard_language_batch"]
