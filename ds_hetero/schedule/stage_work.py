@@ -68,14 +68,13 @@ class StageWork:
             rows = h.engines["vision"](**inputs)
         return rows
 
-    def language_step(self, samples, m: int, rows_in: torch.Tensor, n_labels: int, step: int):
-        """Forward and backward of the language stage.
+    def language_batch(self, mine: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], int, bool]:
+        """The language stage's inputs on the device: (batch, image placeholders in it, sharded).
 
-        Returns (local loss sum, a float64 tensor on the device: the schedule accumulates it and
-        the engine reads it once per step, not once per micro-batch; gradient of rows_in).
+        With sequence shards (cp, or sp) the batch is this rank's shard and its labels are
+        already shifted (context_parallel.sequence).
         """
         h = self.h
-        mine = [samples[p] for p in stage_samples(h.config, "language", h.coords["language"].dp, m)]
         layout = h.config.language
         sharded = is_sharded(layout)
         host = h.adapter.language_inputs(mine, multiple=num_shards(layout))
@@ -85,6 +84,17 @@ class StageWork:
         batch = {k: (v.to(self.device) if v is not None else None) for k, v in host.items()}
         if sharded:  # this rank's sequence shard (the [b, 1, S, S] mask is built on the device)
             batch = shard_language_batch(batch, layout, h.rank)
+        return batch, n_image_tokens, sharded
+
+    def language_step(self, samples, m: int, rows_in: torch.Tensor, n_labels: int, step: int):
+        """Forward and backward of the language stage.
+
+        Returns (local loss sum, a float64 tensor on the device: the schedule accumulates it and
+        the engine reads it once per step, not once per micro-batch; gradient of rows_in).
+        """
+        h = self.h
+        mine = [samples[p] for p in stage_samples(h.config, "language", h.coords["language"].dp, m)]
+        batch, n_image_tokens, sharded = self.language_batch(mine)
         engine = h.engines["language"]
         with stage_context(h.mpus["language"]):
             with h.timeline.span(f"language.forward[m={m}]", "forward", step):
