@@ -250,6 +250,11 @@ def _encoder_micro_batches(specs: dict[str, dict[str, Any]], micro_batches: int,
                 field, f"got {value}, but placement \"disaggregated\" pipelines encoder and language "
                 f"micro-batches one for one (1F1B), so an encoder takes {SECTION}.micro_batches ({micro_batches}) "
                 "passes; remove the key or use placement \"colocated\"")
+        lang = specs[LANGUAGE]
+        if value != micro_batches and (lang["cp"] > 1 or lang["sequence_parallel"]):
+            raise HeteroConfigError(
+                field, f"got {value}; with the language sequence sharded (cp or sequence_parallel) each "
+                f"encoder pass feeds one language micro-batch: remove the key or set it to {micro_batches}")
         if micro_batches % value:
             raise HeteroConfigError(
                 field, f"got {value}, which does not divide {SECTION}.micro_batches ({micro_batches}): each "

@@ -259,7 +259,7 @@ class HeteroEngine:
         """(all-stage gradient norm, global loss sum, global label count) on every rank, in one all-reduce.
 
         Each stage's norm is identical on its ranks, so its first rank alone contributes it; the
-        local loss sums come from one tp x cp rank per language dp replica, the label count from
+        local loss sums come from tp rank 0 of every cp shard of every language dp replica, the label count from
         one language rank. In disaggregated placement this is how vision ranks learn the loss.
         """
         names = list(self.config.stages)
@@ -270,7 +270,7 @@ class HeteroEngine:
                 # DeepSpeed reports an invalid norm as -1: carry it as inf so every stage skips
                 vec[i] = norm * norm if norm >= 0 and math.isfinite(norm) else float("inf")
         lang = self.coords.get("language")
-        if lang is not None and lang.tp == 0 and lang.cp == 0:
+        if lang is not None and lang.tp == 0:  # cp ranks hold the loss sums of their sequence shards
             vec[-2] = loss_sum
         if self.rank == self.config.language.ranks[0]:
             vec[-1] = n_labels

@@ -25,6 +25,9 @@ CASES = {
                                         "language": {"tp": 2, "dp": 1, "ranks": [2, 3]}}),
     "llava colocated zero3": dict(family="llava", placement="colocated", zero=3,
                                   stages={"vision": {"tp": 1, "dp": 4}, "language": {"tp": 2, "dp": 2}}),
+    "llava language tp2 cp2 sp (sequence shards)": dict(
+        family="llava", placement="colocated", zero=1,
+        stages={"vision": {"tp": 1, "dp": 4}, "language": {"tp": 2, "cp": 2, "dp": 1, "sequence_parallel": True}}),
     "qwen2-vl colocated": dict(family="qwen2_vl", placement="colocated", zero=2,
                                stages={"vision": {"tp": 2, "dp": 2}, "language": {"tp": 2, "dp": 2}}),
 }

@@ -38,7 +38,9 @@ class ColocatedSchedule(StageWork):
             bytes_["lower_bound"] += fwd.lower_bound_bytes
             # the rows arrive in sample order: language micro-batch after language micro-batch
             ms = self.language_micro_batches(v)
-            pieces = rows_out.detach().split([self.language_rows(samples, m) for m in ms])
+            # (one language micro-batch per pass takes all rows: its sequence shard's, when sharded)
+            sizes = [self.language_rows(samples, m) for m in ms] if len(ms) > 1 else [rows_out.shape[0]]
+            pieces = rows_out.detach().split(sizes)
             grads = []
             for m, piece in zip(ms, pieces):
                 local, grad = self.language_step(samples, m, piece.detach().requires_grad_(True), n_labels, step)

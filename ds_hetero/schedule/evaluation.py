@@ -80,9 +80,9 @@ class EvaluationSchedule(StageWork):
             rows_in = h.boundary.exchange_rows(rows, inputs)
             if "language" in h.engines:
                 loss_sum += self._language_loss_sum(samples, m, rows_in)
-        # One tp x cp rank per language dp replica holds its replica's share of the sum.
+        # tp rank 0 of every cp shard of every language dp replica holds its share of the sum.
         lang = h.coords.get("language")
-        mine = loss_sum if lang is not None and lang.tp == 0 and lang.cp == 0 else 0.0
+        mine = loss_sum if lang is not None and lang.tp == 0 else 0.0
         total = torch.tensor([mine], dtype=torch.float64, device=self.device)
         dist.all_reduce(total, group=h.groups.boundary)
         return total.item() / n_labels
@@ -98,8 +98,8 @@ class EvaluationSchedule(StageWork):
     def _language_loss_sum(self, samples, m: int, rows_in: torch.Tensor) -> float:
         h = self.h
         mine = [samples[p] for p in stage_samples(h.config, "language", h.coords["language"].dp, m)]
-        batch = {k: (v.to(self.device) if v is not None else None) for k, v in h.adapter.language_inputs(mine).items()}
+        batch, n_image_tokens, sharded = self.language_batch(mine)
         with stage_context(h.mpus["language"]):
             logits = h.engines["language"](batch["input_ids"], rows_in, batch["attention_mask"],
-                                           batch["position_ids"])
-            return float(token_loss_sum(logits, batch["labels"], h.lm_head))
+                                           batch["position_ids"], n_image_tokens=n_image_tokens)
+            return float(token_loss_sum(logits, batch["labels"], h.lm_head, shifted=sharded))
