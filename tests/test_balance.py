@@ -235,3 +235,9 @@ def test_loader_reads_in_full_what_each_vision_rank_encodes():
             adapter.select_images(batch[p], ks)  # the image fields are there
             encoded |= {(p, k) for k in ks}
     assert len(encoded) == sum(len(adapter.image_rows(s)) for s in data)
+
+
+def test_fewer_encoder_passes_are_refused_with_a_sharded_language_sequence():
+    with pytest.raises(HeteroConfigError) as err:
+        _cfg({"dp": 4, "micro_batches": 1}, {"cp": 2, "dp": 2})
+    assert err.value.field == "hetero_parallel.stages.vision.micro_batches" and "sharded" in str(err.value)
