@@ -24,13 +24,14 @@ def rank_map(cfg: HeteroConfig) -> str:
     """A table: one row per global rank, one column per stage with the rank's (tp, cp, dp)."""
     lines = [
         f"placement {cfg.placement}, world size {cfg.world_size}, global batch {cfg.global_batch_size}, "
-        f"micro_batches {cfg.micro_batches}",
+        f"micro_batches {cfg.micro_batches}, encoder balance {cfg.balance}",
         "",
     ]
-    header = ["stage", "layout", "ranks", "seq-parallel", "samples/micro-batch/dp-rank"]
+    header = ["stage", "layout", "ranks", "seq-parallel", "micro-batches", "samples/micro-batch/dp-rank"]
     rows = [
         [name, f"tp{l.tp} cp{l.cp} dp{l.dp}", _ranges(l.ranks), "yes" if l.sequence_parallel else "no",
-         str(cfg.micro_batch_size(name))]
+         str(cfg.micro_batches_of(name)),
+         str(cfg.micro_batch_size(name)) + (" (images by cost)" if cfg.balance == "tokens" and name != "language" else "")]
         for name, l in cfg.stages.items()
     ]
     lines += _table(header, rows)

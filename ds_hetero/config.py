@@ -8,8 +8,9 @@ rejects unknown keys inside its own sections), so the plugin owns one top-level 
         "placement": "colocated",                # or "disaggregated"
         "micro_batches": 2,                      # gradient accumulation steps of every stage
         "timeout_s": 300,                        # a collective that waits longer raises
+        "balance": "tokens",                     # encoder images to dp ranks by cost, or "position"
         "stages": {
-            "vision":   {"tp": 1, "dp": 4},
+            "vision":   {"tp": 1, "dp": 4, "micro_batches": 1},   # encoder passes per step
             "language": {"tp": 2, "cp": 1, "dp": 2, "sequence_parallel": false}
         }
     }
@@ -23,12 +24,14 @@ from __future__ import annotations
 
 import copy
 import json
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from .balance import BALANCES
 from .errors import HeteroConfigError
 from .layout import StageLayout
 
@@ -37,10 +40,10 @@ PLACEMENTS = ("colocated", "disaggregated")
 LANGUAGE = "language"
 ENCODER_STAGES = ("vision", "audio")
 STAGE_NAMES = ENCODER_STAGES + (LANGUAGE,)
-SECTION_KEYS = ("placement", "micro_batches", "stages", "timeout_s")
+SECTION_KEYS = ("placement", "micro_batches", "stages", "timeout_s", "balance")
 DEFAULT_TIMEOUT_S = 300.0  # a collective waiting longer than this raises instead of hanging
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # process-group timeouts are integer milliseconds: keep them finite and sane
-STAGE_KEYS = ("tp", "cp", "dp", "ranks", "sequence_parallel")
+STAGE_KEYS = ("tp", "cp", "dp", "ranks", "sequence_parallel", "micro_batches")
 # DeepSpeed batch keys that ds_hetero derives per stage.
 DERIVED_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -56,6 +59,12 @@ class HeteroConfig:
     stages: Mapping[str, StageLayout]  # in the order the config lists them
     ds_config: Mapping[str, Any]  # the whole DeepSpeed config as given (read-only view)
     timeout_s: float = DEFAULT_TIMEOUT_S
+    balance: str = "tokens"
+    encoder_micro_batches: Mapping[str, int] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+
+    def micro_batches_of(self, stage: str) -> int:
+        """Forward/backward passes of `stage` per step (its DeepSpeed gradient_accumulation_steps)."""
+        return self.encoder_micro_batches.get(stage, self.micro_batches)
 
     @property
     def stage_names(self) -> tuple[str, ...]:
@@ -74,7 +83,7 @@ class HeteroConfig:
 
     def micro_batch_size(self, stage: str) -> int:
         """Samples per micro-batch on one dp rank of `stage`."""
-        return self.global_batch_size // (self.stages[stage].dp * self.micro_batches)
+        return self.global_batch_size // (self.stages[stage].dp * self.micro_batches_of(stage))
 
     @property
     def gradient_clipping(self) -> float:
@@ -100,7 +109,7 @@ class HeteroConfig:
         cfg.pop(SECTION, None)
         cfg["train_batch_size"] = self.global_batch_size
         cfg["train_micro_batch_size_per_gpu"] = self.micro_batch_size(stage)
-        cfg["gradient_accumulation_steps"] = self.micro_batches
+        cfg["gradient_accumulation_steps"] = self.micro_batches_of(stage)
         cfg["gradient_clipping"] = 0.0
         return cfg
 
@@ -187,13 +196,19 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
     specs = _stage_specs(section, placement)
     layouts = _assign_ranks(specs, placement, world_size)
 
+    balance = section.get("balance", "tokens")
+    if balance not in BALANCES:
+        raise HeteroConfigError(f"{SECTION}.balance", f"got {balance!r}; valid values are {' or '.join(BALANCES)}")
+    encoder_mbs = _encoder_micro_batches(specs, micro_batches, placement)
+
     for name, layout in layouts.items():
-        per_step = layout.dp * micro_batches
+        mbs = encoder_mbs.get(name, micro_batches)
+        per_step = layout.dp * mbs
         if global_batch % per_step:
             raise HeteroConfigError(
                 "train_batch_size",
                 f"{global_batch} is not divisible by stage {name!r} dp x micro_batches = "
-                f"{layout.dp} x {micro_batches} = {per_step}; use a multiple of {per_step}",
+                f"{layout.dp} x {mbs} = {per_step}; use a multiple of {per_step}",
             )
     _check_derived_batch_keys(ds, global_batch // (layouts[LANGUAGE].dp * micro_batches), micro_batches)
 
@@ -205,7 +220,48 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
         stages=MappingProxyType(layouts),
         ds_config=MappingProxyType(copy.deepcopy(dict(ds))),
         timeout_s=float(timeout_s),
+        balance=balance,
+        encoder_micro_batches=MappingProxyType(encoder_mbs),
     )
+
+
+def _encoder_micro_batches(specs: dict[str, dict[str, Any]], micro_batches: int, placement: str) -> dict[str, int]:
+    """`stages.<encoder>.micro_batches`: fewer, larger encoder passes than the language stage's.
+
+    Colocated: it must divide `micro_batches` (each encoder pass feeds a whole number of language
+    micro-batches). Disaggregated: the 1F1B pipeline's unit is the micro-batch of both stages,
+    so only the global value is accepted.
+    """
+    out = {}
+    for name, spec in specs.items():
+        value = spec.get("micro_batches")
+        if value is None:
+            continue
+        field = f"{SECTION}.stages.{name}.micro_batches"
+        value = _positive_int(value, field)
+        if name == LANGUAGE:
+            if value != micro_batches:
+                raise HeteroConfigError(
+                    field, f"got {value}; the language stage's micro-batches are {SECTION}.micro_batches "
+                    f"({micro_batches}): remove this key or set {SECTION}.micro_batches")
+            continue
+        if placement == "disaggregated" and value != micro_batches:
+            raise HeteroConfigError(
+                field, f"got {value}, but placement \"disaggregated\" pipelines encoder and language "
+                f"micro-batches one for one (1F1B), so an encoder takes {SECTION}.micro_batches ({micro_batches}) "
+                "passes; remove the key or use placement \"colocated\"")
+        lang = specs[LANGUAGE]
+        if value != micro_batches and (lang["cp"] > 1 or lang["sequence_parallel"]):
+            raise HeteroConfigError(
+                field, f"got {value}; with the language sequence sharded (cp or sequence_parallel) each "
+                f"encoder pass feeds one language micro-batch: remove the key or set it to {micro_batches}")
+        if micro_batches % value:
+            raise HeteroConfigError(
+                field, f"got {value}, which does not divide {SECTION}.micro_batches ({micro_batches}): each "
+                f"encoder pass must feed a whole number of language micro-batches; use a divisor of {micro_batches}")
+        if value != micro_batches:
+            out[name] = value
+    return out
 
 
 def _stage_specs(section: Mapping[str, Any], placement: str) -> dict[str, dict[str, Any]]:
@@ -237,6 +293,7 @@ def _stage_specs(section: Mapping[str, Any], placement: str) -> dict[str, dict[s
             "dp": _positive_int(raw["dp"], f"{sfield}.dp"),
             "sequence_parallel": raw.get("sequence_parallel", False),
             "ranks": raw.get("ranks"),
+            "micro_batches": raw.get("micro_batches"),
         }
         if not isinstance(spec["sequence_parallel"], bool):
             raise HeteroConfigError(f"{sfield}.sequence_parallel", f"must be true or false, got {spec['sequence_parallel']!r}")

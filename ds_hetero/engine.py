@@ -140,19 +140,37 @@ class HeteroEngine:
 
     # ------------------------------------------------------------------ training
     def needed_positions(self) -> set[int]:
-        """Global-batch positions whose full sample this rank reads (its stages' shares)."""
+        """Global-batch positions whose full sample this rank reads (its stages' shares).
+
+        With balance "tokens" the vision share depends on the batch's image tokens: see
+        `_vision_positions`, read once the batch's token ids are known.
+        """
         from .batching import stage_samples
 
         needed: set[int] = set()
         for name, coord in self.coords.items():
-            for m in range(self.config.micro_batches):
+            if name == "vision" and self.config.balance == "tokens":
+                continue
+            for m in range(self.config.micro_batches_of(name)):
                 needed.update(stage_samples(self.config, name, coord.dp, m))
         return needed
+
+    def _vision_positions(self, samples: Sequence[dict[str, Any]]) -> set[int]:
+        """Positions of the samples with an image this rank's vision stage encodes this step."""
+        dp = self.coords["vision"].dp
+        try:
+            return {p for v in range(self.config.micro_batches_of("vision"))
+                    for p, _ in self.schedule.assignment(samples, v).images_of(dp)}
+        except ValueError:  # a malformed sample: its language rank rejects it in _check_samples, on every rank
+            return set()
 
     def _next_samples(self) -> list[dict[str, Any]]:
         if self.loader is None:
             raise ValueError("train_batch() without samples needs training_data at initialize()")
-        return self.loader.load(self.global_steps, self.needed_positions())
+        batch = self.loader.load(self.global_steps, self.needed_positions())
+        if "vision" in self.coords and self.config.balance == "tokens":
+            self.loader.fill(self.global_steps, batch, self._vision_positions(batch))
+        return batch
 
     def _agree_on_batch(self, samples: Sequence[dict[str, Any]]) -> int:
         """The global label-token count, after every rank of every stage accepted the batch.
@@ -168,8 +186,12 @@ class HeteroEngine:
         mine, inputs = 0, 0
         lang = self.coords.get("language")
         if problem is None:
-            # the boundary plans of all micro-batches follow from these counts (every rank reads them)
-            inputs = batch_agreement.digest(self.adapter.image_token_count(s) for s in samples)
+            # the encoder assignment and the boundary plans of all micro-batches follow from the
+            # images' row counts (every rank reads them from the token ids)
+            try:
+                inputs = batch_agreement.digest(tuple(self.adapter.image_rows(s)) for s in samples)
+            except ValueError as exc:  # a malformed light sample, seen only through its token ids
+                problem = str(exc)
             if lang is not None and lang.tp == 0 and lang.cp == 0:
                 for m in range(self.config.micro_batches):
                     for p in stage_samples(self.config, "language", lang.dp, m):

@@ -68,6 +68,14 @@ class GlobalBatchLoader:
                 batch[p] = self._light(index)
         return batch
 
+    def fill(self, step: int, batch: list[dict[str, Any]], positions: Iterable[int]) -> None:
+        """Replace the light samples at `positions` of step `step`'s batch by full ones, in place
+        (for shares known only from the batch's token ids, e.g. token-balanced encoders)."""
+        positions = sorted(p for p in positions if batch[p].get("light"))
+        indices = self.indices(step)
+        for p, sample in zip(positions, self._read([indices[p] for p in positions])):
+            batch[p] = sample
+
     def _read(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         items = [self.dataset[i] for i in indices]
         return self.collate_fn(items) if self.collate_fn is not None else items

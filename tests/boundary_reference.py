@@ -10,7 +10,15 @@ def src_rows(src, inputs, rank):
     if not src.contains(rank):
         return []
     dp = src.coord(rank).dp
-    return [(i, j) for i, r in enumerate(inputs.src_dp) if r == dp for j in range(inputs.token_counts[i])]
+    rows = []
+    for i, d in enumerate(inputs.src_dp):
+        # a whole sample (an int), or (rows, dp) runs in token order (a sample split by images)
+        runs = d if isinstance(d, tuple) else ((inputs.token_counts[i], d),)
+        j = 0
+        for n, r in runs:
+            rows += [(i, j + k) for k in range(n)] if r == dp else []
+            j += n
+    return rows
 
 
 def dst_rows(dst, inputs, rank):

@@ -156,7 +156,11 @@ def max_rel_err(got, want):
 
 
 def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimizer="adamw", model_kw=None,
-               micro_batches=2, batch_size=8, controls=False, placement="colocated"):
+               micro_batches=2, batch_size=8, controls=False, placement="colocated", hetero=None,
+               make_data=None, inspect=None):
+    """hetero: more `hetero_parallel` keys; make_data(family, model, steps, batch_size) -> batches
+    instead of make_batches; inspect(engine, batches) -> more result entries (may patch the engine
+    before training: it runs first and its dict is read after)."""
     import ds_hetero
 
     model_kw = model_kw or {}
@@ -178,13 +182,15 @@ def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimi
         "zero_allow_untested_optimizer": True,
         "gradient_clipping": clip,
         "steps_per_print": 10**6,
-        "hetero_parallel": {"placement": placement, "micro_batches": micro_batches, "stages": layout},
+        "hetero_parallel": {"placement": placement, "micro_batches": micro_batches, "stages": layout,
+                            **(hetero or {})},
     }
     model = build_model(family, seed=7, **model_kw)
     reference = copy.deepcopy(model)
-    batches = make_batches(family, model, steps, batch_size)
+    batches = (make_data or make_batches)(family, model, steps, batch_size)
 
     engine = ds_hetero.initialize(model, config, optimizer=make_optimizer)
+    extra = inspect(engine, batches) if inspect is not None else {}
     results = [engine.train_batch(samples) for samples in batches]
     got = full_named_parameters(engine)
 
@@ -199,6 +205,7 @@ def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimi
         "boundary": [(r.boundary_bytes_total, r.boundary_bytes_lower_bound) for r in results],
         "stages_held": sorted(engine.engines),
         "bubble": [r.bubble_fraction for r in results],
+        **extra,
     }
     if controls:
         for flag in ("per_stage_clip", "per_micro_batch_mean"):

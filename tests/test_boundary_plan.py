@@ -167,6 +167,40 @@ def test_every_layout_pair_up_to_six_ranks():
     assert cases > 700
 
 
+def split_sources(rng, inputs, src):
+    """The same inputs with samples cut into (rows, dp) runs on random source replicas (by image)."""
+    src_dp = []
+    for c, d in zip(inputs.token_counts, inputs.src_dp):
+        cuts = sorted(rng.sample(range(1, c), min(c - 1, rng.randint(0, 2)))) if c > 1 else []
+        bounds = [0] + cuts + [c]
+        runs = tuple((b - a, rng.randrange(src.dp)) for a, b in zip(bounds, bounds[1:]))
+        src_dp.append(runs if c and rng.random() < 0.7 else d)
+    return dataclasses.replace(inputs, src_dp=src_dp)
+
+
+def test_samples_split_across_source_replicas_every_layout_pair():
+    # Token-balanced encoders split a sample's images over source replicas (ds_hetero/balance.py):
+    # the plan stays exact and at both lower bounds for any runs, on every layout pair.
+    rng = random.Random(1)
+    cases = split = 0
+    for src, dst in all_pairs():
+        inputs = split_sources(rng, random_inputs(rng, src, dst, contiguous=True), src)
+        split += any(isinstance(d, tuple) and len(d) > 1 for d in inputs.src_dp)
+        check(build_plan(src, dst, inputs))
+        cases += 1
+    assert cases > 200 and split > 100
+
+
+def test_split_sample_runs_order_source_rows_by_global_index():
+    # sample 0: rows 0-1 on replica 1, row 2 on replica 0; sample 1 (3 rows) whole on replica 0:
+    # replica 0 holds g = 2, 3, 4, 5 in that order, replica 1 holds g = 0, 1.
+    src, dst = StageLayout("vision", 1, 1, 2, (0, 1)), StageLayout("language", 1, 1, 1, (2,))
+    plan = build_plan(src, dst, BoundaryInputs([3, 3], [((2, 1), (1, 0)), 0], [0, 0]))
+    check(plan)
+    assert [plan.for_rank(r).n_in for r in (0, 1)] == [4, 2]
+    assert plan.for_rank(2).forward.recv_dest == (2, 3, 4, 5, 0, 1)  # from rank 0, then rank 1
+
+
 def test_positions_optional_without_sequence_shards():
     src, dst = StageLayout("vision", 1, 1, 3, (0, 1, 2)), StageLayout("language", 3, 1, 2, (3, 4, 5, 6, 7, 8))
     plan = build_plan(src, dst, BoundaryInputs([2, 0, 3, 1, 4, 2], [0, 0, 1, 1, 2, 2], [0, 0, 0, 1, 1, 1]))
@@ -294,6 +328,9 @@ L_CP = StageLayout("language", 1, 2, 1, (0, 1))
         (V, L_CP, BoundaryInputs([2, 1], [0, 1], [0, 0], [[0, 3], [1, 2]], 4), None, "boundary.positions[1]"),
         (V, L_CP, BoundaryInputs([2, 1], [0, None], [0, 0], [[0, 3], [1]], 4), None, "boundary.src_dp[1]"),
         (V, L_CP, BoundaryInputs([2, 1], [0, 1], [0, 1], [[0, 3], [1]], 4), None, "boundary.dst_dp[1]"),
+        (V, L_CP, BoundaryInputs([2, 1], [((1, 0), (2, 1)), 1], [0, 0], [[0, 3], [1]], 4), None, "boundary.src_dp[0]"),
+        (V, L_CP, BoundaryInputs([2, 1], [((1, 0), (1, 2)), 1], [0, 0], [[0, 3], [1]], 4), None, "boundary.src_dp[0]"),
+        (V, L_CP, BoundaryInputs([2, 1], [((0, 0), (2, 1)), 1], [0, 0], [[0, 3], [1]], 4), None, "boundary.src_dp[0]"),
         (V, L_CP, BoundaryInputs([2, 1], [0, 1], [0], [[0, 3], [1]], 4), None, "boundary.dst_dp"),
         (V, L_CP, BoundaryInputs([2, 1], [0, 1], [0, 0]), None, "boundary.positions"),
         (V, L_CP, BoundaryInputs([2, 1], [0, 1], [0, 0], [[0, 3], [1]], 5), None, "boundary.seq_len"),

@@ -40,3 +40,16 @@ def test_invalid_config_exits_1_with_the_field():
     )
     assert proc.returncode == 1
     assert "hetero_parallel.stages.vision" in proc.stderr and "product is 6" in proc.stderr
+
+
+def test_validate_shows_encoder_balance_and_micro_batches(tmp_path, capsys):
+    cfg = {"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+           "hetero_parallel": {"micro_batches": 2, "balance": "tokens", "stages": {
+        "vision": {"dp": 4, "micro_batches": 1}, "language": {"tp": 2, "dp": 2}}}}
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["validate", str(path), "--world-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "encoder balance tokens" in out
+    stages = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("vision", "language"))}
+    assert stages["vision"][6:] == ["1", "2", "(images", "by", "cost)"] and stages["language"][6:] == ["2", "2"]

@@ -7,8 +7,11 @@ the micro-batch, i.e. the j-th placeholder position of that sample. Its global i
 `g = sum(token_counts[:i]) + j`.
 
 * Source order. Every rank of a source dp replica (its tp x cp group, the *source replicas*)
-  holds all rows of the samples `src_dp` assigns to that replica: samples in ascending index,
-  each sample's rows in token order. That is the projector output `[T_local, H]`.
+  holds all rows `src_dp` assigns to that replica in ascending global index g: samples in
+  ascending index, each sample's rows in token order. That is the projector output `[T_local, H]`.
+  A sample goes to one replica whole (`src_dp[i]` an int) or in runs of rows (`src_dp[i]` a
+  tuple of `(rows, dp)` pairs in token order: e.g. the images of one sample encoded on different
+  replicas, see ds_hetero/balance.py); either way the rule above fixes the order.
 * Destination order. A destination rank needs the rows of the samples `dst_dp` assigns to its
   dp replica whose positions fall into its sequence shard: samples in ascending index, then
   ascending position. This is the order of `embeds[local_samples, shard][image_mask]`, so a
@@ -43,7 +46,9 @@ class BoundaryInputs:
     """What every rank knows about one micro-batch at the boundary.
 
     token_counts[i]  image tokens of sample i (0 for a sample without image).
-    src_dp[i]        source (vision) dp rank that encodes sample i.
+    src_dp[i]        source (vision) dp rank that encodes sample i; or, to split a sample,
+                     a tuple of `(rows, dp)` runs in token order whose rows add up to
+                     token_counts[i] (e.g. one run per image, see ds_hetero/balance.py).
     dst_dp[i]        destination (language) dp rank that consumes sample i.
     positions[i]     ascending positions of sample i's image placeholders in its sequence;
                      required when the destination shards the sequence (cp > 1, or sequence
@@ -64,7 +69,8 @@ class BoundaryInputs:
             return None if x is None else tuple(x)
 
         object.__setattr__(self, "token_counts", tuple(self.token_counts))
-        object.__setattr__(self, "src_dp", tuple(self.src_dp))
+        object.__setattr__(self, "src_dp", tuple(
+            tuple(tuple(run) for run in d) if isinstance(d, (list, tuple)) else d for d in self.src_dp))
         object.__setattr__(self, "dst_dp", tuple(self.dst_dp))
         if self.positions is not None:
             object.__setattr__(self, "positions", tuple(tup(p) for p in self.positions))
@@ -74,6 +80,11 @@ class BoundaryInputs:
     @property
     def num_samples(self) -> int:
         return len(self.token_counts)
+
+    def source_runs(self, i: int) -> tuple[tuple[int, int], ...]:
+        """Sample i's rows as `(rows, source dp)` runs in token order (one run for a whole sample)."""
+        d = self.src_dp[i]
+        return d if isinstance(d, tuple) else ((self.token_counts[i], d),)
 
 
 # ---------------------------------------------------------------------------- shard convention
@@ -123,12 +134,30 @@ def _check_dp(values, n: int, size: int, name: str, stage: str) -> None:
                 f"stage {stage!r} (0..{size - 1}); every sample needs one")
 
 
+def _check_runs(runs: tuple, count: int, src: StageLayout, i: int) -> int:
+    """Validate sample i's `(rows, dp)` runs; returns a valid dp for `_check_dp` (the first run's)."""
+    field = f"boundary.src_dp[{i}]"
+    for run in runs:
+        if len(run) != 2 or any(not isinstance(x, int) or isinstance(x, bool) for x in run) or run[0] < 1:
+            raise HeteroConfigError(field, f"run {run!r} is not a pair (rows >= 1, dp rank)")
+        if not 0 <= run[1] < src.dp:
+            raise HeteroConfigError(field, f"run {run!r} names no dp rank of stage {src.name!r} (0..{src.dp - 1})")
+    if not runs or sum(r for r, _ in runs) != count:
+        raise HeteroConfigError(
+            field, f"runs {runs!r} cover {sum(r for r, _ in runs)} rows but token_counts[{i}] is {count}; "
+            "the runs of a split sample must cover its rows exactly")
+    return runs[0][1]
+
+
 def check_inputs(src: StageLayout, dst: StageLayout, inputs: BoundaryInputs) -> None:
     n = inputs.num_samples
     for i, c in enumerate(inputs.token_counts):
         if not isinstance(c, int) or isinstance(c, bool) or c < 0:
             raise HeteroConfigError(f"boundary.token_counts[{i}]", f"{c!r} is not a count >= 0")
-    _check_dp(inputs.src_dp, n, src.dp, "src_dp", src.name)
+    # A split sample's runs are checked here; `_check_dp` then sees its first run's dp rank.
+    src_dp = [_check_runs(d, c, src, i) if isinstance(d, tuple) else d
+              for i, (d, c) in enumerate(zip(inputs.src_dp, inputs.token_counts))]
+    _check_dp(src_dp if len(inputs.src_dp) == n else inputs.src_dp, n, src.dp, "src_dp", src.name)
     _check_dp(inputs.dst_dp, n, dst.dp, "dst_dp", dst.name)
     shards = num_shards(dst)
     if inputs.positions is None:

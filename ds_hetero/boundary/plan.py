@@ -131,7 +131,7 @@ class BoundaryPlan:
         holding a local copy (rotated by g to share the completion sending), else the replica that
         sent the designated copy (the designated copies rotate too, spreading the returns).
         """
-        holders = self._holders(self.inputs.src_dp[i])
+        holders = self._holders(self._rows()[1][g])
         copies = self._copies(self.inputs.dst_dp[i], self._shard_of(i, j))
         local = [d in holders for d in copies]
         k = len(holders)
@@ -141,18 +141,20 @@ class BoundaryPlan:
         designated = (g // k) % len(copies)
         return holders, copies, local, designated, holders[(g + designated) % k]
 
-    def _sample_offsets(self):
-        """Global row offset of each sample, and its offset inside its source replica's rows."""
-        if "offsets" not in self._cache:
-            g_off, s_off, seen = [], [], {}
-            total = 0
-            for c, r in zip(self.inputs.token_counts, self.inputs.src_dp):
-                g_off.append(total)
-                s_off.append(seen.get(r, 0))
-                seen[r] = seen.get(r, 0) + c
-                total += c
-            self._cache["offsets"] = (g_off, s_off, seen)
-        return self._cache["offsets"]
+    def _rows(self):
+        """(global offset of each sample, source replica of each row g, g's index in its replica's
+        rows, rows per replica): source order is ascending g within each replica (inputs.py)."""
+        if "rows" not in self._cache:
+            g_off, row_src, row_local, per_replica = [], [], [], {}
+            for i in range(self.inputs.num_samples):
+                g_off.append(len(row_src))
+                for rows, r in self.inputs.source_runs(i):
+                    for _ in range(rows):
+                        row_src.append(r)
+                        row_local.append(per_replica.get(r, 0))
+                        per_replica[r] = per_replica.get(r, 0) + 1
+            self._cache["rows"] = (g_off, row_src, row_local, per_replica)
+        return self._cache["rows"]
 
     # -- public ----------------------------------------------------------------------------
     def for_rank(self, rank: int) -> RankPlan:
@@ -184,9 +186,10 @@ class BoundaryPlan:
         """(forward, backward): over every row, copies that are no holder, holders that are no copy."""
         if "lower_bounds" not in self._cache:
             fwd = bwd = 0
+            g_off, row_src, _, _ = self._rows()
             for i, count in enumerate(self.inputs.token_counts):
-                holders = self._holders(self.inputs.src_dp[i])
                 for j in range(count):
+                    holders = self._holders(row_src[g_off[i] + j])
                     copies = self._copies(self.inputs.dst_dp[i], self._shard_of(i, j))
                     fwd += sum(d not in holders for d in copies)
                     bwd += sum(h not in copies for h in holders)
@@ -209,7 +212,7 @@ def build_plan(
 def _rank_plan(plan: BoundaryPlan, rank: int) -> RankPlan:
     """One rank's part; the source side and the destination side walk rows in the same g order."""
     inputs, peers = plan.inputs, plan.peers
-    g_off, s_off, per_replica = plan._sample_offsets()
+    g_off, row_src, row_local, per_replica = plan._rows()
     send = {p: [] for p in peers}        # forward: my source rows to each peer
     grad_recv = {p: [] for p in peers}   # backward: my source rows whose gradient each peer returns
     recv = {p: [] for p in peers}        # forward: my output rows from each peer
@@ -223,9 +226,11 @@ def _rank_plan(plan: BoundaryPlan, rank: int) -> RankPlan:
         replicas, n_in = tuple(sorted(holders)), per_replica.get(replica, 0)
         owe = {h: [] for h in replicas}   # completion: my owned rows each replica lacks
         owed = {h: [] for h in replicas}  # completion: my rows each replica owns and I lack
-        for i in (i for i, r in enumerate(inputs.src_dp) if r == replica):
+        for i in range(inputs.num_samples):
             for j in range(inputs.token_counts[i]):
-                g, li = g_off[i] + j, s_off[i] + j
+                g, li = g_off[i] + j, row_local[g_off[i] + j]
+                if row_src[g] != replica:
+                    continue
                 _, copies, local, designated, owner = plan._route(i, j, g)
                 for c, d in enumerate(copies):
                     if not local[c] and holders[(g + c) % len(holders)] == rank:
@@ -253,10 +258,10 @@ def _rank_plan(plan: BoundaryPlan, rank: int) -> RankPlan:
                 c, o = copies.index(rank), n_out
                 n_out += 1
                 if local[c]:  # this rank is also a source replica of the row: copy both ways
-                    local_src.append(s_off[i] + j)
+                    local_src.append(row_local[g])
                     local_dst.append(o)
                     glocal_src.append(o)
-                    glocal_dst.append(s_off[i] + j)
+                    glocal_dst.append(row_local[g])
                 else:
                     sender = holders[(g + c) % len(holders)]
                     recv[sender].append(o)

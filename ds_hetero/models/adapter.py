@@ -87,6 +87,20 @@ class StageAdapter:
     def image_token_count(self, sample: dict[str, Any]) -> int:
         return int((sample["input_ids"] == self.image_token_id).sum())
 
+    # ------------------------------------------------------------------ images (ds_hetero/balance.py)
+    def image_rows(self, sample: dict[str, Any]) -> list[int]:
+        """Boundary rows of each image of the sample, in order, from `input_ids` alone (light
+        samples too, so every rank computes the same encoder assignment)."""
+        raise NotImplementedError
+
+    def image_cost(self, rows: int) -> int:
+        """The encoder's work for an image of `rows` boundary rows (balance.transformer_cost)."""
+        raise NotImplementedError
+
+    def select_images(self, sample: dict[str, Any], images: Sequence[int]) -> dict[str, Any]:
+        """The sample's image fields restricted to `images` (ascending indices), for vision_inputs."""
+        raise NotImplementedError
+
     def language_inputs(self, samples: Sequence[dict[str, Any]], multiple: int = 1) -> dict[str, torch.Tensor]:
         """Right-padded `input_ids`, `attention_mask`, `labels` (-100 on padding), `position_ids`.
 

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from ..balance import transformer_cost
 from .adapter import StageAdapter
 from .stages import LanguageStage, empty_rows
 
@@ -70,7 +71,8 @@ def split_llava(model: nn.Module) -> dict[str, nn.Module]:
 
 
 class LlavaAdapter(StageAdapter):
-    """Samples carry `pixel_values` of shape [1, C, H, W] (one image) or none (text only)."""
+    """Samples carry `pixel_values` of shape [n, C, H, W] (n images, each `tokens_per_image`
+    placeholders in order) or none (text only)."""
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -82,6 +84,23 @@ class LlavaAdapter(StageAdapter):
         keeps_cls = has_cls and model.config.vision_feature_select_strategy == "full"
         self.tokens_per_image = (v.image_size // v.patch_size) ** 2 + int(keeps_cls)
         self.image_shape = (v.num_channels, v.image_size, v.image_size)
+        # The tower attends over every patch (and CLIP's CLS token), whatever the projector keeps.
+        encoder_len = (v.image_size // v.patch_size) ** 2 + int(has_cls)
+        self._image_cost = transformer_cost(encoder_len, encoder_len, v.hidden_size, v.intermediate_size)
+
+    def image_rows(self, sample: dict[str, Any]) -> list[int]:
+        n = self.image_token_count(sample)
+        if n % self.tokens_per_image:
+            raise ValueError(f"{n} image placeholder tokens are not a whole number of images of "
+                             f"{self.tokens_per_image} tokens")
+        return [self.tokens_per_image] * (n // self.tokens_per_image)
+
+    def image_cost(self, rows: int) -> int:
+        return self._image_cost  # every image has the same size
+
+    def select_images(self, sample: dict[str, Any], images: Sequence[int]) -> dict[str, Any]:
+        pixels = sample["pixel_values"].reshape(-1, *self.image_shape)
+        return {"pixel_values": pixels if len(images) == pixels.shape[0] else pixels[list(images)]}
 
     def split(self) -> dict[str, nn.Module]:
         return split_llava(self.model)

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from ..balance import transformer_cost
 from .adapter import StageAdapter
 from .stages import LanguageStage, empty_rows
 
@@ -42,7 +43,8 @@ def split_qwen2_vl(model: nn.Module) -> dict[str, nn.Module]:
 
 
 class Qwen2VLAdapter(StageAdapter):
-    """Samples carry `pixel_values` [patches, D] and `image_grid_thw` [1, 3] (one image) or neither."""
+    """Samples carry `pixel_values` [patches, D] and `image_grid_thw` [n, 3] (n images, each its own
+    run of placeholders, in order) or neither."""
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -52,6 +54,28 @@ class Qwen2VLAdapter(StageAdapter):
         v = cfg.vision_config
         self.merge = v.spatial_merge_size
         self.patch_dim = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size
+        self._vision_width = (v.embed_dim, int(v.embed_dim * v.mlp_ratio))
+
+    def image_rows(self, sample: dict[str, Any]) -> list[int]:
+        """Each image is one run of placeholders (the processor wraps it in vision start/end)."""
+        ids = sample["input_ids"].reshape(-1)
+        is_image = (ids == self.image_token_id).int()
+        edges = torch.diff(is_image, prepend=is_image.new_zeros(1), append=is_image.new_zeros(1))
+        starts, ends = torch.nonzero(edges == 1).flatten(), torch.nonzero(edges == -1).flatten()
+        return (ends - starts).tolist()
+
+    def image_cost(self, rows: int) -> int:
+        # An image is one frame (t = 1): its blocks attend over all its patches, merge^2 per row.
+        patches = rows * self.merge**2
+        return transformer_cost(patches, patches, *self._vision_width)
+
+    def select_images(self, sample: dict[str, Any], images: Sequence[int]) -> dict[str, Any]:
+        grid = sample["image_grid_thw"].reshape(-1, 3)
+        if len(images) == grid.shape[0]:
+            return sample
+        starts = [0] + grid.prod(-1).cumsum(0).tolist()
+        pixels = torch.cat([sample["pixel_values"][starts[k]:starts[k + 1]] for k in images])
+        return {"pixel_values": pixels, "image_grid_thw": grid[list(images)]}
 
     def split(self) -> dict[str, nn.Module]:
         return split_qwen2_vl(self.model)
@@ -87,6 +111,12 @@ class Qwen2VLAdapter(StageAdapter):
                 f"sample {index}: {found} image placeholder tokens (id {self.image_token_id}) but "
                 f"image_grid_thw {None if grid is None else grid.reshape(-1, 3).tolist()} gives {expected}"
             )
+        if grid is not None:
+            per_image = (grid.reshape(-1, 3).prod(-1) // self.merge**2).tolist()
+            if self.image_rows(sample) != per_image:
+                raise ValueError(
+                    f"sample {index}: image placeholder runs {self.image_rows(sample)} do not match the images "
+                    f"of image_grid_thw {per_image}; each image needs its own run (vision start/end tokens around it)")
         if grid is not None and sample["pixel_values"].shape[0] != int(grid.reshape(-1, 3).prod(-1).sum()):
             raise ValueError(
                 f"sample {index}: pixel_values has {sample['pixel_values'].shape[0]} patches but "

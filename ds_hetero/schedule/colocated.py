@@ -1,14 +1,19 @@
 """Colocated schedule: every rank runs every stage; one micro-batch at a time.
 
-Per micro-batch m:
-    vision forward on this rank's vision share -> boundary exchange -> language forward and
-    backward on this rank's language share -> vision backward through the boundary.
+Per vision micro-batch v (`stages.vision.micro_batches`, default: one per language micro-batch):
+    vision forward on this rank's images of v -> one boundary exchange -> for each language
+    micro-batch m that v feeds: language forward and backward on this rank's share of m, its
+    row gradients kept -> vision backward through the boundary, once, with all of them.
 The boundary's backward runs inside the vision backward, on every rank, in the same order.
+With fewer vision micro-batches the vision activations of gas / v_gas language micro-batches
+stay alive until their vision backward (memory: see the README's token-balancing section).
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
+
+import torch
 
 from .stage_work import StageWork
 
@@ -22,21 +27,28 @@ class ColocatedSchedule(StageWork):
         h = self.h
         bytes_ = {"sent": 0, "total": 0, "lower_bound": 0}
         loss_sum = 0.0
-        for m in range(self.gas):
-            inputs = self.boundary_inputs(samples, m)
-            rows = self.vision_forward(samples, m, step)
-            with h.timeline.span(f"boundary.rows[m={m}]", "boundary", step):
+        for v in range(self.v_gas):
+            inputs = self.boundary_inputs(samples, v)
+            rows = self.vision_forward(samples, v, step)
+            with h.timeline.span(f"boundary.rows[m={v}]", "boundary", step):
                 rows_out = h.boundary.exchange(rows, inputs)
             fwd = h.boundary.last_forward
             bytes_["sent"] += fwd.bytes_sent
             bytes_["total"] += fwd.total_bytes_sent
             bytes_["lower_bound"] += fwd.lower_bound_bytes
-            rows_in = rows_out.detach().requires_grad_(True)
-            local, grad = self.language_step(samples, m, rows_in, n_labels, step)
-            loss_sum += local
+            # the rows arrive in sample order: language micro-batch after language micro-batch
+            ms = self.language_micro_batches(v)
+            # (one language micro-batch per pass takes all rows: its sequence shard's, when sharded)
+            sizes = [self.language_rows(samples, m) for m in ms] if len(ms) > 1 else [rows_out.shape[0]]
+            pieces = rows_out.detach().split(sizes)
+            grads = []
+            for m, piece in zip(ms, pieces):
+                local, grad = self.language_step(samples, m, piece.detach().requires_grad_(True), n_labels, step)
+                loss_sum += local
+                grads.append(grad)
+                self.micro_step("language", m)
             # the boundary's backward exchange runs inside this backward
-            self.vision_backward(rows_out, grad, m, step)
+            self.vision_backward(rows_out, torch.cat(grads), v, step)
             bytes_["sent"] += h.boundary.last_backward.bytes_sent
-            for stage in ("language", "vision"):
-                self.micro_step(stage, m)
+            self.micro_step("vision", v)
         return loss_sum, bytes_

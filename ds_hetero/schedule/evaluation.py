@@ -34,6 +34,12 @@ def _loss_free_copy(sample: dict[str, Any]) -> dict[str, Any]:
 
 
 class EvaluationSchedule(StageWork):
+    def __init__(self, hetero):
+        super().__init__(hetero)
+        # No backward to accumulate: the vision stage encodes each language micro-batch's images
+        # (assigned as in training, by position or by cost), and one exchange feeds it.
+        self.v_gas = self.gas
+
     def padded(self, samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         size = self.h.config.global_batch_size // self.gas
         samples = list(samples)
@@ -83,7 +89,8 @@ class EvaluationSchedule(StageWork):
 
     def _vision_rows(self, samples, m: int) -> torch.Tensor:
         h = self.h
-        mine = [samples[p] for p in stage_samples(h.config, "vision", h.coords["vision"].dp, m)]
+        images = self.assignment(samples, m).images_of(h.coords["vision"].dp)
+        mine = [h.adapter.select_images(samples[p], ks) for p, ks in images]
         with stage_context(h.mpus["vision"]):
             inputs = {k: v.to(self.device) for k, v in h.adapter.vision_inputs(mine).items()}
             return h.engines["vision"](**inputs)

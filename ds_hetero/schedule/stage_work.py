@@ -6,7 +6,12 @@ gradient of
     L = (sum of token losses of the global batch) / (global label tokens)
 the language loss handed to DeepSpeed is `local_sum / N * dp_language * gas`; the row
 gradients it produces therefore carry a factor dp_language, and the vision surrogate
-`sum(rows * grad)` is scaled by `dp_vision * gas / dp_language`.
+`sum(rows * grad)` is scaled by `dp_vision * gas_vision / dp_language` (gas_vision: the vision
+stage's own micro-batches, `stages.vision.micro_batches`; each engine's
+gradient_accumulation_steps is the number of backward calls it gets per step).
+
+The vision stage encodes, per vision micro-batch, the images `balance.encoder_assignment` gives
+its dp rank (by position or balanced by cost); the boundary inputs carry that source placement.
 
 Each engine's backward enters only through its own `engine.backward()` (the language stage
 consumes a detached leaf; the vision stage back-propagates the surrogate), which DeepSpeed's
@@ -20,7 +25,8 @@ from typing import Any, Sequence
 
 import torch
 
-from ..batching import micro_batch_samples, stage_samples
+from ..balance import EncoderAssignment, encoder_assignment
+from ..batching import stage_samples
 from ..boundary import BoundaryInputs
 from ..boundary.inputs import num_shards
 from ..context_parallel import image_positions, is_sharded, padded_lengths, shard_input_ids, shard_language_batch
@@ -33,27 +39,47 @@ class StageWork:
         self.h = hetero  # the HeteroEngine: config, adapter, engines, mpus, boundary, coords, timeline
         cfg = hetero.config
         self.gas = cfg.micro_batches
+        self.v_gas = cfg.micro_batches_of("vision")  # divides gas: each vision pass feeds gas / v_gas
         self.v_dp, self.l_dp = cfg.stages["vision"].dp, cfg.stages["language"].dp
 
     @property
     def device(self) -> torch.device:
         return self.h.device
 
-    def boundary_inputs(self, samples: Sequence[dict[str, Any]], m: int) -> BoundaryInputs:
+    def assignment(self, samples: Sequence[dict[str, Any]], v: int) -> EncoderAssignment:
+        """Which vision dp rank encodes which image of vision micro-batch v (pure, every rank)."""
+        return encoder_assignment(self.h.config, self.h.adapter, samples, "vision", v, self.v_gas)
+
+    def boundary_inputs(self, samples: Sequence[dict[str, Any]], v: int) -> BoundaryInputs:
+        """The boundary of vision micro-batch v: its samples, sent to the language micro-batches they
+        belong to (one exchange covers gas / v_gas of them; a destination's rows come in sample order;
+        with a sharded language sequence, v_gas == gas: config.py refuses anything else)."""
         cfg, adapter = self.h.config, self.h.adapter
-        positions = micro_batch_samples(cfg, m)
-        v_size, l_size = cfg.micro_batch_size("vision"), cfg.micro_batch_size("language")
-        offsets = range(len(positions))
+        a = self.assignment(samples, v)
+        positions = a.samples
+        l_mb, l_size = cfg.global_batch_size // self.gas, cfg.micro_batch_size("language")
+        v_size = cfg.global_batch_size // (self.v_gas * self.v_dp)
         inputs = BoundaryInputs(
-            token_counts=[adapter.image_token_count(samples[p]) for p in positions],
-            src_dp=[i // v_size for i in offsets],
-            dst_dp=[i // l_size for i in offsets],
+            token_counts=a.token_counts,
+            src_dp=a.src_dp([i // v_size for i in range(len(positions))]),
+            dst_dp=[(p % l_mb) // l_size for p in positions],
         )
         if is_sharded(cfg.language):  # each language rank takes the rows of its sequence shard only
             mb = [samples[p] for p in positions]
             inputs = dataclasses.replace(inputs, positions=image_positions(mb, adapter.image_token_id),
                                          seq_len=padded_lengths(mb, inputs.dst_dp, cfg.language))
         return inputs
+
+    def language_micro_batches(self, v: int) -> range:
+        """The language micro-batches vision micro-batch v feeds."""
+        per = self.gas // self.v_gas
+        return range(v * per, (v + 1) * per)
+
+    def language_rows(self, samples: Sequence[dict[str, Any]], m: int) -> int:
+        """Boundary rows this rank's language share of micro-batch m consumes."""
+        h = self.h
+        return sum(h.adapter.image_token_count(samples[p])
+                   for p in stage_samples(h.config, "language", h.coords["language"].dp, m))
 
     def empty_rows(self, requires_grad: bool = False) -> torch.Tensor:
         """`[0, H]` in the boundary dtype: what a rank passes for a side of the exchange it is not on."""
@@ -62,7 +88,8 @@ class StageWork:
 
     def vision_forward(self, samples, m: int, step: int) -> torch.Tensor:
         h = self.h
-        mine = [samples[p] for p in stage_samples(h.config, "vision", h.coords["vision"].dp, m)]
+        images = self.assignment(samples, m).images_of(h.coords["vision"].dp)
+        mine = [h.adapter.select_images(samples[p], ks) for p, ks in images]
         with h.timeline.span(f"vision.forward[m={m}]", "forward", step), stage_context(h.mpus["vision"]):
             inputs = {k: v.to(self.device) for k, v in h.adapter.vision_inputs(mine).items()}
             rows = h.engines["vision"](**inputs)
@@ -109,11 +136,11 @@ class StageWork:
     def vision_backward(self, rows: torch.Tensor, grad: torch.Tensor, m: int, step: int) -> None:
         h = self.h
         with h.timeline.span(f"vision.backward[m={m}]", "backward", step), stage_context(h.mpus["vision"]):
-            h.engines["vision"].backward((rows * grad.to(rows.dtype)).sum() * (self.v_dp * self.gas / self.l_dp))
+            h.engines["vision"].backward((rows * grad.to(rows.dtype)).sum() * (self.v_dp * self.v_gas / self.l_dp))
 
     def micro_step(self, stage: str, m: int) -> None:
         """DeepSpeed counts micro-steps in `step()` and updates only at the last one; the last
         micro-batch's step is the engine's clipped step, taken after the global norm is known."""
-        if m < self.gas - 1:
+        if m < (self.v_gas if stage == "vision" else self.gas) - 1:
             with stage_context(self.h.mpus[stage]):
                 self.h.engines[stage].step()

@@ -1,0 +1,64 @@
+"""Token-balanced encoders against the single-process reference, on uneven image tokens.
+
+`train_uneven(...)` is tests/engine_parity.train_both on tests/uneven_data.py batches, with
+`hetero_parallel.balance` and per-stage encoder micro-batches (in `layout`), reporting also
+each step's encoder imbalance (max/mean cost over the vision dp ranks, from the engine's own
+assignment) under the configured balance and under "position", and how many samples had their
+images encoded on several ranks. `corrupt=True` is the negative control.
+"""
+
+import dataclasses
+
+from tests.engine_parity import train_both
+from tests.uneven_data import uneven_batches
+
+
+def _swap_two_images(inputs):
+    """The negative control: two equal-size images of different source ranks trade ranks in the
+    boundary inputs only (row counts per rank unchanged, so only the routing is wrong)."""
+    runs = [list(inputs.source_runs(i)) for i in range(inputs.num_samples)]
+    flat = [(i, k) for i, r in enumerate(runs) for k in range(len(r))]
+    for a in flat:
+        for b in flat:
+            ra, rb = runs[a[0]][a[1]], runs[b[0]][b[1]]
+            if ra[0] == rb[0] > 0 and ra[1] != rb[1]:
+                runs[a[0]][a[1]], runs[b[0]][b[1]] = (ra[0], rb[1]), (rb[0], ra[1])
+                return dataclasses.replace(inputs, src_dp=[tuple(r) if c else d for r, c, d in
+                                                           zip(runs, inputs.token_counts, inputs.src_dp)])
+    raise AssertionError("no two equal-size images on different ranks to swap")
+
+
+def _balance_figures(family, corrupt):
+    def inspect(engine, batches):
+        from ds_hetero.balance import encoder_assignment
+        from ds_hetero.models import adapter_for
+        from tests.engine_parity import build_model, reference_forward
+
+        cfg, work = engine.config, engine.schedule
+        vision_mbs = range(cfg.micro_batches_of("vision"))
+
+        def imbalance(c):
+            return [max(encoder_assignment(c, engine.adapter, b, "vision", v).imbalance() for v in vision_mbs)
+                    for b in batches]
+
+        # eval_batch (before training) on an uneven batch: the untrained HF model's own loss
+        model = build_model(family, seed=7)
+        out = {
+            "eval": (engine.eval_batch(batches[0]), reference_forward(family, model, adapter_for(model), batches[0])[2]),
+            "imbalance": imbalance(cfg), "imbalance_position": imbalance(dataclasses.replace(cfg, balance="position")),
+            "split_samples": sum(isinstance(d, tuple) for b in batches for v in vision_mbs
+                                 for d in work.boundary_inputs(b, v).src_dp),
+        }
+        if corrupt:
+            original = work.boundary_inputs
+            work.boundary_inputs = lambda samples, v: _swap_two_images(original(samples, v))
+        return out
+    return inspect
+
+
+def train_uneven(rank, world_size, family, layout, zero_stage=1, steps=5, clip=0.3, optimizer="sgd",
+                 micro_batches=2, placement="colocated", balance=None, corrupt=False):
+    return train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimizer=optimizer,
+                      micro_batches=micro_batches, placement=placement,
+                      hetero={"balance": balance} if balance else None, make_data=uneven_batches,
+                      inspect=_balance_figures(family, corrupt))
