@@ -9,10 +9,11 @@ from .config import HeteroConfig, load_config
 from .engine import HeteroEngine, initialize
 from .errors import HeteroConfigError
 from .layout import Coord, StageLayout
+from .loading import WeightsError, meta_model
 from .result import StepResult
 
 __all__ = [
     "Coord", "HeteroConfig", "HeteroConfigError", "HeteroEngine", "StageLayout", "StepResult",
-    "initialize", "load_config",
+    "WeightsError", "initialize", "load_config", "meta_model",
 ]
 __version__ = "0.1.0"
