@@ -42,22 +42,20 @@ def test_each_rank_reads_exactly_the_rows_shard_tensor_gives_it(tmp_path, case):
     shape, dim, stride, tp, padded = CASES[case]
     full = torch.randn(shape)
     save_file({"w": full}, tmp_path / "model.safetensors")
-    from ds_hetero.loading.checkpoint import _open
+    from ds_hetero.loading.checkpoint import read_into
     from ds_hetero.loading.materialize import _fill
 
     padded_full = full if padded is None else torch.cat([full, full.new_zeros(padded - shape[0], *shape[1:])])
-    with _open(str(tmp_path / "model.safetensors")) as f:
-        read = lambda name, d=None, a=0, b=None: f.get_slice(name)[:] if d is None else f.get_slice(name)[  # noqa: E731
-            (slice(None),) * d + (slice(a, b),)]
-        for rank in range(tp):
-            like = _sharded_meta(shape, dim, stride, tp, padded)
-            got, numel, _ = _fill(read, "w", like, rank, tp, CPU)
-            assert torch.equal(got, shard_tensor(padded_full, dim, rank, tp, stride)), (case, rank)
-            pad_rows = (padded - shape[0]) if padded and rank == tp - 1 else 0  # the last rank holds the padding
-            assert numel == like.numel() - pad_rows * shape[1], (case, rank, numel)
-            # negative control: the neighbour's rows are not this rank's shard
-            wrong, _, _ = _fill(read, "w", like, (rank + 1) % tp, tp, CPU)
-            assert not torch.equal(wrong, got)
+    read = lambda name, out, runs, d: read_into(str(tmp_path / "model.safetensors"), name, out, runs, d)  # noqa: E731
+    for rank in range(tp):
+        like = _sharded_meta(shape, dim, stride, tp, padded)
+        got, numel = _fill(read, "w", like, rank, tp, CPU)
+        assert torch.equal(got, shard_tensor(padded_full, dim, rank, tp, stride)), (case, rank)
+        pad_rows = (padded - shape[0]) if padded and rank == tp - 1 else 0  # the last rank holds the padding
+        assert numel == like.numel() - pad_rows * shape[1], (case, rank, numel)
+        # negative control: the neighbour's rows are not this rank's shard
+        wrong, _ = _fill(read, "w", like, (rank + 1) % tp, tp, CPU)
+        assert not torch.equal(wrong, got)
 
 
 def test_slices_are_runs_then_padding():

@@ -2,8 +2,8 @@
 
     ckpt = SafetensorsCheckpoint(model, "path/to/dir")     # headers only: names, shapes, dtypes
     ckpt.check(model)                                     # every tensor present, full shapes equal
-    with ckpt.reader() as read:
-        rows = read("model.language_model.layers.0.mlp.down_proj.weight", dim=1, start=0, stop=64)
+    out = torch.empty(512, 64)
+    ckpt.read_into("model.language_model.layers.0.mlp.down_proj.weight", out, runs=[(0, 64)], dim=1)
 
 A directory holds `model.safetensors.index.json` (sharded) or one `model.safetensors`. Names
 are the model's own (its `state_dict` keys). transformers 5 writes some families in an older
@@ -13,18 +13,19 @@ transformers' own conversion table (`get_model_conversion_mapping` + `rename_sou
 same one `from_pretrained` applies. Renamings only: a family whose conversion needs a tensor
 operation (concatenating experts, fusing qkv, ...) needs whole tensors and is refused by name.
 
-Reads go through safetensors' `safe_open(...).get_slice(...)`, so only the requested slice's bytes
-are read, with the `pread` backend where the installed safetensors has it: the file is not
-memory-mapped, so its pages never count in this process's resident memory.
+Reads go through safetensors' `safe_open(...).get_slice(...)` on its memory map, so only the pages
+of the requested slice are touched. The file is opened for each tensor and closed right after
+it is copied: mapped file pages count in the process's resident memory while the map is open,
+so one map held over a whole multi-GB shard would add the pages of every slice read from it to
+the peak. (safetensors' `pread` backend is no better: it reads the whole tensor, then slices.)
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections import defaultdict
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -40,10 +41,7 @@ class WeightsError(ValueError):
 def _open(path: str):
     from safetensors import safe_open
 
-    try:
-        return safe_open(path, framework="pt", device="cpu", backend="pread")
-    except TypeError:  # safetensors < 0.7 has only the mmap backend
-        return safe_open(path, framework="pt", device="cpu")
+    return safe_open(path, framework="pt", device="cpu")
 
 
 def _files(directory: str) -> dict[str, str]:
@@ -133,31 +131,39 @@ class SafetensorsCheckpoint:
     def key(self, model_name: str) -> str | None:
         return self.name_of.get(model_name)
 
-    @contextlib.contextmanager
-    def reader(self) -> Iterator[Callable[..., torch.Tensor]]:
-        """`read(model_name, dim=None, start=0, stop=None)`: the whole tensor or [start, stop) along dim.
+    def read_into(self, model_name: str, out: torch.Tensor, runs=None, dim: int = 0) -> int:
+        """Copy the tensor (or its rows [start, stop) along `dim`, run after run) into `out`."""
+        name = self.name_of[model_name]
+        return read_into(self.file_of[name], name, out, runs, dim)
 
-        Files are opened on first use and closed on exit.
-        """
-        handles: dict[str, object] = {}
+    def itemsize(self, name: str) -> int:
+        """Bytes per element of checkpoint tensor `name` as stored."""
+        return _ITEMSIZE[self.dtype_of[name]]
 
-        def read(model_name: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
-            name = self.name_of[model_name]
-            file = self.file_of[name]
-            if file not in handles:
-                handles[file] = _open(file).__enter__()
-            sl = handles[file].get_slice(name)
-            if dim is None:
-                tensor = sl[:] if len(self.shape_of[name]) else handles[file].get_tensor(name)
-            else:
-                tensor = sl[(slice(None),) * dim + (slice(start, stop),)]
-            return tensor
 
-        try:
-            yield read
-        finally:
-            for handle in handles.values():
-                handle.__exit__(None, None, None)
+_ITEMSIZE = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+             "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def _copy(out: torch.Tensor, t: torch.Tensor, name: str) -> int:
+    if tuple(t.shape) != tuple(out.shape):  # copy_ would broadcast silently
+        raise WeightsError(f"{name!r}: read {list(t.shape)} for a destination of {list(out.shape)}")
+    out.copy_(t)
+    return t.numel()
+
+
+def read_into(path: str, name: str, out: torch.Tensor, runs=None, dim: int = 0) -> int:
+    """Copy tensor `name` of the file, whole (`runs` None) or the rows of each (start, stop) run
+    along `dim` one after the other, into the front of `out` (cast to its dtype and device);
+    returns the elements read. The file is mapped only during the call."""
+    with _open(path) as f:
+        if runs is None:
+            return _copy(out, f.get_tensor(name), name)
+        sl, offset, numel = f.get_slice(name), 0, 0
+        for start, stop in runs:
+            numel += _copy(out.narrow(dim, offset, stop - start), sl[(slice(None),) * dim + (slice(start, stop),)], name)
+            offset += stop - start
+        return numel
 
 
 def tensors_by_name(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

@@ -127,28 +127,19 @@ def _recompute_buffers(model: nn.Module, stage: nn.Module, names: dict[int, str]
 
 
 @torch.no_grad()
-def _fill(read, name: str, like: torch.Tensor, tp_rank: int, tp_size: int, device) -> tuple[torch.Tensor, int, int]:
-    """`like`'s shard of the checkpoint tensor `name`, on device; (tensor, elements read, bytes per element).
+def _fill(read_into, name: str, like: torch.Tensor, tp_rank: int, tp_size: int, device) -> tuple[torch.Tensor, int]:
+    """`like`'s shard of the checkpoint tensor `name`, on device; (tensor, elements read).
 
-    A replicated tensor is read whole, a sharded one run by run along its sharded dim.
+    `read_into(name, out, runs, dim)` copies the whole tensor (runs None) or rows run by run.
     """
     out = torch.empty(like.shape, dtype=like.dtype, device=device)
     slices = shard_slices(like, tp_rank, tp_size)
     if slices is None:
-        t = read(name)
-        if tuple(t.shape) != tuple(like.shape):
-            raise WeightsError(f"{name!r}: checkpoint shape {list(t.shape)}, model {list(like.shape)}")
-        out.copy_(t)
-        return out, t.numel(), t.element_size()
-    offset, numel, size = 0, 0, 0
-    for start, stop in slices.runs:
-        t = read(name, slices.dim, start, stop)
-        out.narrow(slices.dim, offset, stop - start).copy_(t)
-        offset += stop - start
-        numel, size = numel + t.numel(), t.element_size()
+        return out, read_into(name, out, None, 0)
+    numel = read_into(name, out, slices.runs, slices.dim)
     if slices.padding:  # a padded vocabulary's extra rows: logits masked to -inf, weights zero
-        out.narrow(slices.dim, offset, slices.padding).zero_()
-    return out, numel, size
+        out.narrow(slices.dim, out.shape[slices.dim] - slices.padding, slices.padding).zero_()
+    return out, numel
 
 
 def load_stages(
@@ -165,44 +156,54 @@ def load_stages(
     """
     device = device or loading_device()
     names = _module_names(model)
-    report: dict[str, StageLoad] = {}
-    with checkpoint.reader() as read:
-        for stage_name, stage in stages.items():
-            tp_rank, tp_size = tp_coords[stage_name]
-            load = report[stage_name] = StageLoad()
-            _recompute_buffers(model, stage, names, device)
-            # every place (module, attribute) that holds each tensor, so tied tensors stay one tensor
-            places = defaultdict(list)
-            for module in stage.modules():
-                for pname, p in module._parameters.items():
-                    if p is not None:
-                        places[id(p)].append((module, "_parameters", pname, p))
-                for bname, b in module._buffers.items():
-                    if b is not None and bname not in module._non_persistent_buffers_set:
-                        places[id(b)].append((module, "_buffers", bname, b))
-            for where in places.values():
-                full_names = [_prefix(names[id(m)]) + attr for m, _, attr, _ in where]
-                name = next((n for n in full_names if checkpoint.key(n) is not None), None)
-                if name is None:  # checked before any collective; only reached for a model changed since
-                    raise WeightsError(f"no checkpoint tensor for {full_names[0]!r}")
-                old = where[0][3]
-                key = checkpoint.key(name)
-                tensor, numel, size = _fill(read, name, old, tp_rank, tp_size, device)
-                nbytes, full_bytes = numel * size, math.prod(checkpoint.shape_of[key]) * size
-                if isinstance(old, nn.Parameter):
-                    new = nn.Parameter(tensor, requires_grad=old.requires_grad)
-                    new.__dict__.update(old.__dict__)  # the tp shard tags
-                else:
-                    new = tensor
-                for module, table, attr, _ in where:
-                    getattr(module, table)[attr] = new
-                load.tensors.append(name)
-                load.bytes_read += nbytes
-                load.bytes_full += full_bytes
-                if getattr(old, "tensor_model_parallel", False):
-                    load.sharded_bytes_read += nbytes
-                    load.sharded_bytes_full += full_bytes
-            meta = [n for n, t in [*stage.named_parameters(), *stage.named_buffers()] if t.is_meta]
-            if meta:
-                raise WeightsError(f"stage {stage_name}: {meta[0]!r} is still on the meta device after loading")
+    report = {}
+    for stage_name, stage in stages.items():
+        _recompute_buffers(model, stage, names, device)
+        report[stage_name] = _load_stage(stage, names, checkpoint, *tp_coords[stage_name], device)
+        meta = [n for n, t in [*stage.named_parameters(), *stage.named_buffers()] if t.is_meta]
+        if meta:
+            raise WeightsError(f"stage {stage_name}: {meta[0]!r} is still on the meta device after loading")
     return report
+
+
+def _places(stage: nn.Module) -> list[list[tuple[nn.Module, str, str, torch.Tensor]]]:
+    """Per tensor of the stage (parameters, persistent buffers), every (module, table, attribute)
+    holding it: tied tensors appear once, with all their places."""
+    places = defaultdict(list)
+    for module in stage.modules():
+        for pname, p in module._parameters.items():
+            if p is not None:
+                places[id(p)].append((module, "_parameters", pname, p))
+        for bname, b in module._buffers.items():
+            if b is not None and bname not in module._non_persistent_buffers_set:
+                places[id(b)].append((module, "_buffers", bname, b))
+    return list(places.values())
+
+
+@torch.no_grad()
+def _load_stage(stage, names, checkpoint: SafetensorsCheckpoint, tp_rank: int, tp_size: int, device) -> StageLoad:
+    load = StageLoad()
+    for where in _places(stage):
+        full_names = [_prefix(names[id(m)]) + attr for m, _, attr, _ in where]
+        name = next((n for n in full_names if checkpoint.key(n) is not None), None)
+        if name is None:  # checked before any collective; only reached for a model changed since
+            raise WeightsError(f"no checkpoint tensor for {full_names[0]!r}")
+        old = where[0][3]
+        tensor, numel = _fill(checkpoint.read_into, name, old, tp_rank, tp_size, device)
+        if isinstance(old, nn.Parameter):
+            new = nn.Parameter(tensor, requires_grad=old.requires_grad)
+            new.__dict__.update(old.__dict__)  # the tp shard tags
+        else:
+            new = tensor
+        for module, table, attr, _ in where:
+            getattr(module, table)[attr] = new
+        key = checkpoint.key(name)
+        size = checkpoint.itemsize(key)
+        nbytes, full_bytes = numel * size, math.prod(checkpoint.shape_of[key]) * size
+        load.tensors.append(name)
+        load.bytes_read += nbytes
+        load.bytes_full += full_bytes
+        if getattr(old, "tensor_model_parallel", False):
+            load.sharded_bytes_read += nbytes
+            load.sharded_bytes_full += full_bytes
+    return load
