@@ -13,12 +13,17 @@ sharded safetensors checkpoint, and freed. Then four rows, each on 4 fresh gloo 
     meta+weights   every rank builds it on the meta device, initialize(..., weights=DIR) reads its shards
 
 Per rank: the peak resident memory (VmHWM, reset through /proc/self/clear_refs just before the
-model is built) over the RSS at that moment, i.e. what building the model and the engines
-(ZeRO 1, AdamW: DeepSpeed flattens the parameters and keeps an fp32 partition) cost; the model
+model is built, after a warm-up of both ways on a tiny model so lazy imports are not counted)
+over the RSS at that moment, i.e. what building the model and the engines cost; the model
 bytes the rank holds after initialize; and, for meta+weights, the bytes read from the
 checkpoint per stage (a disaggregated rank reads nothing of the other stage; a tp2 rank reads
-half of every sharded tensor). On CPU, peak RSS is the whole story; on GPUs the model goes to
-the device and host RSS only sees what passes through.
+half of every sharded tensor, and the whole replicated embedding).
+
+ZeRO stage 0 by default (--zero 1 for ZeRO 1): on CPU, ZeRO 1/2 flatten the held parameters
+into one buffer and keep an fp32 copy of the rank's partition, i.e. up to 3x the held bytes in
+host memory, the same in both ways; on GPUs those copies are device memory. Stage 0 shows the
+host memory the model itself takes. A meta+weights rank peaks at what it holds plus at most
+one tensor in flight (its slices are copied from the file's memory map, opened per tensor).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_layouts import WORLD, launch  # noqa: E402  (the same 4-process launcher)
 
 DEFAULTS = dict(text_hidden=1024, text_layers=6, text_heads=16, text_kv_heads=8, vocab=16000,
-                vision_hidden=768, vision_layers=4, vision_heads=12, zero=1)
+                vision_hidden=768, vision_layers=4, vision_heads=12, zero=0)
 QUICK = dict(DEFAULTS, text_hidden=512, text_layers=4, vocab=8000, vision_hidden=384, vision_layers=4, vision_heads=6)
 PLACEMENTS = {
     "colocated": {"vision": {"tp": 1, "dp": 4}, "language": {"tp": 2, "dp": 2}},
