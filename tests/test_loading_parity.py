@@ -2,7 +2,8 @@
 checkpoint (`initialize(meta_model(DIR), cfg, weights=DIR)`) trains exactly like the same model
 fully built on every rank: same losses (fp32, 1e-6 relative) and same weights after 3 steps,
 LLaVA and Qwen2-VL, colocated (vision tp1 dp4, language tp2 dp2) and disaggregated (vision dp2
-on ranks 0-1, language tp2 on ranks 2-3).
+on ranks 0-1, language tp2 on ranks 2-3); Qwen2-VL also with its vision stage at tp2 (fused qkv
+sharded in three segments, patch merger) and the language stage at tp1.
 
 What each rank read is checked from `engine.load_report`: a disaggregated rank reads nothing of
 the other stage (its modules stay on meta), a tp2 rank reads exactly half of every sharded
@@ -23,15 +24,17 @@ STEPS = 3
 LAYOUTS = {
     "colocated": {"vision": {"tp": 1, "dp": 4}, "language": {"tp": 2, "dp": 2}},
     "disaggregated": {"vision": {"dp": 2, "ranks": [0, 1]}, "language": {"tp": 2, "dp": 1, "ranks": [2, 3]}},
+    "colocated vision tp2": {"vision": {"tp": 2, "dp": 2}, "language": {"tp": 1, "dp": 4}},
 }
 
 
-def _config(placement):
+def _config(layout):
+    placement = layout.split()[0]
     return {
         "train_batch_size": 8, "zero_optimization": {"stage": 1}, "gradient_clipping": 0.3,
         "zero_allow_untested_optimizer": True, "steps_per_print": 10**6,
         "hetero_parallel": {"placement": placement, "micro_batches": 2 if placement == "colocated" else 4,
-                            "stages": LAYOUTS[placement]},
+                            "stages": LAYOUTS[layout]},
     }
 
 
@@ -58,12 +61,12 @@ def _held_meta(engine):
     return out
 
 
-def _suite(rank, world_size, family, checkpoint, control=False):
+def _suite(rank, world_size, family, checkpoint, layouts, control=False):
     import ds_hetero
     import ds_hetero.loading.materialize as materialize
 
     results = {}
-    for placement in LAYOUTS:
+    for placement in layouts:
         batches = make_batches(family, build_model(family, seed=7), STEPS, 8)
         built = ds_hetero.initialize(build_model(family, seed=7), _config(placement), optimizer=_optimizer)
         want = _train(built, batches)
@@ -93,15 +96,20 @@ def _suite(rank, world_size, family, checkpoint, control=False):
     return results
 
 
-def _check(results, control=False):
+def _check(results, layouts, control=False):
     for rank, per_rank in enumerate(results):
-        for placement in LAYOUTS:
+        for placement in layouts:
             r = per_rank[placement]
             assert len(r["got"]) == STEPS
             for got, want in zip(r["got"], r["want"]):
                 assert abs(got - want) <= RTOL * abs(want), (rank, placement, r["got"], r["want"])
             assert r["compared"] > 0 and r["same_names"], (rank, placement)
             assert r["weight_diff"] <= 1e-6, (rank, placement, r["weight_diff"])
+            for stage, load in r["report"].items():  # a tp rank reads 1/tp of each sharded tensor, the rest whole
+                tp = LAYOUTS[placement][stage].get("tp", 1)
+                assert tp * load["sharded_bytes_read"] == load["sharded_bytes_full"], (placement, stage, load)
+                assert (tp == 1) == (load["sharded_bytes_full"] == 0), (placement, stage, load)
+                assert load["bytes_read"] - load["sharded_bytes_read"] == load["bytes_full"] - load["sharded_bytes_full"]
         colo, dis = per_rank["colocated"]["report"], per_rank["disaggregated"]["report"]
         # colocated: every rank holds the whole vision stage (tp1) and half of the sharded LLM (tp2)
         assert set(colo) == {"vision", "language"}
@@ -133,10 +141,13 @@ def _save(family, directory):
 
 def test_llava_meta_plus_weights_trains_like_the_built_model(tmp_path):
     checkpoint = _save("llava", str(tmp_path / "llava"))
-    _check(run_distributed(_suite, world_size=4, timeout=600, family="llava", checkpoint=checkpoint, control=True),
-           control=True)
+    layouts = ["colocated", "disaggregated"]
+    _check(run_distributed(_suite, world_size=4, timeout=600, family="llava", checkpoint=checkpoint, layouts=layouts,
+                           control=True), layouts, control=True)
 
 
 def test_qwen2_vl_meta_plus_weights_trains_like_the_built_model(tmp_path):
     checkpoint = _save("qwen2_vl", str(tmp_path / "qwen"))
-    _check(run_distributed(_suite, world_size=4, timeout=600, family="qwen2_vl", checkpoint=checkpoint))
+    layouts = list(LAYOUTS)
+    _check(run_distributed(_suite, world_size=4, timeout=600, family="qwen2_vl", checkpoint=checkpoint,
+                           layouts=layouts), layouts)
