@@ -137,3 +137,12 @@ def test_bad_weights_are_refused_by_name(tmp_path):
     index_path.write_text(json.dumps(index))
     with pytest.raises(WeightsError, match="no tensor for 'model.multi_modal_projector.linear_1.weight'"):
         open_weights(meta_model(model.config), str(tmp_path / "sharded"))
+
+
+def test_a_buffer_transformers_does_not_recompute_is_an_error_not_garbage(tmp_path):
+    model = build_model("llava", seed=0)
+    model.save_pretrained(tmp_path)
+    meta = meta_model(str(tmp_path))
+    meta.model.multi_modal_projector.register_buffer("scale", torch.empty(3, device="meta"), persistent=False)
+    with pytest.raises(WeightsError, match="'model.multi_modal_projector.scale'.*does not recompute"):
+        load_stages(meta, {"all": meta}, {"all": (0, 1)}, open_weights(meta, str(tmp_path)), CPU)
