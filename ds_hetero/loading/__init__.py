@@ -10,28 +10,10 @@ materialize.py fills the modules). `engine.load_report` says, per stage, what wa
 
 from __future__ import annotations
 
-import os
-
-import torch
-
+from ..models.meta import meta_model
 from .checkpoint import SafetensorsCheckpoint, WeightsError
 from .materialize import StageLoad, load_stages, loading_device, open_weights
 from .shard_slices import ShardSlices, shard_slices
-
-
-def meta_model(path_or_config, dtype: torch.dtype | None = None):
-    """A Hugging Face image-text-to-text model (LLaVA, Qwen2-VL, ...) on the meta device, from a
-    checkpoint directory's config (or a config object): its weights come later, per shard, from
-    `initialize(..., weights=DIR)`.
-    """
-    from transformers import AutoConfig, AutoModelForImageTextToText
-
-    config = path_or_config
-    if isinstance(path_or_config, (str, os.PathLike)):
-        config = AutoConfig.from_pretrained(os.fspath(path_or_config))
-    kwargs = {} if dtype is None else {"dtype": dtype}
-    with torch.device("meta"):
-        return AutoModelForImageTextToText.from_config(config, **kwargs)
 
 
 __all__ = [
