@@ -13,7 +13,31 @@ from .loading import WeightsError, meta_model
 from .result import StepResult
 
 __all__ = [
-    "Coord", "HeteroConfig", "HeteroConfigError", "HeteroEngine", "StageLayout", "StepResult",
-    "WeightsError", "initialize", "load_config", "meta_model",
+    "Coord", "HeteroCallback", "HeteroConfig", "HeteroConfigError", "HeteroEngine", "HeteroTrainer", "StageLayout",
+    "StepResult", "WeightsError", "initialize", "load_config", "meta_model",
 ]
+
+# A plain deepspeed.initialize given a hetero_parallel config raises instead of silently training
+# homogeneously (integrations/guard.py says why this patches DeepSpeed's module).
+from .integrations.guard import install_deepspeed_guard  # noqa: E402
+
+install_deepspeed_guard()
+# Accelerate and the Trainer start DeepSpeed's comm before any ds_hetero call: skip its CPU
+# shared-memory op build (inference only, a minute of compiling) from the import on.
+from .deepspeed_compat import skip_cpu_shm_comm_build  # noqa: E402
+
+skip_cpu_shm_comm_build()
+
+
+def __getattr__(name):
+    # The Trainer entry points import transformers.Trainer (seconds): only when asked for.
+    if name in ("HeteroTrainer", "HeteroCallback"):
+        from .integrations import hf_trainer
+
+        return getattr(hf_trainer, name)
+    if name == "accelerate":
+        import importlib
+
+        return importlib.import_module(".accelerate", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 __version__ = "0.1.0"

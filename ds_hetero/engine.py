@@ -246,7 +246,7 @@ class HeteroEngine:
         """(all-stage gradient norm, global loss sum, global label count) on every rank, in one all-reduce.
 
         Each stage's norm is identical on its ranks, so its first rank alone contributes it; the
-        local loss sums come from one tp x cp rank per language dp replica, the label count from
+        local loss sums come from tp rank 0 of every cp shard of every language dp replica, the label count from
         one language rank. In disaggregated placement this is how vision ranks learn the loss.
         """
         names = list(self.config.stages)
@@ -257,12 +257,27 @@ class HeteroEngine:
                 # DeepSpeed reports an invalid norm as -1: carry it as inf so every stage skips
                 vec[i] = norm * norm if norm >= 0 and math.isfinite(norm) else float("inf")
         lang = self.coords.get("language")
-        if lang is not None and lang.tp == 0 and lang.cp == 0:
+        if lang is not None and lang.tp == 0:  # cp ranks hold the loss sums of their sequence shards
             vec[-2] = loss_sum
         if self.rank == self.config.language.ranks[0]:
             vec[-1] = n_labels
         dist.all_reduce(vec, group=self.groups.boundary)
         return math.sqrt(vec[: len(names)].sum().item()), vec[-2].item(), int(vec[-1].item())
+
+    # ------------------------------------------------------------------ evaluation and export
+    def eval_batch(self, samples: Sequence[dict[str, Any]]) -> float:
+        """Forward only, no gradients: the loss of `samples` (full samples, the same list on every
+        rank, any number), identical on every rank; see schedule/evaluation.py."""
+        from .schedule.evaluation import EvaluationSchedule
+
+        return EvaluationSchedule(self).run(samples)
+
+    def save_pretrained(self, save_dir: str | os.PathLike) -> None:
+        """A consolidated Hugging Face checkpoint (`from_pretrained(save_dir)`); all ranks call it.
+        See checkpoint/hf_gather.py."""
+        from .checkpoint.hf_gather import save_pretrained
+
+        save_pretrained(self, save_dir)
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None) -> str:

@@ -22,15 +22,18 @@ def label_token_count(labels: torch.Tensor) -> int:
     return int((shifted_labels(labels) != IGNORE_INDEX).sum())
 
 
-def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, head=None) -> torch.Tensor:
+def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor, head=None, shifted: bool = False) -> torch.Tensor:
     """Sum of per-token losses over label tokens, in fp32.
+
+    `shifted`: the labels are already the targets (shifted on the full sequence before it was
+    cut into shards, see context_parallel.sequence).
 
     With a vocabulary-parallel head the logits are this rank's vocabulary slice and the loss is
     combined over the head's tp group without gathering the full logits.
     """
     from .tensor_parallel import VocabParallelLMHead, vocab_parallel_cross_entropy
 
-    target = shifted_labels(labels)
+    target = labels if shifted else shifted_labels(labels)
     if isinstance(head, VocabParallelLMHead):
         return vocab_parallel_cross_entropy(logits, target, head.group, head.vocab_start, IGNORE_INDEX).sum()
     return F.cross_entropy(

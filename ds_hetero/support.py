@@ -40,7 +40,7 @@ def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) 
             f"{extra[0]!r} stage yet; remove it")
     if "vision" not in cfg.stages:
         raise HeteroConfigError("hetero_parallel.stages.vision", "missing; HeteroEngine trains a vision and a language stage")
-    check_language_layout_not_yet_supported(cfg)
+    check_sequence_shards(cfg, zero)
     if "optimizer" not in ds and not has_client_optimizer:
         raise HeteroConfigError(
             "optimizer", 'missing; every stage engine builds its optimizer from it, e.g. '
@@ -51,18 +51,14 @@ def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) 
         raise HeteroConfigError("fp16.enabled", "fp16 loss scaling across stages is not supported; use bf16")
 
 
-def check_language_layout_not_yet_supported(cfg: HeteroConfig) -> None:
-    """The language layouts the engine refuses until long-context support (issue 10) lands.
-
-    Kept together here, apart from the permanent checks, so that work removes them in one place.
-    """
-    if cfg.language.sequence_parallel:
+def check_sequence_shards(cfg: HeteroConfig, zero: int) -> None:
+    """A sequence-sharded language stage (cp > 1 or sequence_parallel) runs with ZeRO 0-2 only."""
+    if zero == 3 and (cfg.language.cp > 1 or cfg.language.sequence_parallel):
         raise HeteroConfigError(
-            "hetero_parallel.stages.language.sequence_parallel",
-            "not supported by HeteroEngine yet (the boundary would have to deliver sequence shards to a "
-            "decoder that expects its full input); set it to false")
-    if cfg.language.cp != 1:
-        raise HeteroConfigError("hetero_parallel.stages.language.cp", "context parallelism is not implemented yet; use cp 1")
+            "zero_optimization.stage",
+            "ZeRO stage 3 with a sequence-sharded language stage (cp > 1 or sequence_parallel) does not match "
+            "the single-process reference in ds_hetero's tests (DeepSpeed 0.19's ZeRO-3 reduce-scatter averages "
+            "the cp shards' partial gradients over dp x cp); use ZeRO stage 1 or 2")
 
 
 def check_model(cfg: HeteroConfig, model) -> None:

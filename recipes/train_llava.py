@@ -134,6 +134,8 @@ def main(argv=None) -> int:
     summary = {
         "steps": len(history),
         "first_loss": history[0].loss,
+        "losses": [r.loss for r in history],
+        "grad_norms": [r.grad_norm for r in history],
         "final_loss": sum(r.loss for r in history[-10:]) / min(10, len(history)),
         "tokens_per_s": sum(r.num_tokens for r in tail) / sum(r.step_time for r in tail),
         "samples_per_s": sum(r.num_samples for r in tail) / sum(r.step_time for r in tail),

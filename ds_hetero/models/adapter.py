@@ -55,17 +55,26 @@ class StageAdapter:
         validate_tensor_parallel(self.model.get_decoder(), language.tp, "language")
         if language.tp > 1:
             _check_head(self.model, language.tp, False, "language", PAD_YOURSELF)
+        from ..context_parallel import check_context_parallel, is_sharded
+
+        check_context_parallel(self.model.config.text_config, language.tp, language.cp, is_sharded(language))
 
     def shard(self, groups, cfg) -> None:
         """Shard each stage this rank holds over that stage's tp group (in place, no communication)."""
+        from ..context_parallel import apply_sequence_sharded_attention, is_sharded
         from ..tensor_parallel import shard_language_model, shard_vision_tower
 
         if groups["vision"].is_member and cfg.stages["vision"].tp > 1:
             for module in self.vision_modules():
                 shard_vision_tower(module, groups["vision"].tp)
-        if groups["language"].is_member and cfg.stages["language"].tp > 1:
+        language = cfg.stages["language"]
+        if groups["language"].is_member and language.tp > 1:
+            # The language stage embeds only its own sequence chunk (context_parallel.sequence):
+            # under sequence parallelism the decoder's input is already split.
             shard_language_model(self.model, groups["language"].tp,
-                                 sequence_parallel=cfg.stages["language"].sequence_parallel)
+                                 sequence_parallel=language.sequence_parallel, split_input=False)
+        if groups["language"].is_member and is_sharded(language):
+            apply_sequence_sharded_attention(self.model.get_decoder(), groups["language"].cp)
 
     def vision_inputs(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Keyword arguments of the vision stage's forward for these samples' images."""
@@ -78,9 +87,13 @@ class StageAdapter:
     def image_token_count(self, sample: dict[str, Any]) -> int:
         return int((sample["input_ids"] == self.image_token_id).sum())
 
-    def language_inputs(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """Right-padded `input_ids`, `attention_mask`, `labels` (-100 on padding), `position_ids`."""
+    def language_inputs(self, samples: Sequence[dict[str, Any]], multiple: int = 1) -> dict[str, torch.Tensor]:
+        """Right-padded `input_ids`, `attention_mask`, `labels` (-100 on padding), `position_ids`.
+
+        `multiple`: pad the length up to a multiple of it (the sequence-shard count).
+        """
         length = max(int(s["input_ids"].shape[-1]) for s in samples)
+        length = -(-length // multiple) * multiple
         ids = torch.full((len(samples), length), self.pad_token_id, dtype=torch.long)
         labels = torch.full((len(samples), length), IGNORE_INDEX, dtype=torch.long)
         mask = torch.zeros((len(samples), length), dtype=torch.long)

@@ -15,12 +15,15 @@ ZeRO stage 0 requires.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import torch
 
 from ..batching import micro_batch_samples, stage_samples
 from ..boundary import BoundaryInputs
+from ..boundary.inputs import num_shards
+from ..context_parallel import image_positions, is_sharded, padded_lengths, shard_input_ids, shard_language_batch
 from ..loss import token_loss_sum
 from ..mpu import stage_context
 
@@ -41,11 +44,16 @@ class StageWork:
         positions = micro_batch_samples(cfg, m)
         v_size, l_size = cfg.micro_batch_size("vision"), cfg.micro_batch_size("language")
         offsets = range(len(positions))
-        return BoundaryInputs(
+        inputs = BoundaryInputs(
             token_counts=[adapter.image_token_count(samples[p]) for p in positions],
             src_dp=[i // v_size for i in offsets],
             dst_dp=[i // l_size for i in offsets],
         )
+        if is_sharded(cfg.language):  # each language rank takes the rows of its sequence shard only
+            mb = [samples[p] for p in positions]
+            inputs = dataclasses.replace(inputs, positions=image_positions(mb, adapter.image_token_id),
+                                         seq_len=padded_lengths(mb, inputs.dst_dp, cfg.language))
+        return inputs
 
     def empty_rows(self, requires_grad: bool = False) -> torch.Tensor:
         """`[0, H]` in the boundary dtype: what a rank passes for a side of the exchange it is not on."""
@@ -60,6 +68,24 @@ class StageWork:
             rows = h.engines["vision"](**inputs)
         return rows
 
+    def language_batch(self, mine: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], int, bool]:
+        """The language stage's inputs on the device: (batch, image placeholders in it, sharded).
+
+        With sequence shards (cp, or sp) the batch is this rank's shard and its labels are
+        already shifted (context_parallel.sequence).
+        """
+        h = self.h
+        layout = h.config.language
+        sharded = is_sharded(layout)
+        host = h.adapter.language_inputs(mine, multiple=num_shards(layout))
+        # counted on the host, so the stage's placeholder check needs no device read
+        ids = shard_input_ids(host["input_ids"], layout, h.rank) if sharded else host["input_ids"]
+        n_image_tokens = int((ids == h.adapter.image_token_id).sum())
+        batch = {k: (v.to(self.device) if v is not None else None) for k, v in host.items()}
+        if sharded:  # this rank's sequence shard (the [b, 1, S, S] mask is built on the device)
+            batch = shard_language_batch(batch, layout, h.rank)
+        return batch, n_image_tokens, sharded
+
     def language_step(self, samples, m: int, rows_in: torch.Tensor, n_labels: int, step: int):
         """Forward and backward of the language stage.
 
@@ -68,16 +94,13 @@ class StageWork:
         """
         h = self.h
         mine = [samples[p] for p in stage_samples(h.config, "language", h.coords["language"].dp, m)]
-        host = h.adapter.language_inputs(mine)
-        # counted on the host, so the stage's placeholder check needs no device read
-        n_image_tokens = int((host["input_ids"] == h.adapter.image_token_id).sum())
-        batch = {k: (v.to(self.device) if v is not None else None) for k, v in host.items()}
+        batch, n_image_tokens, sharded = self.language_batch(mine)
         engine = h.engines["language"]
         with stage_context(h.mpus["language"]):
             with h.timeline.span(f"language.forward[m={m}]", "forward", step):
                 logits = engine(batch["input_ids"], rows_in, batch["attention_mask"], batch["position_ids"],
                                 n_image_tokens=n_image_tokens)
-                local = token_loss_sum(logits, batch["labels"], h.lm_head)
+                local = token_loss_sum(logits, batch["labels"], h.lm_head, shifted=sharded)
             with h.timeline.span(f"language.backward[m={m}]", "backward", step):
                 engine.backward(local / n_labels * (self.l_dp * self.gas))
         grad = rows_in.grad if rows_in.grad is not None else torch.zeros_like(rows_in)

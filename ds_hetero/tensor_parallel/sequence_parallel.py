@@ -51,16 +51,23 @@ class SumGradOverGroup:
         return total
 
 
-def apply_sequence_parallel(decoder: nn.Module, group, seq_dim: int = 1) -> None:
+def apply_sequence_parallel(decoder: nn.Module, group, seq_dim: int = 1, split_input: bool = True) -> None:
     """Split the sequence before `decoder.layers[0]` and sum replicated grads in layers and final norm.
 
     The decoder's regions must already be sharded with `sequence_parallel=True`.
+    `split_input=False`: the caller embeds only this rank's sequence chunk and hands the decoder
+    that chunk (the ds_hetero language stage, whose boundary delivers per-chunk image rows); then
+    the input embedding, too, sees only its chunk's tokens and its gradient is summed over tp.
     """
     if dist.get_world_size(group) == 1:
         return
-    decoder.layers[0].register_forward_pre_hook(SplitSequenceHook(group, seq_dim), with_kwargs=True)
+    parts = [decoder.layers, decoder.norm]
+    if split_input:
+        decoder.layers[0].register_forward_pre_hook(SplitSequenceHook(group, seq_dim), with_kwargs=True)
+    else:
+        parts.append(decoder.get_input_embeddings())
     hook = SumGradOverGroup(group)
-    for part in (decoder.layers, decoder.norm):
+    for part in parts:
         for param in part.parameters():
             if param.requires_grad and not getattr(param, "tensor_model_parallel", False):
                 param.sequence_parallel = True

@@ -65,12 +65,13 @@ def _check_head(model: nn.Module, tp: int, pad_vocab: bool, stage: str, advice: 
 
 
 def shard_language_model(model: nn.Module, group, sequence_parallel: bool = False, pad_vocab: bool = False,
-                         stage: str = "language") -> nn.Module:
+                         stage: str = "language", split_input: bool = True) -> nn.Module:
     """Shard a causal LM's decoder and output head; `model(..., labels=...)` then gives the exact loss.
 
     After this, `model(...).logits` are this rank's vocabulary slice [.., V/tp] (see
     VocabParallelLMHead.vocab_start); with sequence_parallel the decoder's hidden states
-    between blocks (and its final output) are sharded on the sequence dim.
+    between blocks (and its final output) are sharded on the sequence dim; `split_input=False`
+    when the caller already feeds the decoder its sequence chunk (see apply_sequence_parallel).
     """
     tp = _tp(group)
     decoder = model.get_decoder()
@@ -80,7 +81,7 @@ def shard_language_model(model: nn.Module, group, sequence_parallel: bool = Fals
     _check_head(model, tp, pad_vocab, stage)
     apply_plans(found, group, sequence_parallel=sequence_parallel, seq_dim=1)
     if sequence_parallel:
-        apply_sequence_parallel(decoder, group, seq_dim=1)
+        apply_sequence_parallel(decoder, group, seq_dim=1, split_input=split_input)
     head = VocabParallelLMHead.from_linear(model.get_output_embeddings(), group, pad_vocab=pad_vocab,
                                            sequence_parallel=sequence_parallel, seq_dim=1, stage=stage)
     model.set_output_embeddings(head)

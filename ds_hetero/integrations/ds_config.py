@@ -1,0 +1,76 @@
+"""A DeepSpeed config as the HF Trainer or Accelerate prepared it -> the config ds_hetero builds from.
+
+Both fill their own values into the DeepSpeed config before ds_hetero sees it: the Trainer
+replaces "auto" by `TrainingArguments` values (`HfTrainerDeepSpeedConfig.trainer_config_process`,
+the same filling as its DeepSpeed integration) and Accelerate inserts
+`gradient_accumulation_steps`. `train_micro_batch_size_per_gpu` and `gradient_accumulation_steps`
+are per stage in ds_hetero (derived from the global batch, each stage's dp and
+`hetero_parallel.micro_batches`), so they go back to what the user wrote; everything else keeps
+the filled value (batch size, optimizer lr / betas / eps / weight decay, clipping, dtypes).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping
+
+from ..config import DERIVED_BATCH_KEYS, SECTION, read_ds_config
+from ..errors import HeteroConfigError
+
+
+def restore_derived_keys(filled: Mapping[str, Any], original: Mapping[str, Any]) -> dict[str, Any]:
+    cfg = copy.deepcopy(dict(filled))
+    for key in DERIVED_BATCH_KEYS:
+        if key in original:
+            cfg[key] = original[key]
+        else:
+            cfg.pop(key, None)
+    return cfg
+
+
+def require_hetero_section(config: Mapping[str, Any], where: str) -> None:
+    if SECTION not in config:
+        raise HeteroConfigError(
+            SECTION, f"{where} needs a DeepSpeed config with a '{SECTION}' section (see ds_configs/"
+            f"llava_colocated.json); without one, use the stock entry point")
+
+
+def is_derived_mismatch(line: str) -> bool:
+    """A line of the Trainer's mismatch list about a key ds_hetero derives per stage."""
+    return any(f"ds {key}=" in line for key in DERIVED_BATCH_KEYS)
+
+
+def trainer_conflicts(args, original: Mapping[str, Any]) -> list[str]:
+    """What the DeepSpeed config and TrainingArguments disagree on, each naming both values."""
+    problems = []
+    hf_config = getattr(args, "hf_deepspeed_config", None)
+    # The Trainer's own comparison (made when TrainingArguments was built, raised only at train()):
+    # the per-device micro batch and accumulation are ds_hetero's per-stage business, checked below.
+    for line in getattr(hf_config, "mismatches", []):
+        if not is_derived_mismatch(line):
+            problems.append(line.lstrip("- "))
+    if args.gradient_accumulation_steps != 1:
+        problems.append(
+            f"TrainingArguments gradient_accumulation_steps={args.gradient_accumulation_steps}: one Trainer step is "
+            f"one ds_hetero optimizer step over the global batch; set gradient_accumulation_steps=1 and "
+            f"accumulate with {SECTION}.micro_batches in the DeepSpeed config (now "
+            f"{original.get(SECTION, {}).get('micro_batches', 1)})")
+    if "scheduler" in original:
+        problems.append(
+            f"the DeepSpeed config has a 'scheduler' section ({original['scheduler'].get('type', '?')}): under the "
+            f"Trainer the learning rate belongs to TrainingArguments (lr_scheduler_type="
+            f"{getattr(args.lr_scheduler_type, 'value', args.lr_scheduler_type)}, warmup); remove the section")
+    return problems
+
+
+def trainer_ds_config(args) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(config for ds_hetero, the user's config as written); raises on every conflict at once."""
+    original = read_ds_config(args.deepspeed)
+    require_hetero_section(original, "HeteroTrainer")
+    problems = trainer_conflicts(args, original)
+    if problems:
+        raise HeteroConfigError(
+            "TrainingArguments.deepspeed", "the DeepSpeed config conflicts with TrainingArguments:\n  - "
+            + "\n  - ".join(problems) + "\nSet the DeepSpeed values to \"auto\" to take them from TrainingArguments.")
+    filled = args.hf_deepspeed_config.config
+    return restore_derived_keys(filled, original), original

@@ -1,0 +1,63 @@
+"""Per-stage step metrics for logs and trackers, reduced over every rank of the job.
+
+A `StepResult` holds this rank's view: its own stages' phase times (in disaggregated placement
+a rank runs only one stage), its own bubble. `StepMetrics` sums a window of steps on every rank
+and `reduce()` (collective over the boundary group, once per log, not per step) combines them:
+
+    hetero/tokens_per_s                label tokens / step time (the slowest rank's time)
+    hetero/step_s                      mean step time (slowest rank)
+    hetero/<stage>/<phase>_s           mean seconds per step in that stage's phase (max over ranks)
+    hetero/boundary_bytes              forward bytes all ranks sent per step
+    hetero/boundary_lower_bound_bytes  the forward lower bound per step (see BoundaryPlan)
+    hetero/bubble_fraction             max over ranks of the mean idle share of a step
+
+Ranks hold different keys (a vision rank has no language phases), so the window travels as
+a small dict through all_gather_object rather than as a fixed-size tensor.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch.distributed as dist
+
+from ..result import StepResult
+
+
+class StepMetrics:
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.steps = 0
+        self.tokens = 0
+        self.sums: dict[str, float] = defaultdict(float)
+
+    def add(self, r: StepResult) -> None:
+        self.steps += 1
+        self.tokens += r.num_tokens
+        self.sums["step_s"] += r.step_time
+        self.sums["bubble_fraction"] += r.bubble_fraction
+        self.sums["boundary_bytes"] += r.boundary_bytes_total
+        self.sums["boundary_lower_bound_bytes"] += r.boundary_bytes_lower_bound
+        for stage, phases in r.stage_time.items():
+            for phase, seconds in phases.items():
+                self.sums[f"{stage}/{phase}_s"] += seconds
+
+    def reduce(self, group=None) -> dict[str, float]:
+        """The window's metrics, identical on every rank; resets the window. Collective over `group`."""
+        mine = {k: v / self.steps for k, v in self.sums.items()} if self.steps else {}
+        tokens = self.tokens / self.steps if self.steps else 0
+        self.reset()
+        world = dist.get_world_size(group)
+        windows = [None] * world
+        dist.all_gather_object(windows, mine, group=group)
+        merged: dict[str, float] = {}
+        for w in windows:
+            for k, v in w.items():
+                merged[k] = max(merged.get(k, v), v)
+        if not merged:
+            return {}
+        out = {f"hetero/{k}": v for k, v in sorted(merged.items())}
+        out["hetero/tokens_per_s"] = tokens / merged["step_s"] if merged["step_s"] > 0 else 0.0
+        return out

@@ -1,0 +1,78 @@
+"""A Hugging Face Trainer script on the shapes-captioning task, made heterogeneous by ds_hetero.HeteroTrainer.
+
+    deepspeed --num_gpus 4 recipes/hf_trainer_llava.py --deepspeed ds_configs/llava_colocated.json
+    deepspeed --num_gpus 4 recipes/hf_trainer_llava.py --deepspeed ds_configs/llava_disaggregated.json \
+        --max_steps 200 --eval_strategy steps --eval_steps 50 --save_steps 100 --output_dir out/hf
+
+A stock Trainer script except for the line that builds `HeteroTrainer` (in place of `Trainer`).
+Every TrainingArguments flag works (`--max_steps`, `--num_train_epochs`, `--lr_scheduler_type`,
+`--warmup_steps`, `--save_steps`, `--resume_from_checkpoint`, `--report_to`, ...). The
+defaults match the main job (recipes/train_llava.py) and ds_configs/*.json: lr 2e-3, betas
+(0.9, 0.99), no weight decay, clipping 1.0, a global batch of 16 (4 per rank on 4 ranks),
+constant learning rate, the same seeded model and data order, so both learn the same way.
+Rank 0 writes the log history (and the eval losses) to --summary-json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from dataclasses import dataclass, field
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+warnings.filterwarnings("ignore", category=FutureWarning, message=".*torch.distributed.*is deprecated")
+
+import torch  # noqa: E402
+from transformers import HfArgumentParser, TrainingArguments  # noqa: E402
+
+import ds_hetero  # noqa: E402
+from ds_hetero.data import ShapesCaptionDataset  # noqa: E402
+from ds_hetero.models.tiny import tiny_llava  # noqa: E402
+
+
+@dataclass
+class ScriptArguments:
+    samples: int = field(default=4096, metadata={"help": "size of the synthetic training set"})
+    eval_samples: int = field(default=0, metadata={"help": "size of a held-out set (0: no eval_dataset)"})
+    vision: str = field(default="clip", metadata={"help": "tower of the built-in tiny model: clip or siglip"})
+    summary_json: str = field(default=None, metadata={"help": "rank 0 writes the log history here"})
+    save_final: str = field(default=None, metadata={"help": "trainer.save_model() here at the end"})
+
+
+def parse_args(argv=None):
+    parser = HfArgumentParser((ScriptArguments, TrainingArguments))
+    parser.set_defaults(
+        output_dir="out/hf_trainer_llava", max_steps=100, per_device_train_batch_size=4, learning_rate=2e-3,
+        adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0, lr_scheduler_type="constant", logging_steps=1,
+        save_strategy="no", report_to="none", seed=0, disable_tqdm=True, use_cpu=not torch.cuda.is_available(),
+    )
+    return parser.parse_args_into_dataclasses(argv)
+
+
+def main(argv=None) -> int:
+    script, args = parse_args(argv)
+    model = tiny_llava(script.vision, seed=args.seed)
+    train = ShapesCaptionDataset.for_llava(model.config, size=script.samples, seed=args.seed)
+    held_out = (ShapesCaptionDataset.for_llava(model.config, size=script.eval_samples, seed=args.seed + 1)
+                if script.eval_samples else None)
+
+    trainer = ds_hetero.HeteroTrainer(model=model, args=args, train_dataset=train, eval_dataset=held_out)
+    resume = args.resume_from_checkpoint
+    trainer.train(resume_from_checkpoint=True if resume in ("true", "True", "last") else resume)
+    if script.save_final:
+        trainer.save_model(script.save_final)
+
+    if trainer.is_world_process_zero():
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        print(f"steps {trainer.state.global_step}  first loss {losses[0]:.4f}  last loss {losses[-1]:.4f}"
+              if losses else f"steps {trainer.state.global_step}", flush=True)
+        if script.summary_json:
+            with open(script.summary_json, "w") as f:
+                json.dump({"log_history": trainer.state.log_history, "global_step": trainer.state.global_step}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
