@@ -9,11 +9,12 @@ from .config import HeteroConfig, load_config
 from .engine import HeteroEngine, initialize
 from .errors import HeteroConfigError
 from .layout import Coord, StageLayout
+from .loading import WeightsError, meta_model
 from .result import StepResult
 
 __all__ = [
     "Coord", "HeteroCallback", "HeteroConfig", "HeteroConfigError", "HeteroEngine", "HeteroTrainer", "StageLayout",
-    "StepResult", "initialize", "load_config",
+    "StepResult", "WeightsError", "initialize", "load_config", "meta_model",
 ]
 
 # A plain deepspeed.initialize given a hetero_parallel config raises instead of silently training

@@ -26,6 +26,7 @@ from .config import DEFAULT_TIMEOUT_S, load_config
 from .deepspeed_compat import skip_cpu_shm_comm_build
 from .groups import build_groups
 from .loader import GlobalBatchLoader
+from .loading import load_stages, open_weights
 from .loss import label_token_count
 from .models import adapter_for
 from .mpu import StageMPU, stage_context
@@ -63,6 +64,9 @@ class HeteroEngine:
     a dead or stuck peer makes every other rank raise instead of hanging forever.
     In disaggregated placement a rank holds only its own stage: the other stage's modules of
     `model` are moved to the meta device (their memory is freed).
+    weights     a Hugging Face safetensors checkpoint directory: `model` may then be built on the
+                meta device (`ds_hetero.meta_model(DIR)`), and each rank reads and allocates only
+                its own stages' tp shards (ds_hetero/loading/); `load_report` says what it read
     """
 
     def __init__(
@@ -74,6 +78,7 @@ class HeteroEngine:
         *,
         optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | None = None,
         seed: int = 0,
+        weights: str | os.PathLike | None = None,
     ):
         import deepspeed
 
@@ -83,6 +88,7 @@ class HeteroEngine:
         # environment gives before any process group exists.
         world_env = int(os.environ.get("WORLD_SIZE", "0")) or None
         self.adapter = adapter_for(model)
+        checkpoint = open_weights(model, weights)  # headers only; None for a fully built model
         timeout_s = DEFAULT_TIMEOUT_S
         if world_env is not None and not dist.is_initialized():
             early = load_config(config, world_env)
@@ -97,6 +103,9 @@ class HeteroEngine:
         self.coords = {name: layout.coord(self.rank) for name, layout in cfg.stages.items() if layout.contains(self.rank)}
         self.adapter.shard(self.groups, cfg)  # per-stage tensor parallelism (checks first, then shards)
         modules = self.adapter.split()
+        self.load_report = None if checkpoint is None else load_stages(
+            model, {n: modules[n] for n in self.coords}, {n: (c.tp, cfg.stages[n].tp) for n, c in self.coords.items()},
+            checkpoint)
         for name, module in modules.items():
             if name not in self.coords:  # disaggregated: another rank set holds this stage
                 module.to("meta")

@@ -4,8 +4,10 @@
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_disaggregated.json --trace t.json
 
 The model is built from config with seeded weights (a CLIP tower + projector and a Llama LM),
-unless `--model PATH` loads a checkpoint with `from_pretrained`. Every rank builds the same
-model and the same dataset; ds_hetero gives each stage its own layout from the config's
+unless `--model PATH` names a Hugging Face safetensors checkpoint directory: then every rank
+builds the model on the meta device and reads only its own stages' tp shards from PATH
+(`ds_hetero.initialize(..., weights=PATH)`), so no rank ever holds the whole model. Every rank
+builds the same dataset; ds_hetero gives each stage its own layout from the config's
 `hetero_parallel` section. Rank 0 shows a progress bar and prints a summary at the end.
 """
 
@@ -34,7 +36,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=100, help="optimizer steps")
     p.add_argument("--samples", type=int, default=4096, help="size of the synthetic dataset")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", default=None, help="load a LlavaForConditionalGeneration with from_pretrained")
+    p.add_argument("--model", default=None,
+                   help="a LlavaForConditionalGeneration safetensors checkpoint directory, loaded per stage and tp shard")
     p.add_argument("--vision", default="clip", choices=["clip", "siglip"], help="tower of the built-in tiny model")
     p.add_argument("--save", default=None, help="save a checkpoint here at the end")
     p.add_argument("--summary-json", default=None, help="rank 0 writes the summary here as JSON")
@@ -47,13 +50,14 @@ def parse_args(argv=None):
 
 
 def build_model(args):
+    """(model, weights): on the meta device with its checkpoint directory, or built with seeded weights."""
     if args.model:
-        from transformers import AutoModelForImageTextToText
+        from ds_hetero import meta_model
 
-        return AutoModelForImageTextToText.from_pretrained(args.model, torch_dtype=torch.float32)
+        return meta_model(args.model, dtype=torch.float32), args.model
     from ds_hetero.models.tiny import tiny_llava
 
-    return tiny_llava(args.vision, seed=args.seed)
+    return tiny_llava(args.vision, seed=args.seed), None
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -73,9 +77,9 @@ def main(argv=None) -> int:
     from ds_hetero.data import ShapesCaptionDataset
 
     torch.manual_seed(args.seed)
-    model = build_model(args)
+    model, weights = build_model(args)
     dataset = ShapesCaptionDataset.for_llava(model.config, size=args.samples, seed=args.seed)
-    engine = ds_hetero.initialize(model, args.deepspeed_config, training_data=dataset)
+    engine = ds_hetero.initialize(model, args.deepspeed_config, training_data=dataset, weights=weights)
     engine.timeline.trace_window = args.trace_window
     engine.timeline.synchronize = bool(args.trace)  # a trace times device work, at the cost of overlap
     rank, cfg = engine.rank, engine.config

@@ -125,7 +125,8 @@ def _suite(rank, world_size, tmp):
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
     summary_path = os.path.join(tmp, f"summary{rank}.json")
-    # --model: a checkpoint loaded with from_pretrained (saved here from a tiny model, offline)
+    # --model: a safetensors checkpoint (saved here from a tiny model, offline), loaded per stage and tp shard
+    # into a model built on the meta device
     checkpoint = os.path.join(tmp, "hf_model")
     if rank == 0:
         tiny_llava("clip", seed=11).save_pretrained(checkpoint)

@@ -1,8 +1,9 @@
-"""A model's shapes without its weights: built on the meta device from its config, for checks.
+"""A model's shapes without its weights: built on the meta device from its config.
 
 `ds-hetero validate --model NAME_OR_PATH` runs the model-level checks (heads, kv heads, MLP
 width, vocabulary against each stage's tp) on such a model: no weights are read or allocated,
-and nothing is downloaded.
+and nothing is downloaded. `ds_hetero.initialize(meta_model(DIR), cfg, weights=DIR)` then fills
+it per stage and per tp shard (ds_hetero/loading/).
 """
 
 from __future__ import annotations
@@ -16,8 +17,14 @@ from ..errors import HeteroConfigError
 BUILTIN = ("tiny-llava", "tiny-qwen2-vl")  # ds_hetero/models/tiny.py, with their default sizes
 
 
-def meta_model(name_or_path: str) -> torch.nn.Module:
-    """A built-in tiny model's name, a Hugging Face checkpoint directory, or its config.json."""
+def meta_model(name_or_path, dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """A built-in tiny model's name, a Hugging Face checkpoint directory, its config.json, or a
+    config object; `dtype` that of its parameters (default: torch's default dtype)."""
+    if not isinstance(name_or_path, (str, os.PathLike)):  # a transformers config
+        from transformers import AutoModelForImageTextToText
+
+        with torch.device("meta"):
+            return AutoModelForImageTextToText.from_config(name_or_path, **({} if dtype is None else {"dtype": dtype}))
     if name_or_path in BUILTIN:
         from .tiny import tiny_llava, tiny_qwen2_vl
 
@@ -35,6 +42,6 @@ def meta_model(name_or_path: str) -> torch.nn.Module:
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     try:
         with torch.device("meta"):
-            return AutoModelForImageTextToText.from_config(config)
+            return AutoModelForImageTextToText.from_config(config, **({} if dtype is None else {"dtype": dtype}))
     except ValueError as exc:  # a config no image-text-to-text class takes
         raise HeteroConfigError("--model", f"{name_or_path!r}: {exc}") from None
