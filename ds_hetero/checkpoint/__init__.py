@@ -1,0 +1,19 @@
+"""Checkpoints of a HeteroEngine: a manifest per checkpoint, atomic publication, and loading
+into another layout.
+
+    engine.save_checkpoint(DIR)          # DIR/<tag>/{manifest.json, vision/, language/}, then DIR/latest
+    engine.load_checkpoint(DIR)          # same layout: DeepSpeed's own load (exact);
+                                         # another layout: resharded through per-parameter full tensors
+
+    manifest.py      what a checkpoint records (layouts, step, data position, versions, parameters)
+    publish.py       temporary name -> barrier -> one rename; the kill-point test hook
+    full_state.py    a stage's DeepSpeed files (any tp, dp, ZeRO 0/1/2) -> full per-parameter tensors
+    reshard.py       full per-parameter tensors -> a live stage engine of any layout
+    store.py         save / load orchestration used by HeteroEngine
+    hf_export.py     full weights -> a consolidated Hugging Face checkpoint
+"""
+
+from .manifest import CheckpointError, read_manifest
+from .store import load_checkpoint, save_checkpoint
+
+__all__ = ["CheckpointError", "load_checkpoint", "read_manifest", "save_checkpoint"]
