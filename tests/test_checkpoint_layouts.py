@@ -45,7 +45,7 @@ def _chain(rank, world_size, tmp):
     engine = engine_for(A, 7)
     out["a_first"] = [engine.train_batch(s).loss for s in first]
     engine.save_checkpoint(os.path.join(tmp, "ckpt_a"))
-    out["state_a"] = live_full_state(engine)
+    out["state_a"] = _portable(live_full_state(engine))
     out["a_continued"] = [engine.train_batch(s).loss for s in second]
     engine.groups.destroy()
 
@@ -56,7 +56,7 @@ def _chain(rank, world_size, tmp):
         out[f"{name}_continued"] = [engine.train_batch(s).loss for s in second]
         if name == "c":
             engine.save_checkpoint(os.path.join(tmp, "ckpt_c"))
-            out["state_c"] = live_full_state(engine)
+            out["state_c"] = _portable(live_full_state(engine))
         engine.groups.destroy()
 
     engine = engine_for(A, 99)
@@ -73,16 +73,25 @@ def _chain(rank, world_size, tmp):
     except CheckpointError as exc:
         out["refused"] = str(exc)
     after = full_named_parameters(engine)
-    out["unchanged"] = all(before[n].equal(after[n]) for n in before) and len(before) > 0
+    out["unchanged"] = bool(all(before[n].equal(after[n]) for n in before) and len(before) > 0)
     engine.groups.destroy()
     dist.barrier()
     return out
 
 
+def _portable(state):
+    """numpy, not tensors: torch passes tensors between processes by shared memory, which the
+    pytest process can no longer open once the rank has exited."""
+    return {n: {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in e.items()} for n, e in state.items()}
+
+
 def _merge(results, key):
+    import torch
+
     state = {}
     for r in results:
-        state.update(r[key])
+        state.update({n: {k: (torch.from_numpy(v) if hasattr(v, "shape") else v) for k, v in e.items()}
+                      for n, e in r[key].items()})
     return state
 
 

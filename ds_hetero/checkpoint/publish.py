@@ -9,7 +9,8 @@
 
 A kill at any moment leaves `latest` naming the previous complete checkpoint: before 3 the new
 one has no final name; between 3 and 4 it exists whole but is not yet `latest`. A leftover
-`.partial` folder is removed by the next save of the same tag.
+`.partial` folder is removed by the next save of the same tag. Saving a tag that exists but is
+not `latest` replaces it; the tag `latest` names is refused (its replacement could not be atomic).
 
 Kill points for tests: DS_HETERO_CHECKPOINT_KILL="<point>:<rank>" makes that rank SIGKILL itself
 when it reaches `point` (see POINTS); no sleeps or timing involved.
@@ -65,7 +66,13 @@ def _fsync_dir(path: str) -> None:
 def publish(save_dir: str, tag: str, rank: int) -> None:
     """Steps 3 and 4 (rank 0 only, after the barrier)."""
     kill_point("before_rename", rank)
-    os.rename(partial_dir(save_dir, tag), os.path.join(save_dir, tag))
+    final = os.path.join(save_dir, tag)
+    old = os.path.join(save_dir, f".{tag}.replaced")
+    if os.path.exists(final):  # an older or unpublished folder of this tag (never the one `latest` names)
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+    os.rename(partial_dir(save_dir, tag), final)
+    shutil.rmtree(old, ignore_errors=True)
     _fsync_dir(save_dir)
     kill_point("before_latest", rank)
     tmp = os.path.join(save_dir, "latest.tmp")

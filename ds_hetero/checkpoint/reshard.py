@@ -39,6 +39,24 @@ def _set_step(optimizer, step: float) -> None:
             state["step"] = torch.tensor(step, dtype=old.dtype, device=old.device) if torch.is_tensor(old) else type(old)(step)
 
 
+def _link_zero_optimizer_state(zero_optimizer, moments: tuple[str, ...]) -> None:
+    """Give a ZeRO 1/2 optimizer that has not stepped yet its (flat) Adam state, linked to the params.
+
+    DeepSpeed creates the base optimizer's state and links each parameter's view of it
+    (`_hp_mapping.optim_fragment`) only at the first step; its universal-checkpoint loader
+    builds them itself (BaseOptimizer.load_hp_checkpoint_state_from_checkpoint_dir). We do the
+    same before `safe_set_full_optimizer_state` can write through those views: zero state per
+    flat fp32 partition, then DeepSpeed's own linking (`_lazy_init_hp_params_optimizer_state`).
+    """
+    base = zero_optimizer.optimizer
+    for flat in zero_optimizer.single_partition_of_fp32_groups:
+        if not base.state.get(flat):
+            base.state[flat] = {"step": torch.zeros((), dtype=torch.float32),
+                                **{k: torch.zeros_like(flat) for k in moments}}
+    zero_optimizer._hp_optimizer_states_linked = False
+    zero_optimizer._lazy_init_hp_params_optimizer_state()
+
+
 @torch.no_grad()
 def apply_full_state(engine, module_params: dict[str, torch.nn.Parameter], state: dict[str, Any],
                      tp_rank: int, tp: int, zero: int) -> None:
@@ -48,6 +66,8 @@ def apply_full_state(engine, module_params: dict[str, torch.nn.Parameter], state
     full = state["params"]
     optimizer = engine.optimizer
     step = state.get("step")
+    if zero != 0:
+        _link_zero_optimizer_state(optimizer, MOMENTS)
     for name, param in module_params.items():
         entry = full[name]
         shard = split_full(entry["fp32"], param, tp_rank, tp).to(param.device)

@@ -45,10 +45,10 @@ def save_checkpoint(engine, save_dir: str | os.PathLike, tag: str | None = None)
     """Write DIR/<tag> under a temporary name, then publish it (publish.py); all ranks call it."""
     save_dir = os.fspath(save_dir)
     tag = tag or f"global_step{engine.global_steps}"
-    final = os.path.join(save_dir, tag)
-    if os.path.exists(final):  # every rank sees the same folder: the same error everywhere
-        raise CheckpointError(f"{final} exists; a published checkpoint is never overwritten (pass another tag, "
-                              f"or delete it first)")
+    latest = os.path.join(save_dir, "latest")
+    if os.path.isfile(latest) and open(latest).read().strip() == tag:  # the same answer on every rank
+        raise CheckpointError(f"{os.path.join(save_dir, tag)} is the checkpoint 'latest' names; replacing it in "
+                              f"place could leave no loadable checkpoint: pass another tag")
     rank = engine.rank
     if rank == 0:
         os.makedirs(save_dir, exist_ok=True)
