@@ -325,6 +325,21 @@ class HeteroEngine:
         dist.all_reduce(vec, group=self.groups.boundary)
         return math.sqrt(vec[: len(names)].sum().item()), vec[-2].item(), int(vec[-1].item())
 
+    # ------------------------------------------------------------------ evaluation and export
+    def eval_batch(self, samples: Sequence[dict[str, Any]]) -> float:
+        """Forward only, no gradients: the loss of `samples` (full samples, the same list on every
+        rank, any number), identical on every rank; see schedule/evaluation.py."""
+        from .schedule.evaluation import EvaluationSchedule
+
+        return EvaluationSchedule(self).run(samples)
+
+    def save_pretrained(self, save_dir: str | os.PathLike) -> None:
+        """A consolidated Hugging Face checkpoint (`from_pretrained(save_dir)`); all ranks call it.
+        See checkpoint/hf_gather.py."""
+        from .checkpoint.hf_gather import save_pretrained
+
+        save_pretrained(self, save_dir)
+
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None) -> str:
         """Save every stage under save_dir/<tag> with a manifest, then publish `latest`; all ranks call it.

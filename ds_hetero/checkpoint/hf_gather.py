@@ -1,0 +1,97 @@
+"""`HeteroEngine.save_pretrained`: gather the live, sharded weights into a Hugging Face checkpoint.
+
+Per stage, on the stage's ranks only:
+    ZeRO-3 partitions   -> deepspeed.zero.GatheredParameters over the stage's dp group
+    tp shards           -> gather_full over the tp group (the shard tags every tp parameter
+                           carries: partition_dim / stride / full size; drops vocabulary padding)
+    names               -> by identity with `model.state_dict(keep_vars=True)`: the stage modules
+                           share the model's parameter objects, so each tensor gets the name(s)
+                           the model itself uses (tied aliases keep every name; the writer drops them)
+
+Who writes what: the first rank of each stage writes that stage's weights to its own file
+(`model-0000i-of-0000n.safetensors`), then rank 0 writes the index and the configs from the
+(small) weight maps every writer reports. Why not gather everything on rank 0: in disaggregated
+placement no rank holds both stages, and moving one stage's full weights over the boundary
+would cost rank 0 the memory of the whole model and the network the whole model's bytes; with
+one file per stage nothing but names and sizes crosses the boundary, and both writers write at
+the same time. `from_pretrained` reads any file split listed by the index.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+from ..mpu import stage_context
+from ..tensor_parallel import gather_full
+from .hf_export import shard_file_name, write_index, write_weights_file
+
+
+def _stage_tensors(engine) -> dict[str, list[torch.Tensor]]:
+    """Every stage's parameters and persistent buffers (deduplicated, module order); checks coverage."""
+    modules = engine.adapter.split()
+    named = engine.model.state_dict(keep_vars=True)
+    owner: dict[int, str] = {}
+    out: dict[str, list[torch.Tensor]] = {}
+    for stage in engine.config.stage_names:
+        tensors = []
+        for t in list(modules[stage].parameters()) + list(modules[stage].buffers()):
+            if id(t) not in owner:
+                owner[id(t)] = stage
+                tensors.append(t)
+        out[stage] = tensors
+    missing = sorted(n for n, t in named.items() if id(t) not in owner)
+    if missing:  # the adapter's stages must cover the whole model, or the checkpoint would be partial
+        raise RuntimeError(f"save_pretrained: {len(missing)} model tensors belong to no stage, e.g. {missing[:3]}")
+    return out
+
+
+def _full(engine, stage: str, t: torch.Tensor, on_writer_replica: bool) -> torch.Tensor | None:
+    """The full tensor on the ranks of the writer's tp group (None elsewhere); collective over the stage."""
+    import deepspeed
+
+    gathered = (deepspeed.zero.GatheredParameters([t], modifier_rank=None) if hasattr(t, "ds_id")
+                else contextlib.nullcontext())
+    with gathered:
+        if not on_writer_replica:
+            return None
+        if getattr(t, "tensor_model_parallel", False):
+            return gather_full(t.data, t, engine.groups[stage].tp).cpu()
+        return t.detach().to("cpu", copy=True)
+
+
+def save_pretrained(engine, save_dir: str | os.PathLike) -> None:
+    """Write a consolidated Hugging Face checkpoint of the engine's current weights; all ranks call it."""
+    save_dir = os.fspath(save_dir)
+    names: dict[int, list[str]] = defaultdict(list)
+    for name, t in engine.model.state_dict(keep_vars=True).items():
+        names[id(t)].append(name)
+    per_stage = _stage_tensors(engine)  # raises on every rank alike, before any collective
+    n_files = len(per_stage)
+    report = ({}, 0)
+    for i, stage in enumerate(engine.config.stage_names):
+        if stage not in engine.engines:  # disaggregated: another rank set holds it
+            continue
+        coord = engine.coords[stage]
+        on_writer_replica = coord.dp == 0 and coord.cp == 0
+        is_writer = engine.rank == engine.config.stages[stage].ranks[0]
+        full = {}
+        with stage_context(engine.mpus[stage]):
+            for t in per_stage[stage]:
+                value = _full(engine, stage, t, on_writer_replica)
+                if is_writer:
+                    for name in names[id(t)]:
+                        full[name] = value
+        if is_writer:
+            weight_map, size = write_weights_file(save_dir, shard_file_name(i, n_files), full, engine.model)
+            report = ({**report[0], **weight_map}, report[1] + size)
+    reports = [None] * dist.get_world_size(engine.groups.boundary)
+    dist.all_gather_object(reports, report, group=engine.groups.boundary)
+    if engine.rank == 0:
+        weight_map = {k: v for r in reports for k, v in r[0].items()}
+        write_index(save_dir, weight_map, sum(r[1] for r in reports), engine.model)
+    dist.barrier(group=engine.groups.boundary)
