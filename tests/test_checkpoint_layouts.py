@@ -121,7 +121,8 @@ def test_checkpoint_moves_between_layouts(tmp_path):
     assert all(r["c_continued"] == c_losses for r in results)  # vision ranks learn the loss too
 
     state_c = _merge(results, "state_c")
-    _assert_close(r0["d_continued"], continue_single_process(state_c, third), "disaggregated ZeRO 0 -> colocated ZeRO 1")
+    _assert_close(r0["d_continued"], continue_single_process(state_c, third),
+                  "disaggregated ZeRO 0 -> colocated ZeRO 1")
 
     # negative control: without the Adam moments the continuation is measurably different
     fresh = continue_single_process(state_a, second, moments=False)
@@ -129,7 +130,7 @@ def test_checkpoint_moves_between_layouts(tmp_path):
 
     for r in results:
         msg = r["refused"]
-        assert msg is not None and "not the same model" in msg or "rank" in msg, msg
+        assert msg is not None and "stage language: not the same model" in msg, msg  # every rank holds it
         assert r["unchanged"], "a refused load changed weights"
     msg = r0["refused"]
     assert "vision: saved tp1 cp1 dp4 ranks [0, 1, 2, 3], colocated, ZeRO 1, float32; current tp2 cp1 dp2" in msg, msg

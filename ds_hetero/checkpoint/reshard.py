@@ -36,7 +36,8 @@ def _set_step(optimizer, step: float) -> None:
     for state in optimizer.state.values():
         if "step" in state:
             old = state["step"]
-            state["step"] = torch.tensor(step, dtype=old.dtype, device=old.device) if torch.is_tensor(old) else type(old)(step)
+            state["step"] = (torch.tensor(step, dtype=old.dtype, device=old.device) if torch.is_tensor(old)
+                             else type(old)(step))
 
 
 def _link_zero_optimizer_state(zero_optimizer, moments: tuple[str, ...]) -> None:

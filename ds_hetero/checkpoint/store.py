@@ -26,7 +26,7 @@ import torch.distributed as dist
 from ..mpu import stage_context
 from . import publish
 from .full_state import stage_full_state
-from .manifest import (MANIFEST, PARAMS, CheckpointError, build_manifest, describe_layout, engine_facts,
+from .manifest import (MANIFEST, PARAMS, CheckpointError, build_manifest, data_position, describe_layout, engine_facts,
                        read_manifest, read_stage_params, resolve_tag, same_layout, stage_params, write_json)
 from .reshard import apply_full_state
 
@@ -138,9 +138,22 @@ def load_checkpoint(engine, load_dir: str | os.PathLike, tag: str | None = None)
             with stage_context(engine.mpus[name]):
                 apply_full_state(stage_engine, dict(stage_engine.module.named_parameters()), state,
                                  engine.coords[name].tp, layout.tp, _current_zero(engine))
-    engine.global_steps = manifest["step"]
+    engine.global_steps = manifest["step"]  # the loader's position: its order is a function of (seed, step)
+    _warn_if_data_differs(engine, manifest["data"])
     dist.barrier(group=engine.groups.boundary)
     return tag
+
+
+def _warn_if_data_differs(engine, saved: dict[str, Any]) -> None:
+    """Resuming at the saved step continues the same data order only with the same data and batch."""
+    import warnings
+
+    current = data_position(engine)
+    keys = [k for k in ("global_batch_size", "seed", "dataset_size", "shuffle") if k in saved and k in current]
+    changed = [f"{k} {saved[k]} -> {current[k]}" for k in keys if saved[k] != current[k]]
+    if changed and engine.rank == 0:
+        warnings.warn(f"ds_hetero: resuming at step {saved['global_steps']} with other data settings "
+                      f"({', '.join(changed)}): the data order does not continue the saved run's", stacklevel=3)
 
 
 def _current_zero(engine) -> int:
