@@ -96,7 +96,7 @@ def stage_params(engine, stage: str) -> dict[str, Any]:
     hf_names = {id(p): n for n, p in engine.model.named_parameters()}
     params = {}
     for name, p in module.named_parameters():
-        shape = list(p.shape)
+        shape = list(getattr(p, "ds_shape", p.shape))  # ZeRO 3 keeps only a partition in p
         split = None
         if getattr(p, "tensor_model_parallel", False) and engine.config.stages[stage].tp > 1:
             dim = p.partition_dim

@@ -40,6 +40,14 @@ def _set_step(optimizer, step: float) -> None:
                              else type(old)(step))
 
 
+def _step_value(optimizer, step: float):
+    """A step count as `optimizer` keeps it: torch's Adam a float tensor (on the CPU unless
+    capturable/fused), DeepSpeed's FusedAdam and CPU Adam a Python int."""
+    if type(optimizer).__module__.startswith("torch.optim"):
+        return torch.tensor(float(step), dtype=torch.float32)
+    return int(step)
+
+
 def _link_zero_optimizer_state(zero_optimizer, moments: tuple[str, ...]) -> None:
     """Give a ZeRO 1/2 optimizer that has not stepped yet its (flat) Adam state, linked to the params.
 
@@ -52,7 +60,7 @@ def _link_zero_optimizer_state(zero_optimizer, moments: tuple[str, ...]) -> None
     base = zero_optimizer.optimizer
     for flat in zero_optimizer.single_partition_of_fp32_groups:
         if not base.state.get(flat):
-            base.state[flat] = {"step": torch.zeros((), dtype=torch.float32),
+            base.state[flat] = {"step": _step_value(base, 0),
                                 **{k: torch.zeros_like(flat) for k in moments}}
     zero_optimizer._hp_optimizer_states_linked = False
     zero_optimizer._lazy_init_hp_params_optimizer_state()
@@ -77,8 +85,8 @@ def apply_full_state(engine, module_params: dict[str, torch.nn.Parameter], state
             continue
         moments = {k: split_full(entry[k], param, tp_rank, tp).to(param.device) for k in MOMENTS}
         if zero == 0:
-            ref = torch.zeros((), dtype=torch.float32)  # torch Adam keeps step on the CPU as a float tensor
-            optimizer.state[param] = {"step": ref + step, **{k: v.to(param.dtype).clone() for k, v in moments.items()}}
+            optimizer.state[param] = {"step": _step_value(optimizer, step),
+                                      **{k: v.to(param.dtype).clone() for k, v in moments.items()}}
         else:
             safe_set_full_fp32_param(param, shard)
             for key, value in moments.items():

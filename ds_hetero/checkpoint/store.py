@@ -92,7 +92,7 @@ def refusal(manifest: dict[str, Any], current: dict[str, Any], ckpt_dir: str, en
         saved = read_stage_params(ckpt_dir, name)["params"]
         here = {}
         for pname, p in stage_engine.module.named_parameters():
-            shape = list(p.shape)
+            shape = list(getattr(p, "ds_shape", p.shape))  # ZeRO 3 keeps only a partition in p
             if getattr(p, "tensor_model_parallel", False) and current["stages"][name]["tp"] > 1:
                 shape[p.partition_dim] = p.partition_full_size
             here[pname] = shape
