@@ -2,7 +2,7 @@
 
     1. every rank writes under DIR/.<tag>.partial/ (its stages' DeepSpeed files; the stage's
        first rank adds params.json; rank 0 the manifest)
-    2. barrier over all ranks
+    2. one all-reduce over all ranks: the barrier, carrying any rank's write error to all
     3. rank 0 renames DIR/.<tag>.partial -> DIR/<tag> (one rename of a directory: atomic)
     4. rank 0 writes DIR/latest.tmp and renames it over DIR/latest (atomic)
     5. barrier

@@ -45,8 +45,7 @@ def save_checkpoint(engine, save_dir: str | os.PathLike, tag: str | None = None)
     """Write DIR/<tag> under a temporary name, then publish it (publish.py); all ranks call it."""
     save_dir = os.fspath(save_dir)
     tag = tag or f"global_step{engine.global_steps}"
-    latest = os.path.join(save_dir, "latest")
-    if os.path.isfile(latest) and open(latest).read().strip() == tag:  # the same answer on every rank
+    if os.path.isfile(os.path.join(save_dir, "latest")) and resolve_tag(save_dir, None) == tag:  # same on every rank
         raise CheckpointError(f"{os.path.join(save_dir, tag)} is the checkpoint 'latest' names; replacing it in "
                               f"place could leave no loadable checkpoint: pass another tag")
     rank = engine.rank
@@ -60,14 +59,19 @@ def save_checkpoint(engine, save_dir: str | os.PathLike, tag: str | None = None)
         with stage_context(engine.mpus[name]):
             stage_engine.save_checkpoint(os.path.join(partial, name), tag=tag, save_latest=False,
                                          client_state={"ds_hetero_global_steps": engine.global_steps})
-        if rank == engine.config.stages[name].ranks[0]:
-            write_json(os.path.join(partial, name, PARAMS), stage_params(engine, name))
         if i == 0 and len(engine.engines) > 1:
             publish.kill_point("stage_written", rank)
-    if rank == 0:
-        write_json(os.path.join(partial, MANIFEST), build_manifest(engine, tag))
+    problem = None
+    try:  # our own files: a failure (disk full, permissions) makes every rank raise, none waits
+        for name in engine.engines:
+            if rank == engine.config.stages[name].ranks[0]:
+                write_json(os.path.join(partial, name, PARAMS), stage_params(engine, name))
+        if rank == 0:
+            write_json(os.path.join(partial, MANIFEST), build_manifest(engine, tag))
+    except OSError as exc:
+        problem = f"writing the checkpoint's metadata under {partial}: {exc}"
     publish.kill_point("rank_written", rank)
-    dist.barrier(group=engine.groups.boundary)
+    _agree(engine, problem, "write the checkpoint")  # also the barrier: every rank has written
     if rank == 0:
         publish.publish(save_dir, tag, rank)
     dist.barrier(group=engine.groups.boundary)
@@ -120,8 +124,8 @@ def load_checkpoint(engine, load_dir: str | os.PathLike, tag: str | None = None)
         manifest = read_manifest(load_dir, tag)
         ckpt_dir = os.path.join(load_dir, tag)
         problem = refusal(manifest, engine_facts(engine), ckpt_dir, engine)
-    except (OSError, ValueError) as exc:
-        problem = str(exc)
+    except (OSError, ValueError, KeyError) as exc:
+        problem = f"{type(exc).__name__}: {exc}" if isinstance(exc, KeyError) else str(exc)
     _agree(engine, problem, "read the checkpoint")
 
     if same_layout(manifest, engine_facts(engine)):
