@@ -1,11 +1,14 @@
 """`ds-hetero` command line: validate a config and show its rank map.
 
-    ds-hetero validate ds_configs/llava_colocated.json --world-size 4
+    ds-hetero validate ds_configs/llava_colocated.json --world-size 4 [--model tiny-llava]
     ds-hetero checkpoint info CKPT_DIR          (checkpoint/commands.py)
     ds-hetero checkpoint convert CKPT_DIR --to-hf OUT
 
 Exit code 0 with the rank map when the config is valid for that world size, 1 with the
-validation error otherwise.
+validation error otherwise. `validate` runs the checks `initialize` runs before its first
+collective (ds_hetero/support.py); with `--model` (a Hugging Face checkpoint directory or
+config.json, or a built-in tiny model) also the model's own (heads, kv heads, vocabulary against
+tp), on a model built on the meta device: no weights are read.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import sys
 
 from .config import HeteroConfig, load_config
 from .errors import HeteroConfigError
+from .models.meta import BUILTIN, meta_model
+from .support import check_all
 
 
 def rank_map(cfg: HeteroConfig) -> str:
@@ -65,6 +70,8 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 def _validate(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, args.world_size)
+        model = meta_model(args.model) if args.model else None
+        check_all(cfg, model, has_client_optimizer=args.client_optimizer)
     except HeteroConfigError as exc:
         print(f"invalid: {exc}", file=sys.stderr)
         return 1
@@ -79,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="validate a DeepSpeed config's hetero_parallel section, print the rank map")
     validate.add_argument("config", help="DeepSpeed JSON or YAML with a hetero_parallel section")
     validate.add_argument("--world-size", type=int, required=True, help="number of ranks the job will run on")
+    validate.add_argument("--model", default=None, metavar="NAME_OR_PATH",
+                          help="also check the model's shapes against the layouts: a Hugging Face checkpoint "
+                          "directory or config.json, or " + " / ".join(BUILTIN) + " (built on the meta device)")
+    validate.add_argument("--client-optimizer", action="store_true",
+                          help="the job passes initialize(..., optimizer=callable): no \"optimizer\" section needed")
     validate.set_defaults(func=_validate)
     from .checkpoint.commands import add_parser as add_checkpoint_parser
 
