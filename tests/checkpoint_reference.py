@@ -74,5 +74,5 @@ def continue_single_process(state, batches, family="llava", clip=1.0, moments=Tr
                 opt.state[p] = {"step": torch.tensor(state[name]["step"]),
                                 "exp_avg": state[name]["exp_avg"].clone(),
                                 "exp_avg_sq": state[name]["exp_avg_sq"].clone()}
-    losses, _ = reference_train(family, model, batches, lambda _: opt, clip)
+    losses = reference_train(family, model, batches, lambda _: opt, clip)[0]
     return losses
