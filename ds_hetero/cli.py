@@ -1,6 +1,8 @@
 """`ds-hetero` command line: validate a config and show its rank map.
 
     ds-hetero validate ds_configs/llava_colocated.json --world-size 4 [--model tiny-llava]
+    ds-hetero checkpoint info CKPT_DIR          (checkpoint/commands.py)
+    ds-hetero checkpoint convert CKPT_DIR --to-hf OUT
 
 Exit code 0 with the rank map when the config is valid for that world size, 1 with the
 validation error otherwise. `validate` runs the checks `initialize` runs before its first
@@ -91,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--client-optimizer", action="store_true",
                           help="the job passes initialize(..., optimizer=callable): no \"optimizer\" section needed")
     validate.set_defaults(func=_validate)
+    from .checkpoint.commands import add_parser as add_checkpoint_parser
+
+    add_checkpoint_parser(sub)
     return parser
 
 

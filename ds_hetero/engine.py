@@ -303,29 +303,19 @@ class HeteroEngine:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None) -> str:
-        """Every stage's engine saves under save_dir/<stage>/<tag>; all ranks must call it."""
-        tag = tag or f"global_step{self.global_steps}"
-        for name, engine in self.engines.items():
-            with stage_context(self.mpus[name]):
-                engine.save_checkpoint(os.path.join(os.fspath(save_dir), name), tag=tag,
-                                       client_state={"ds_hetero_global_steps": self.global_steps})
-        # DeepSpeed writes the `latest` file only on global rank 0; write it per stage.
-        if self.rank == 0:
-            with open(os.path.join(os.fspath(save_dir), "latest"), "w") as f:
-                f.write(tag)
-        dist.barrier(group=self.groups.boundary)
-        return tag
+        """Save every stage under save_dir/<tag> with a manifest, then publish `latest`; all ranks call it.
+
+        See ds_hetero/checkpoint/: `latest` names only a checkpoint every rank finished writing.
+        """
+        from .checkpoint import save_checkpoint
+
+        return save_checkpoint(self, save_dir, tag)
 
     def load_checkpoint(self, load_dir: str | os.PathLike, tag: str | None = None) -> str:
-        if tag is None:
-            with open(os.path.join(os.fspath(load_dir), "latest")) as f:
-                tag = f.read().strip()
-        for name, engine in self.engines.items():
-            with stage_context(self.mpus[name]):
-                _, client = engine.load_checkpoint(os.path.join(os.fspath(load_dir), name), tag=tag)
-            if client:
-                self.global_steps = int(client.get("ds_hetero_global_steps", self.global_steps))
-        return tag
+        """Load save_dir's `latest` (or `tag`), saved with this layout or any other; all ranks call it."""
+        from .checkpoint import load_checkpoint
+
+        return load_checkpoint(self, load_dir, tag)
 
 
 def initialize(model, config, training_data=None, collate_fn=None, **kwargs) -> HeteroEngine:

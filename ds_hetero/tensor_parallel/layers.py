@@ -63,12 +63,16 @@ def gather_full(tensor: torch.Tensor, like: nn.Parameter, group) -> torch.Tensor
     """
     if not getattr(like, "tensor_model_parallel", False):
         return tensor.detach().clone()
-    dim, stride = like.partition_dim, like.partition_stride
     pieces = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
     dist.all_gather(pieces, tensor.detach().contiguous(), group=group)
+    return merge_shards(pieces, like.partition_dim, like.partition_stride, like.partition_full_size)
+
+
+def merge_shards(pieces: list[torch.Tensor], dim: int, stride: int, full_size: int) -> torch.Tensor:
+    """Undo `shard_tensor` over all tp ranks' shards (in tp rank order); drops vocabulary padding."""
     per_rank = [p.chunk(stride, dim) for p in pieces]
     full = torch.cat([seg[s] for s in range(stride) for seg in per_rank], dim)
-    return full.narrow(dim, 0, like.partition_full_size).contiguous()
+    return full.narrow(dim, 0, full_size).contiguous()
 
 
 def _group_coords(group) -> tuple[int, int]:

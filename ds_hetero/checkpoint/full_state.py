@@ -1,0 +1,135 @@
+"""A stage's DeepSpeed checkpoint files, of any tp, dp and ZeRO stage 0/1/2, as full tensors.
+
+    state = stage_full_state(ckpt_dir, "language", manifest)   # cached in ckpt_dir/full_state/
+    state["params"][name] = {"fp32": full tensor, "exp_avg": ..., "exp_avg_sq": ...}
+    state["step"], state["lr_scheduler"], state["global_steps"], state["global_samples"], ...
+
+Why not DeepSpeed's Universal Checkpointing (`ds_to_universal` + `"load_universal": true`),
+which does the same two merges: (1) a ZeRO-0 checkpoint has no `*_optim_states.pt` files (the
+optimizer state sits in `mp_rank_*_model_states.pt`), and DeepSpeed loads a universal checkpoint
+only into a ZeRO / BF16 optimizer, so ZeRO 0 on either side of a conversion is outside it; (2)
+its tp merge reads regex patterns (row-parallel, replicated, vocabulary) and reslices on load
+with the Megatron-style loader that is not aware of our fused, strided shards (Qwen2-VL's qkv,
+`partition_stride` 3) and takes the tp rank from the process-global mpu; our parameters carry
+exact shard metadata (dim, stride, full size), recorded in params.json. So: the ZeRO merge
+reads the same fields ds_to_universal reads (`param_slice_mappings`, the flat fp32 partitions,
+the base optimizer state), the tp merge uses our metadata (`merge_shards`, the inverse of the
+split every layer does), and the re-split goes through DeepSpeed's public
+`safe_set_full_fp32_param` / `safe_set_full_optimizer_state` (reshard.py).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from typing import Any
+
+import torch
+
+from ..tensor_parallel.layers import merge_shards
+from .manifest import CheckpointError, read_stage_params
+
+CACHE = "full_state"
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _load(path: str) -> dict[str, Any]:
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def _tp_slices(stage_dir: str, meta: dict[str, Any], zero: int, tp: int) -> tuple[list[dict], dict]:
+    """Per tp rank: {name: {"fp32", "exp_avg", "exp_avg_sq"}} (this tp rank's shard, full over dp)."""
+    slices: list[dict[str, dict[str, torch.Tensor]]] = []
+    common: dict[str, Any] = {}
+    steps = set()
+    for t in range(tp):
+        model_states = _load(os.path.join(stage_dir, f"mp_rank_{t:02d}_model_states.pt"))
+        if t == 0:
+            common = {k: model_states.get(k) for k in ("lr_scheduler", "global_steps", "global_samples",
+                                                       "skipped_steps")}
+        shard: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in model_states["module"].items():
+            shard[name] = {"fp32": tensor.float()}  # frozen parameters keep their model weights
+        if zero == 0:
+            opt = model_states["optimizer"]
+            if opt is not None:
+                order = meta["optimizer_order"]
+                indices = [i for g in opt["param_groups"] for i in g["params"]]
+                for i in indices:
+                    state = opt["state"].get(i)
+                    if state:
+                        shard[order[i]].update({k: state[k].float() for k in MOMENTS})
+                        steps.add(float(state["step"]))
+        else:
+            _merge_zero_partitions(stage_dir, t, shard, steps)
+        slices.append(shard)
+    if len(steps) > 1:
+        raise CheckpointError(f"{stage_dir}: parameters at different optimizer steps {sorted(steps)}")
+    common["step"] = steps.pop() if steps else None
+    return slices, common
+
+
+def _merge_zero_partitions(stage_dir: str, t: int, shard: dict, steps: set) -> None:
+    """ZeRO 1/2: concatenate each parameter's fragments over the dp partitions, in dp order."""
+    files = glob.glob(os.path.join(stage_dir, f"zero_pp_rank_*_mp_rank_{t:02d}_optim_states.pt"))
+    by_dp = sorted(files, key=lambda p: int(re.search(r"zero_pp_rank_(\d+)_", os.path.basename(p)).group(1)))
+    if not by_dp:
+        raise CheckpointError(f"{stage_dir}: no ZeRO optimizer files for tp rank {t}")
+    fragments: dict[str, dict[str, list[torch.Tensor]]] = {}
+    for path in by_dp:
+        osd = _load(path)["optimizer_state_dict"]
+        flats = osd["single_partition_of_fp32_groups"]
+        states = osd["base_optimizer_state"]["state"]
+        for g, mapping in enumerate(osd["param_slice_mappings"]):
+            flat = {"fp32": flats[g], **{k: states[g][k] for k in MOMENTS}}
+            steps.add(float(states[g]["step"]))
+            for name, frag in mapping.items():
+                for key, tensor in flat.items():
+                    fragments.setdefault(name, {}).setdefault(key, []).append(
+                        tensor.narrow(0, frag.start, frag.numel).float())
+    for name, parts in fragments.items():
+        shape = shard[name]["fp32"].shape
+        for key, pieces in parts.items():
+            shard[name][key] = torch.cat(pieces).reshape(shape)
+
+
+def read_stage(ckpt_dir: str, stage: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Read and merge (no cache): the full state of one stage."""
+    meta = read_stage_params(ckpt_dir, stage)
+    layout = manifest["stages"][stage]
+    zero = manifest["zero_stage"]
+    if zero not in (0, 1, 2):
+        raise CheckpointError(f"{ckpt_dir}: ZeRO stage {zero} checkpoints cannot be resharded yet (ZeRO 0, 1, 2 can)")
+    # the stage engine's DeepSpeed files: ckpt_dir/<stage>/<tag>/ (store.py)
+    slices, common = _tp_slices(os.path.join(ckpt_dir, stage, manifest["tag"]), meta, zero, layout["tp"])
+    params = {}
+    for name, info in meta["params"].items():
+        split = info["tp_split"]
+        merged = {}
+        for key in slices[0][name]:
+            pieces = [s[name][key] for s in slices]
+            merged[key] = (merge_shards(pieces, split["dim"], split["stride"], info["shape"][split["dim"]])
+                           if split else pieces[0])
+            if list(merged[key].shape) != info["shape"]:
+                raise CheckpointError(f"{ckpt_dir}/{stage}: {name} {key} merges to {list(merged[key].shape)}, "
+                                      f"params.json says {info['shape']}")
+        params[name] = merged
+    return {"params": params, **common}
+
+
+def stage_full_state(ckpt_dir: str, stage: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The cached full state (ckpt_dir/full_state/<stage>.pt), converting first if absent.
+
+    Written under a temporary name and renamed, so a reader never sees half a file; two ranks
+    converting the same stage at once write identical content.
+    """
+    path = os.path.join(ckpt_dir, CACHE, f"{stage}.pt")
+    if not os.path.isfile(path):
+        state = read_stage(ckpt_dir, stage, manifest)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+        return state
+    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)

@@ -1,0 +1,181 @@
+"""What a checkpoint records, in `DIR/<tag>/manifest.json` (small, human-readable JSON).
+
+    format        "ds_hetero.checkpoint/1"
+    tag, step     the tag and HeteroEngine.global_steps at the save
+    data          the loader's position: steps taken, samples consumed, seed, epoch and step in
+                  the epoch; resuming at `step` continues the same data order (the loader's
+                  order is a pure function of (seed, step))
+    placement, world_size, zero_stage, dtype, optimizer
+    stages        per stage: tp, cp, dp, ranks, sequence_parallel
+    model         the Hugging Face class and config (for `ds-hetero checkpoint convert --to-hf`)
+    versions      ds_hetero, deepspeed, torch, transformers
+
+Each stage folder also holds `params.json`, written by the stage's first rank (in disaggregated
+placement rank 0 does not hold every stage): every parameter's full shape, its tp split (dim,
+stride) and Hugging Face name, and the optimizer's parameter order (ZeRO 0 files index by it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+FORMAT = "ds_hetero.checkpoint/1"
+MANIFEST = "manifest.json"
+PARAMS = "params.json"
+LAYOUT_KEYS = ("tp", "cp", "dp", "ranks", "sequence_parallel")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded here; raised on every rank before anything changes."""
+
+
+def versions() -> dict[str, str]:
+    import deepspeed
+    import torch
+    import transformers
+
+    from .. import __version__ as ds_hetero_version
+
+    return {"ds_hetero": ds_hetero_version, "deepspeed": deepspeed.__version__, "torch": torch.__version__,
+            "transformers": transformers.__version__}
+
+
+def zero_stage(ds_config: dict[str, Any]) -> int:
+    section = ds_config.get("zero_optimization")
+    return int(section.get("stage", 0)) if isinstance(section, dict) else 0
+
+
+def engine_facts(engine) -> dict[str, Any]:
+    """The facts of the running engine a checkpoint is compared against (the same on every rank)."""
+    cfg = engine.config
+    return {
+        "placement": cfg.placement,
+        "world_size": cfg.world_size,
+        "zero_stage": zero_stage(cfg.ds_config),
+        "dtype": str(engine.boundary_dtype).replace("torch.", ""),
+        "stages": {name: {"tp": l.tp, "cp": l.cp, "dp": l.dp, "ranks": list(l.ranks),
+                          "sequence_parallel": l.sequence_parallel} for name, l in cfg.stages.items()},
+    }
+
+
+def data_position(engine) -> dict[str, Any]:
+    """Where the loader stands: its order is a pure function of (seed, step), so the step suffices."""
+    step = engine.global_steps
+    position = {"global_steps": step, "samples_consumed": step * engine.config.global_batch_size,
+                "global_batch_size": engine.config.global_batch_size}
+    loader = engine.loader
+    if loader is not None:
+        per_epoch = getattr(loader, "steps_per_epoch", None)
+        position.update(seed=getattr(loader, "seed", None), shuffle=getattr(loader, "shuffle", None),
+                        dataset_size=len(loader.dataset))
+        if per_epoch:
+            position.update(epoch=step // per_epoch, step_in_epoch=step % per_epoch)
+    return position
+
+
+def build_manifest(engine, tag: str) -> dict[str, Any]:
+    model = engine.model
+    optimizers = {type(getattr(e.optimizer, "optimizer", e.optimizer)).__name__ for e in engine.engines.values()}
+    return {
+        "format": FORMAT,
+        "tag": tag,
+        "step": engine.global_steps,
+        "data": data_position(engine),
+        **engine_facts(engine),
+        "optimizer": sorted(optimizers)[0],
+        "model": {"class": type(model).__name__, "config": json.loads(model.config.to_json_string())},
+        "versions": versions(),
+    }
+
+
+def stage_params(engine, stage: str) -> dict[str, Any]:
+    """params.json of one stage, from a rank that holds it: full shapes, tp splits, HF names."""
+    module = engine.engines[stage].module
+    hf_names = {id(p): n for n, p in engine.model.named_parameters()}
+    params = {}
+    for name, p in module.named_parameters():
+        shape = list(getattr(p, "ds_shape", p.shape))  # ZeRO 3 keeps only a partition in p
+        split = None
+        if getattr(p, "tensor_model_parallel", False) and engine.config.stages[stage].tp > 1:
+            dim = p.partition_dim
+            shape[dim] = p.partition_full_size
+            split = {"dim": dim, "stride": p.partition_stride}
+        params[name] = {"shape": shape, "tp_split": split, "hf_name": hf_names.get(id(p), name),
+                        "trainable": p.requires_grad}
+    names = {id(p): n for n, p in module.named_parameters()}
+    optimizer = engine.engines[stage].optimizer
+    order = []
+    if hasattr(optimizer, "param_groups") and not hasattr(optimizer, "bit16_groups"):
+        order = [names[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in names]
+    return {"params": params, "optimizer_order": order}
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def resolve_tag(load_dir: str, tag: str | None) -> str:
+    if tag is not None:
+        return tag
+    path = os.path.join(load_dir, "latest")
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{load_dir}: no 'latest' file; no checkpoint was published here "
+                              f"(pass tag= to load a specific one)")
+    with open(path) as f:
+        return f.read().strip()
+
+
+def read_manifest(load_dir: str | os.PathLike, tag: str | None = None) -> dict[str, Any]:
+    load_dir = os.fspath(load_dir)
+    tag = resolve_tag(load_dir, tag)
+    path = os.path.join(load_dir, tag, MANIFEST)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{os.path.join(load_dir, tag)}: no {MANIFEST}; not a ds_hetero checkpoint of this "
+                              f"format (or an unfinished save)")
+    with open(path) as f:
+        manifest = json.load(f)
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    return manifest
+
+
+def read_stage_params(ckpt_dir: str, stage: str) -> dict[str, Any]:
+    with open(os.path.join(ckpt_dir, stage, PARAMS)) as f:
+        return json.load(f)
+
+
+def describe_layout(facts: dict[str, Any], stage: str) -> str:
+    l = facts["stages"].get(stage)
+    if l is None:
+        return "absent"
+    return (f"tp{l['tp']} cp{l['cp']} dp{l['dp']} ranks {l['ranks']}, {facts['placement']}, "
+            f"ZeRO {facts['zero_stage']}, {facts['dtype']}")
+
+
+def same_layout(saved: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Whether DeepSpeed's own per-engine load applies (every rank keeps its files' shard)."""
+    keys = ("placement", "world_size", "zero_stage", "dtype")
+    return all(saved[k] == current[k] for k in keys) and all(
+        {k: saved["stages"].get(s, {}).get(k) for k in LAYOUT_KEYS} == {k: l[k] for k in LAYOUT_KEYS}
+        for s, l in current["stages"].items())
+
+
+def format_manifest(manifest: dict[str, Any]) -> str:
+    """`ds-hetero checkpoint info`: the manifest, readable, then the raw JSON without the model config."""
+    lines = [f"checkpoint {manifest['tag']}  step {manifest['step']}  ({manifest['format']})",
+             f"placement {manifest['placement']}, world size {manifest['world_size']}, ZeRO {manifest['zero_stage']}, "
+             f"{manifest['dtype']}, optimizer {manifest['optimizer']}",
+             "stages:"]
+    for name, l in manifest["stages"].items():
+        lines.append(f"  {name:<9} tp{l['tp']} cp{l['cp']} dp{l['dp']} ranks {l['ranks']}"
+                     + (" sequence-parallel" if l["sequence_parallel"] else ""))
+    d = manifest["data"]
+    lines.append("data: " + ", ".join(f"{k} {v}" for k, v in d.items()))
+    lines.append(f"model: {manifest['model']['class']}")
+    lines.append("versions: " + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items()))
+    return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""Full per-parameter tensors -> one live stage engine of any layout (tp, dp, ZeRO 0/1/2).
+
+Each rank cuts its tp shard out of every full tensor with the same split the layers use
+(`shard_tensor`, after the vocabulary padding the head adds), then hands it to DeepSpeed:
+the model weight directly, the fp32 master weight and Adam's moments through DeepSpeed's
+public `safe_set_full_fp32_param` / `safe_set_full_optimizer_state` (which keep just this
+rank's ZeRO partition of the tp shard). ZeRO 0 has a plain torch optimizer: its per-parameter
+state is written as torch's Adam keeps it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..tensor_parallel.layers import shard_tensor
+from .full_state import MOMENTS
+
+
+def split_full(full: torch.Tensor, param: torch.nn.Parameter, tp_rank: int, tp: int) -> torch.Tensor:
+    """This rank's shard of `full`, shaped like `param` (pads the vocabulary the head padded)."""
+    if not getattr(param, "tensor_model_parallel", False) or tp == 1:
+        return full
+    dim, stride = param.partition_dim, param.partition_stride
+    want = param.shape[dim] * tp
+    if full.shape[dim] < want:  # VocabParallelLMHead(pad_vocab=True): zero rows at the end
+        pad = list(full.shape)
+        pad[dim] = want - full.shape[dim]
+        full = torch.cat([full, full.new_zeros(pad)], dim)
+    return shard_tensor(full, dim, tp_rank, tp, stride)
+
+
+def _set_step(optimizer, step: float) -> None:
+    """Every state of the (base) optimizer continues at `step` (torch keeps it as a float tensor)."""
+    for state in optimizer.state.values():
+        if "step" in state:
+            old = state["step"]
+            state["step"] = (torch.tensor(step, dtype=old.dtype, device=old.device) if torch.is_tensor(old)
+                             else type(old)(step))
+
+
+def _step_value(optimizer, step: float):
+    """A step count as `optimizer` keeps it: torch's Adam a float tensor (on the CPU unless
+    capturable/fused), DeepSpeed's FusedAdam and CPU Adam a Python int."""
+    if type(optimizer).__module__.startswith("torch.optim"):
+        return torch.tensor(float(step), dtype=torch.float32)
+    return int(step)
+
+
+def _link_zero_optimizer_state(zero_optimizer, moments: tuple[str, ...]) -> None:
+    """Give a ZeRO 1/2 optimizer that has not stepped yet its (flat) Adam state, linked to the params.
+
+    DeepSpeed creates the base optimizer's state and links each parameter's view of it
+    (`_hp_mapping.optim_fragment`) only at the first step; its universal-checkpoint loader
+    builds them itself (BaseOptimizer.load_hp_checkpoint_state_from_checkpoint_dir). We do the
+    same before `safe_set_full_optimizer_state` can write through those views: zero state per
+    flat fp32 partition, then DeepSpeed's own linking (`_lazy_init_hp_params_optimizer_state`).
+    """
+    base = zero_optimizer.optimizer
+    for flat in zero_optimizer.single_partition_of_fp32_groups:
+        if not base.state.get(flat):
+            base.state[flat] = {"step": _step_value(base, 0),
+                                **{k: torch.zeros_like(flat) for k in moments}}
+    zero_optimizer._hp_optimizer_states_linked = False
+    zero_optimizer._lazy_init_hp_params_optimizer_state()
+
+
+@torch.no_grad()
+def apply_full_state(engine, module_params: dict[str, torch.nn.Parameter], state: dict[str, Any],
+                     tp_rank: int, tp: int, zero: int) -> None:
+    """Load `state` (stage_full_state) into `engine`, whose module's parameters are `module_params`."""
+    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+    full = state["params"]
+    optimizer = engine.optimizer
+    step = state.get("step")
+    if zero != 0:
+        _link_zero_optimizer_state(optimizer, MOMENTS)
+    for name, param in module_params.items():
+        entry = full[name]
+        shard = split_full(entry["fp32"], param, tp_rank, tp).to(param.device)
+        param.data.copy_(shard.to(param.dtype))
+        if not param.requires_grad or "exp_avg" not in entry:
+            continue
+        moments = {k: split_full(entry[k], param, tp_rank, tp).to(param.device) for k in MOMENTS}
+        if zero == 0:
+            optimizer.state[param] = {"step": _step_value(optimizer, step),
+                                      **{k: v.to(param.dtype).clone() for k, v in moments.items()}}
+        else:
+            safe_set_full_fp32_param(param, shard)
+            for key, value in moments.items():
+                safe_set_full_optimizer_state(param, value, key)
+    if zero != 0 and step is not None:
+        _set_step(optimizer.optimizer, step)
+    scheduler = engine.lr_scheduler
+    if scheduler is not None and state.get("lr_scheduler") is not None:
+        scheduler.load_state_dict(state["lr_scheduler"])
+    for key in ("global_steps", "global_samples", "skipped_steps"):
+        if state.get(key) is not None:
+            setattr(engine, key, state[key])
