@@ -1,9 +1,11 @@
-"""`ds-hetero` command line: validate a config and show its rank map.
+"""`ds-hetero` command line: validate a config and show its rank map; plan the layouts.
 
     ds-hetero validate ds_configs/llava_colocated.json --world-size 4
+    ds-hetero plan --model tiny-llava --world-size 4 --seq-len 512 --image-tokens 256 --global-batch 16
 
-Exit code 0 with the rank map when the config is valid for that world size, 1 with the
-validation error otherwise.
+validate: exit code 0 with the rank map when the config is valid for that world size, 1 with
+the validation error otherwise. plan: the ranked table of every valid configuration
+(ds_hetero/planner), optionally written as a DeepSpeed JSON with --write.
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("config", help="DeepSpeed JSON or YAML with a hetero_parallel section")
     validate.add_argument("--world-size", type=int, required=True, help="number of ranks the job will run on")
     validate.set_defaults(func=_validate)
+    from .planner.cli import add_plan_parser
+
+    add_plan_parser(sub)
     return parser
 
 

@@ -29,6 +29,7 @@ from .groups import build_groups
 from .loader import GlobalBatchLoader
 from .loss import label_token_count
 from .models import adapter_for
+from .planner.auto import resolve_auto
 from .mpu import StageMPU, stage_context
 from .result import StepResult
 from .schedule import ColocatedSchedule, DisaggregatedSchedule
@@ -120,6 +121,7 @@ class HeteroEngine:
         # environment gives before any process group exists.
         world_env = int(os.environ.get("WORLD_SIZE", "0")) or None
         self.adapter = adapter_for(model)
+        config = resolve_auto(model, config, self.adapter, optimizer is not None)  # "auto": plan on rank 0
         timeout_s = DEFAULT_TIMEOUT_S
         if world_env is not None and not dist.is_initialized():
             early = load_config(config, world_env)
