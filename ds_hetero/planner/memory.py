@@ -83,6 +83,8 @@ def stage_memory(spec: ModelSpec, wl: Workload, cand: Candidate, stage: str, fla
     layout = cand.vision if stage == "vision" else cand.language
     samples = wl.global_batch // (layout.dp * cand.micro_batches)
     states = state_elements(spec.params_per_rank(stage, layout.tp), layout, wl.zero).bytes(wl.dtype_bytes)
+    if stage == "vision":  # the tower's unused tail is held (split over tp where it is sharded)
+        states += spec.vision.untrained_params() / layout.tp * wl.dtype_bytes
     if stage == "vision":
         act = vision_activation_bytes(spec, wl, samples, layout.tp, flash)
     else:

@@ -68,6 +68,14 @@ class VisionSpec:
             proj += 2 * self.hidden  # the merger's ln_q
         return self.embed_params + self.layers_backward * self.layer_params() + proj
 
+    def untrained_params(self) -> int:
+        """Parameters the tower holds that no gradient reaches (layers after LLaVA's feature layer,
+        the post-layernorm); held in memory, not in the optimizer. (SigLIP's pooling head, when the
+        config has one, is not counted.)"""
+        if self.kind == "qwen2_vl":
+            return 0
+        return (self.layers_forward - self.layers_backward) * self.layer_params() + 2 * self.hidden
+
     def replicated_params(self) -> int:
         """Parameters every tp rank holds whole: embeddings, norms, the biases of row-parallel linears
         (added after the reduction); everything else is split over tp."""
