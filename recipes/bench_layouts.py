@@ -266,11 +266,16 @@ class PlainEngine:
                     boundary_bytes=0)
 
 
+def layout_of(name, a):
+    """A row of LAYOUTS, or one a caller added for this run (a["extra_layouts"], e.g. a planner's pick)."""
+    return a.get("extra_layouts", {}).get(name) or LAYOUTS[name]
+
+
 def make_engine(name, a):
     import ds_hetero
 
     model = build_model(a)
-    layout = LAYOUTS[name]
+    layout = layout_of(name, a)
     if isinstance(layout, Plain):
         return model, PlainEngine(model, a, layout)
     return model, ds_hetero.initialize(model, ds_config(a, layout))
@@ -631,6 +636,7 @@ def run_benchmark(a, rows=None, interleaved=True, log=print, fresh=None):
     """
     a = with_param_counts(a)
     names = [n for n in LAYOUTS if n in (rows or LAYOUTS)]
+    names += [n for n in (rows or []) if n not in LAYOUTS and n in a.get("extra_layouts", {})]
     summaries = []
     for name in [n for n in names if fresh is None or n in fresh]:
         t0 = time.perf_counter()

@@ -20,7 +20,7 @@ from ..boundary.inputs import BoundaryInputs, num_shards
 from ..boundary.plan import build_plan
 from ..config import HeteroConfig
 
-MAX_ROWS = 20_000  # rows of one planned micro-batch before the tokens are scaled down
+MAX_ROWS = 2_048  # rows of one planned micro-batch before the tokens are scaled down (planning speed)
 
 
 def boundary_rows(cfg: HeteroConfig, image_tokens: int, seq_len: int) -> tuple[int, int]:

@@ -5,6 +5,7 @@
 What is measured (well under a minute on a quiet machine):
 - GEMMs: the given [m,k]x[k,n] shapes (the planner passes the model's own), one thread per
   process like the training ranks, fitted as t = overhead + 2mkn / rate;
+- the overhead of one operator call (tiny tensors, autograd recording);
 - memory bandwidth: a large tensor copy;
 - all_reduce, all_gather and all_to_all over groups of 2 and `world` ranks, three sizes each,
   with the current backend (gloo on CPU, NCCL on GPUs), in freshly spawned local processes,
@@ -93,6 +94,23 @@ def measure_gemms(shapes, device: str = "cpu") -> tuple[float, float]:
         torch.set_num_threads(threads)
 
 
+def measure_op_overhead(device: str = "cpu", ops: int = 200) -> float:
+    """Seconds per operator call on tiny tensors with autograd recording (forward only): what every
+    element-wise op and small kernel of a layer costs beyond its arithmetic."""
+    import torch
+
+    x = torch.ones(8, device=device, requires_grad=True)
+
+    def run():
+        y = x
+        for _ in range(ops):
+            y = y * 1.0001
+        if device != "cpu":
+            torch.cuda.synchronize()
+
+    return _timed(run) / ops
+
+
 def measure_memory_bw(device: str = "cpu") -> float:
     import torch
 
@@ -159,7 +177,8 @@ def _collective_worker(rank: int, world: int, backend: str, store: str, out: str
     dist.destroy_process_group()
 
 
-def measure_collectives(backend: str, world: int, timeout_s: float = 120.0) -> dict[str, dict[int, tuple[float, float]]]:
+def measure_collectives(backend: str, world: int, timeout_s: float = 180.0):
+    """{collective: {group size: (a, b)}}"""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -193,13 +212,14 @@ def calibrate(shapes=None, world: int | None = None) -> MachineProfile:
     backend, devices = _backend()
     world = world or devices
     device = "cuda" if backend == "nccl" else "cpu"
-    overhead, rate = measure_gemms(shapes or DEFAULT_SHAPES, device)
+    _, rate = measure_gemms(shapes or DEFAULT_SHAPES, device)
+    op = measure_op_overhead(device)
     bw = measure_memory_bw(device)
     fits = measure_collectives(backend, world)
     base = PROFILES["cpu"] if backend == "gloo" else PROFILES["h100"]
     return base.with_calibration(
-        name=f"calibrated {backend}", peak_flops=rate, gemm_efficiency=1.0, memory_bw=bw, gemm_fit=(overhead, rate),
-        collectives=fits, op_overhead=overhead,
+        name=f"calibrated {backend}", peak_flops=rate, gemm_efficiency=1.0, memory_bw=bw, gemm_fit=(op, rate),
+        collectives=fits, op_overhead=op,
         compute_units=len(os.sched_getaffinity(0)) if backend == "gloo" else 0,
         source=f"measured on {socket.gethostname()} ({backend}, {world} ranks) at {time.strftime('%Y-%m-%d %H:%M')}",
     )

@@ -5,7 +5,9 @@ backward = the forward's GEMMs twice), element-wise time (bytes over memory band
 collectives (collectives.py over the machine's alpha-beta model); per step the dp gradient
 reduction and the optimizer (Adam reads and writes ~36 bytes per parameter of the partition:
 fp32 master, moments, parameter and gradient). The boundary costs one all-to-all per direction
-over the union of both stages (bytes from the boundary's own plan). pipeline.py combines them.
+over the union of both stages (bytes from the boundary's own plan) after a small consensus
+all-reduce; `engine_syncs` adds the engine's per-step consensus all-reduces. pipeline.py
+combines them.
 
 Devices that share compute units (CPU ranks on fewer cores than ranks) cannot all compute at
 once: the step is then at least the busy seconds of all ranks over the compute units.
@@ -18,7 +20,7 @@ from typing import Mapping
 
 from ..config import HeteroConfig
 from .boundary_cost import boundary_rows
-from .candidate import Candidate
+from .candidate import Candidate, StageChoice
 from .collectives import Collective, language_collectives, vision_collectives
 from .flops import StageWork, language_work, model_flops_per_step, vision_work
 from .machine import MachineProfile
@@ -54,7 +56,8 @@ def _gemm_seconds(work: StageWork, machine: MachineProfile) -> tuple[float, floa
         fwd += t
         bwd += t * g.backward
     ew = machine.memory_time(work.elementwise_bytes)
-    return fwd + ew, bwd + 2 * ew
+    calls = work.ops * machine.op_overhead
+    return fwd + ew + calls, bwd + 2 * ew + 2 * calls
 
 
 def _collective_seconds(colls: list[Collective], machine: MachineProfile) -> dict[str, float]:
@@ -67,45 +70,66 @@ def _collective_seconds(colls: list[Collective], machine: MachineProfile) -> dic
     return out
 
 
+def stage_times(spec: ModelSpec, wl: Workload, machine: MachineProfile, stage: str, layout: StageChoice,
+                micro_batches: int) -> tuple[StageTimes, dict[str, float]]:
+    """One stage on one of its ranks: (times per micro-batch and per step, breakdown per step)."""
+    m = micro_batches
+    samples = wl.global_batch // (layout.dp * m)
+    if stage == "vision":
+        work = vision_work(spec, wl, samples, layout.tp)
+        colls = vision_collectives(spec, wl, samples, layout)
+    else:
+        work = language_work(spec, wl, samples, layout.tp, layout.cp, machine.causal)
+        colls = language_collectives(spec, wl, samples, layout)
+    fwd, bwd = _gemm_seconds(work, machine)
+    c = _collective_seconds(colls, machine)
+    st = state_elements(spec.params_per_rank(stage, layout.tp), layout, wl.zero)
+    optimizer = machine.memory_time((st.master if wl.zero else st.params) * ADAM_BYTES_PER_PARAM)
+    # tp / cp collectives split evenly over forward and backward; per micro-batch dp in the backward
+    times = StageTimes(forward=fwd + (c["tp"] + c["cp"]) / 2, backward=bwd + (c["tp"] + c["cp"]) / 2 + c["dp_mb"],
+                       step=c["dp_step"] + optimizer)
+    return times, {"compute": m * (fwd + bwd), "tp": m * c["tp"], "cp": m * c["cp"],
+                   "dp": m * c["dp_mb"] + c["dp_step"], "optimizer": optimizer}
+
+
+def engine_syncs(cand: Candidate, machine: MachineProfile, world: int) -> float:
+    """Small all-reduces HeteroEngine.train_batch runs once per step: the sample check's consensus
+    and the global norm + loss (over all ranks), the label count (language dp), the clipping norm
+    of each stage with tp > 1 (its tp group)."""
+    tiny = 64
+    t = 2 * machine.collective_time("all_reduce", tiny, world)
+    t += machine.collective_time("all_reduce", tiny, cand.language.dp * cand.language.cp)
+    for layout in (cand.vision, cand.language):
+        t += machine.collective_time("all_reduce", tiny, layout.tp)
+    return t
+
+
 def predict(cand: Candidate, cfg: HeteroConfig, spec: ModelSpec, wl: Workload, machine: MachineProfile,
             memory_limit: float | None = None) -> Prediction:
     m = cand.micro_batches
     times: dict[str, StageTimes] = {}
     breakdown: dict[str, dict[str, float]] = {}
-    for stage in ("vision", "language"):
-        layout = cand.vision if stage == "vision" else cand.language
-        samples = wl.global_batch // (layout.dp * m)
-        if stage == "vision":
-            work = vision_work(spec, wl, samples, layout.tp)
-            colls = vision_collectives(spec, wl, samples, layout)
-        else:
-            work = language_work(spec, wl, samples, layout.tp, layout.cp, machine.causal)
-            colls = language_collectives(spec, wl, samples, layout)
-        fwd, bwd = _gemm_seconds(work, machine)
-        c = _collective_seconds(colls, machine)
-        st = state_elements(spec.params_per_rank(stage, layout.tp), layout, wl.zero)
-        optimizer = machine.memory_time(st.master * ADAM_BYTES_PER_PARAM) if wl.zero else \
-            machine.memory_time(st.params * ADAM_BYTES_PER_PARAM)
-        # tp / cp collectives split evenly over forward and backward; per micro-batch dp in the backward
-        times[stage] = StageTimes(forward=fwd + (c["tp"] + c["cp"]) / 2,
-                                  backward=bwd + (c["tp"] + c["cp"]) / 2 + c["dp_mb"],
-                                  step=c["dp_step"] + optimizer)
-        breakdown[stage] = {"compute": m * (fwd + bwd), "tp": m * c["tp"], "cp": m * c["cp"],
-                            "dp": m * c["dp_mb"] + c["dp_step"], "optimizer": optimizer}
+    for stage, layout in (("vision", cand.vision), ("language", cand.language)):
+        times[stage], breakdown[stage] = stage_times(spec, wl, machine, stage, layout, m)
 
     fwd_rows, bwd_rows = boundary_rows(cfg, wl.image_tokens, wl.seq_len)
     row_bytes = spec.language.hidden * wl.dtype_bytes
     peers = len(set(cand.vision.ranks) | set(cand.language.ranks)) or cfg.world_size
-    per_exchange = [machine.collective_time("all_to_all", rows * row_bytes / peers, peers)
+    # each exchange: the consensus all-reduce of its shapes (BoundaryCommunicator._agree), then the all-to-all
+    per_exchange = [machine.collective_time("all_reduce", 56, peers)
+                    + machine.collective_time("all_to_all", rows * row_bytes / peers, peers)
                     for rows in (fwd_rows, bwd_rows)]
     boundary = sum(per_exchange)
     world = cfg.world_size
+    syncs = engine_syncs(cand, machine, world)
     if cand.disaggregated:
         step, busy_v, busy_l = disaggregated_step(times["vision"], times["language"], boundary, m)
+        step += syncs
         total_busy = busy_v * len(cand.vision.ranks) + busy_l * len(cand.language.ranks)
     else:
         step, busy = colocated_step(times["vision"], times["language"], boundary, m)
         total_busy = busy * world
+    step += syncs
     if machine.compute_units and machine.compute_units < world:
         step = max(step, total_busy / machine.compute_units)
     if cand.disaggregated:
@@ -115,7 +139,7 @@ def predict(cand: Candidate, cfg: HeteroConfig, spec: ModelSpec, wl: Workload, m
     else:
         bubble = max(0.0, 1 - total_busy / world / step) if step else 0.0
     for stage in breakdown:
-        breakdown[stage]["boundary"] = m * boundary
+        breakdown[stage]["boundary"] = m * boundary + syncs
     memory = peak_memory(spec, wl, cand, machine.flash_attention)
     flops = model_flops_per_step(spec, wl, machine.causal)
     limit = memory_limit if memory_limit is not None else machine.memory_bytes

@@ -32,6 +32,7 @@ class SearchSpace:
     placements: tuple[str, ...] = ("colocated", "disaggregated")
     micro_batches: tuple[int, ...] | None = None  # None: every divisor of the global batch
     max_micro_batches: int = 64
+    node_size: int = 0  # disaggregated splits on whole nodes when the world spans several (0: any split)
 
 
 def _accepts(base: Mapping[str, Any], world: int, adapter, language: StageChoice, vision: StageChoice,
@@ -73,7 +74,10 @@ def _rank_splits(space: SearchSpace) -> Iterator[tuple[str, int, int]]:
     if "colocated" in space.placements:
         yield "colocated", n, n
     if "disaggregated" in space.placements:
-        for v in range(1, n):
+        # A stage that shares a node with the other stage splits the node's NVLink domain; on more
+        # than one node only whole-node splits are searched (a placement policy, not a validity rule).
+        step = space.node_size if space.node_size and n > space.node_size and n % space.node_size == 0 else 1
+        for v in range(step, n, step):
             yield "disaggregated", v, n - v
 
 

@@ -15,7 +15,11 @@ head (scores q k^T, then probabilities x v):
 Tensor parallelism divides heads and MLP width by tp (Megatron's column/row split); context
 parallelism (Ulysses) divides the tokens of every linear by cp and the heads of attention by
 cp, each rank then attending over the full sequence. Element-wise work (norms, activations,
-softmax, residuals) is counted separately as bytes moved (`elementwise_bytes`).
+softmax, residuals) is counted separately as bytes moved (`elementwise_bytes`), and every
+operator call costs a fixed overhead (kernel launch on a GPU, dispatch on a CPU): the counts
+below are the top-level aten ops of one Hugging Face layer's forward, counted with
+torch.profiler on the tiny models (CLIP layer 23 + 11 for embeddings and head of the tower,
+Llama layer 63 + 23; rotary embeddings and masks make the decoder layer long).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class StageWork:
     layers_forward: int
     layers_backward: int
     tokens: int  # tokens this rank's linears see per micro-batch
+    ops: int = 0  # operator calls of the forward (each costs the machine's op_overhead; the backward twice)
 
     @property
     def forward_flops(self) -> int:
@@ -61,6 +66,10 @@ class StageWork:
     def flops(self) -> int:
         """Forward + backward FLOPs (the training FLOPs of this micro-batch on this rank)."""
         return self.forward_flops + self.backward_flops
+
+
+VISION_OPS_PER_LAYER, VISION_OPS_FIXED = 23, 11 + 6  # + projector
+LANGUAGE_OPS_PER_LAYER, LANGUAGE_OPS_FIXED = 63, 23 + 8  # + head and loss
 
 
 def vision_work(spec: ModelSpec, wl: Workload, samples: int, tp: int) -> StageWork:
@@ -91,7 +100,8 @@ def vision_work(spec: ModelSpec, wl: Workload, samples: int, tp: int) -> StageWo
     gemms += [Gemm(rows, i1, o1 // tp), Gemm(rows, o1 // tp, o2)]  # column, row
     # norms (2), activation, residuals (2), softmax over the scores
     ew = tower * v.hidden * 8 * wl.dtype_bytes + images * heads * seq * seq * 3 * wl.dtype_bytes
-    return StageWork(tuple(g for g in gemms if g.count), ew * v.layers_forward, v.layers_forward, used, tower)
+    ops = VISION_OPS_PER_LAYER * v.layers_forward + VISION_OPS_FIXED
+    return StageWork(tuple(g for g in gemms if g.count), ew * v.layers_forward, v.layers_forward, used, tower, ops)
 
 
 def language_work(spec: ModelSpec, wl: Workload, samples: int, tp: int, cp: int, causal: float) -> StageWork:
@@ -115,7 +125,8 @@ def language_work(spec: ModelSpec, wl: Workload, samples: int, tp: int, cp: int,
     ew = (tokens * lm.hidden * 8 + tokens * lm.ffn // tp * 3) * wl.dtype_bytes \
         + samples * heads * s * attn * 3 * wl.dtype_bytes
     ew = ew * lm.layers + tokens * lm.vocab // tp * 4 * 3  # cross-entropy in fp32
-    return StageWork(tuple(gemms), ew, lm.layers, lm.layers, tokens)
+    ops = LANGUAGE_OPS_PER_LAYER * lm.layers + LANGUAGE_OPS_FIXED
+    return StageWork(tuple(gemms), ew, lm.layers, lm.layers, tokens, ops)
 
 
 def model_flops_per_step(spec: ModelSpec, wl: Workload, causal: float) -> int:

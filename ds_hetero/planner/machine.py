@@ -37,7 +37,7 @@ class MachineProfile:
     devices_per_node: int
     alpha_intra: float = 2e-6  # s per ring step inside a node
     alpha_inter: float = 6e-6  # s per ring step across nodes
-    op_overhead: float = 5e-6  # s per kernel (launch) or per op (CPU dispatch)
+    op_overhead: float = 5e-6  # s per operator call of the forward: kernel launch (GPU), dispatch + autograd (CPU)
     causal: float = 0.5  # share of the causal score matrix the attention kernel computes
     flash_attention: bool = True  # scores are not stored for the backward
     compute_units: int = 0  # devices that compute at once (0: every rank has its own)
@@ -48,16 +48,14 @@ class MachineProfile:
     gemm_fit: tuple[float, float] | None = None  # calibrated (overhead s, FLOP/s) of this machine's GEMMs
 
     def gemm_time(self, m: int, k: int, n: int, count: int = 1) -> float:
-        """Roofline of `count` [m,k]x[k,n] products: compute- or memory-bound, plus per-op overhead."""
+        """Roofline of `count` [m,k]x[k,n] products: compute- or memory-bound (the per-call overhead is
+        charged per operator call, see flops.StageWork.ops)."""
         if count == 0:
             return 0.0
         flops = 2.0 * m * k * n
-        if self.gemm_fit is not None:
-            overhead, rate = self.gemm_fit
-        else:
-            overhead, rate = self.op_overhead, self.peak_flops * self.gemm_efficiency
+        rate = self.gemm_fit[1] if self.gemm_fit is not None else self.peak_flops * self.gemm_efficiency
         moved = (m * k + k * n + m * n) * self.dtype_bytes
-        return count * (overhead + max(flops / rate, moved / self.memory_bw))
+        return count * max(flops / rate, moved / self.memory_bw)
 
     def memory_time(self, nbytes: float) -> float:
         return nbytes / self.memory_bw

@@ -95,7 +95,8 @@ def plan(model: Any, world_size: int, seq_len: int, image_tokens: int, global_ba
     wl.check(spec)
     space = SearchSpace(world_size=world_size, global_batch=global_batch,
                         max_tp=max_tp or min(world_size, machine.devices_per_node),
-                        placements=placements, micro_batches=micro_batches)
+                        placements=placements, micro_batches=micro_batches,
+                        node_size=machine.devices_per_node if machine.devices_per_node < world_size else 0)
     candidates, stats = enumerate_candidates(space, base, adapter, has_client_optimizer)
     limit = memory_gb * 1e9 if memory_gb is not None else None
     preds = [predict(c, parse_config(c.ds_config(base), world_size), spec, wl, machine, limit) for c in candidates]
