@@ -63,8 +63,17 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from .config import SECTION, read_ds_config
+    from .planner.auto import auto_options, is_auto
+
     try:
-        cfg = load_config(args.config, args.world_size)
+        ds = read_ds_config(args.config)
+        if is_auto(ds.get(SECTION)):  # initialize plans it; check what can be checked without the model
+            auto_options(ds[SECTION])
+            print(f"{args.config}: hetero_parallel is auto; initialize plans it on rank 0 "
+                  f"(see the choice with: ds-hetero plan --model ... --world-size {args.world_size})")
+            return 0
+        cfg = load_config(ds, args.world_size)
     except HeteroConfigError as exc:
         print(f"invalid: {exc}", file=sys.stderr)
         return 1

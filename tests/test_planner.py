@@ -238,3 +238,14 @@ def test_boundary_rows_come_from_the_plan():
     finally:
         boundary_cost.MAX_ROWS = old
         boundary_cost._rows.cache_clear()
+
+
+def test_validate_accepts_auto_and_rejects_bad_auto_keys(tmp_path, capsys):
+    from ds_hetero.cli import main
+
+    good, bad = tmp_path / "auto.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(dict(BASE, hetero_parallel={"auto": True, "seq_len": 96})))
+    bad.write_text(json.dumps(dict(BASE, hetero_parallel={"auto": True, "seqlen": 96})))
+    assert main(["validate", str(good), "--world-size", "4"]) == 0
+    assert main(["validate", str(bad), "--world-size", "4"]) == 1
+    assert "hetero_parallel.seqlen" in capsys.readouterr().err

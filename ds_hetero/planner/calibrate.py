@@ -7,7 +7,8 @@ What is measured (well under a minute on a quiet machine):
   process like the training ranks, fitted as t = overhead + 2mkn / rate;
 - the overhead of one operator call (tiny tensors, autograd recording);
 - memory bandwidth: a large tensor copy;
-- all_reduce, all_gather and all_to_all over groups of 2 and `world` ranks, three sizes each,
+- all_reduce, all_gather and all_to_all over groups of 2 (all pairs at once) and `world` ranks,
+  three sizes each,
   with the current backend (gloo on CPU, NCCL on GPUs), in freshly spawned local processes,
   fitted per (collective, group size) as t = a + b bytes. gloo has no reduce_scatter; it is
   taken as half an all_reduce (a ring all-reduce is a reduce-scatter plus an all-gather).
@@ -139,10 +140,17 @@ def _collective_worker(rank: int, world: int, backend: str, store: str, out: str
         torch.cuda.set_device(device)
     results = {}
     sizes = sorted({2, world})
-    groups = {n: (dist.new_group(list(range(n))) if n < world else None) for n in sizes}
+    # Every rank is in one group of each size, and the groups of a size run at the same time, as
+    # the tp (or dp) groups of a layout do: on shared cores they contend, and the fit includes it.
+    groups = {}
+    for n in sizes:
+        made = [dist.new_group(list(range(i, i + n))) for i in range(0, world - world % n, n)] if n < world else [None]
+        groups[n] = made[rank // n] if rank // n < len(made) else False
     for n in sizes:
         group = groups[n]
-        if rank >= n:
+        if group is False:  # a rank left over when n does not divide the world: join the barriers only
+            for _ in range(len(KINDS) * len(SIZES)):
+                dist.barrier()
             continue
         for kind in KINDS:
             pts = []
@@ -167,7 +175,7 @@ def _collective_worker(rank: int, world: int, backend: str, store: str, out: str
                     run()
                     if backend == "nccl":
                         torch.cuda.synchronize()
-                dist.barrier(group=group)
+                dist.barrier()
                 pts.append((numel * 4, _timed(synced, reps=3)))
             results[f"{kind}/{n}"] = pts
     dist.barrier()
