@@ -48,7 +48,7 @@ class Candidate:
 
     def label(self) -> str:
         if self.disaggregated:
-            return (f"V {self.vision.label()}@{len(self.vision.ranks)} | L {self.language.label()}"
+            return (f"V {self.vision.label()}@{len(self.vision.ranks)}, L {self.language.label()}"
                     f"@{len(self.language.ranks)} mb{self.micro_batches}")
         return f"V {self.vision.label()} L {self.language.label()} mb{self.micro_batches}"
 
