@@ -1,10 +1,14 @@
 """`ds-hetero` command line: validate a config and show its rank map; plan the layouts.
 
-    ds-hetero validate ds_configs/llava_colocated.json --world-size 4
+    ds-hetero validate ds_configs/llava_colocated.json --world-size 4 [--model tiny-llava]
     ds-hetero plan --model tiny-llava --world-size 4 --seq-len 512 --image-tokens 256 --global-batch 16
 
-validate: exit code 0 with the rank map when the config is valid for that world size, 1 with
-the validation error otherwise. plan: the ranked table of every valid configuration
+validate: exit code 0 with the rank map when the config is valid for that world size, 1 with the
+validation error otherwise. `validate` runs the checks `initialize` runs before its first
+collective (ds_hetero/support.py); with `--model` (a Hugging Face checkpoint directory or
+config.json, or a built-in tiny model) also the model's own (heads, kv heads, vocabulary against
+tp), on a model built on the meta device: no weights are read. An `"auto"` section is checked for
+its keys (initialize plans it). plan: the ranked table of every valid configuration
 (ds_hetero/planner), optionally written as a DeepSpeed JSON with --write.
 """
 
@@ -15,6 +19,8 @@ import sys
 
 from .config import HeteroConfig, load_config
 from .errors import HeteroConfigError
+from .models.meta import BUILTIN, meta_model
+from .support import check_all
 
 
 def rank_map(cfg: HeteroConfig) -> str:
@@ -74,6 +80,8 @@ def _validate(args: argparse.Namespace) -> int:
                   f"(see the choice with: ds-hetero plan --model ... --world-size {args.world_size})")
             return 0
         cfg = load_config(ds, args.world_size)
+        model = meta_model(args.model) if args.model else None
+        check_all(cfg, model, has_client_optimizer=args.client_optimizer)
     except HeteroConfigError as exc:
         print(f"invalid: {exc}", file=sys.stderr)
         return 1
@@ -88,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="validate a DeepSpeed config's hetero_parallel section, print the rank map")
     validate.add_argument("config", help="DeepSpeed JSON or YAML with a hetero_parallel section")
     validate.add_argument("--world-size", type=int, required=True, help="number of ranks the job will run on")
+    validate.add_argument("--model", default=None, metavar="NAME_OR_PATH",
+                          help="also check the model's shapes against the layouts: a Hugging Face checkpoint "
+                          "directory or config.json, or " + " / ".join(BUILTIN) + " (built on the meta device)")
+    validate.add_argument("--client-optimizer", action="store_true",
+                          help="the job passes initialize(..., optimizer=callable): no \"optimizer\" section needed")
     validate.set_defaults(func=_validate)
     from .planner.cli import add_plan_parser
 

@@ -16,6 +16,12 @@ narrowest hook DeepSpeed 0.19 offers, and it keeps overflow checks, loss scaling
 optimizer's partitioned state in DeepSpeed's hands. ZeRO stage 0 with an fp32 torch optimizer
 has no such method: there ds_hetero computes the norm from `param.grad` and scales the
 gradients itself before `engine.step()`.
+
+A step whose all-stage norm is not finite is skipped by every stage engine, whatever its own
+gradients: `engine.step()` then takes DeepSpeed's own overflow path (nothing applied,
+gradients zeroed, `skipped_steps` + 1, `global_steps` + 1, lr scheduler held), forced per
+optimizer kind by `_overflow_forced` (a stage with finite gradients would otherwise apply a
+step clipped by an infinite norm, and a ZeRO-0 torch optimizer has no overflow check at all).
 """
 
 from __future__ import annotations
@@ -116,9 +122,52 @@ def _global_norm_in(engine, norm: float, clip: float) -> Iterator[None]:
         opt.clip_grad = saved_clip
 
 
-def step_with_global_norm(engine, norm: float, clip: float) -> None:
-    """`engine.step()` at the accumulation boundary, clipping by the all-stage `norm`."""
+@contextlib.contextmanager
+def _instance_attrs(obj, **attrs) -> Iterator[None]:
+    """Set instance attributes for one call; restore what the instance had (a torch LR
+    scheduler, for one, wraps `optimizer.step` as an instance attribute)."""
+    missing = object()
+    saved = {name: obj.__dict__.get(name, missing) for name in attrs}
+    for name, value in attrs.items():
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is missing:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, value)
+
+
+def _overflow_forced(engine) -> contextlib.AbstractContextManager:
+    """Makes the next `engine.step()` take DeepSpeed's overflow path, as DeepSpeed itself does
+    when it finds non-finite gradients (`DeepSpeedEngine._take_model_step`)."""
     opt = engine.optimizer
+    if _is_zero12(opt):
+        # its step() runs check_overflow only when check_grad_overflow is set (bf16 may turn it off)
+        def check_overflow(partition_gradients=True):
+            opt.overflow = True
+        return _instance_attrs(opt, check_grad_overflow=True, check_overflow=check_overflow)
+    if _is_zero3(opt):
+        # its step() flags overflow on an invalid norm, whatever the dtype
+        return _global_norm_in(engine, float("inf"), 0.0)
+    # a torch optimizer (ZeRO 0, fp32): no step, and the `overflow` flag the engine reads
+    return _instance_attrs(opt, step=lambda closure=None: None, overflow=True)
+
+
+def step_with_global_norm(engine, norm: float, clip: float) -> bool:
+    """`engine.step()` at the accumulation boundary, clipping by the all-stage `norm`.
+
+    A norm that is not finite skips the step (see the module docstring). Returns whether the
+    engine applied the step, as DeepSpeed counted it.
+    """
+    opt = engine.optimizer
+    skipped_before = engine.skipped_steps
+    if not math.isfinite(norm):
+        with _overflow_forced(engine):
+            engine.step()
+        return engine.skipped_steps == skipped_before
     if not (_is_zero12(opt) or _is_zero3(opt)) and clip > 0 and math.isfinite(norm):
         coef = clip / (norm + 1e-6)
         if coef < 1.0:
@@ -127,3 +176,4 @@ def step_with_global_norm(engine, norm: float, clip: float) -> None:
                     p.grad.mul_(coef)
     with _global_norm_in(engine, norm, clip):
         engine.step()
+    return engine.skipped_steps == skipped_before

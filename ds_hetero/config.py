@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -38,6 +39,7 @@ ENCODER_STAGES = ("vision", "audio")
 STAGE_NAMES = ENCODER_STAGES + (LANGUAGE,)
 SECTION_KEYS = ("placement", "micro_batches", "stages", "timeout_s")
 DEFAULT_TIMEOUT_S = 300.0  # a collective waiting longer than this raises instead of hanging
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # process-group timeouts are integer milliseconds: keep them finite and sane
 STAGE_KEYS = ("tp", "cp", "dp", "ranks", "sequence_parallel")
 # DeepSpeed batch keys that ds_hetero derives per stage.
 DERIVED_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -111,12 +113,14 @@ def read_ds_config(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, A
     if isinstance(source, Mapping):
         return copy.deepcopy(dict(source))
     path = os.fspath(source)
+    if os.path.isdir(path):
+        raise HeteroConfigError("config", f"{path!r} is a directory; give the path of a DeepSpeed JSON or YAML file")
     if not os.path.isfile(path):
         raise HeteroConfigError("config", f"file {path!r} does not exist; give a DeepSpeed JSON or YAML path or a dict")
     with open(path) as f:
         text = f.read()
     try:
-        if path.endswith((".yaml", ".yml")):
+        if path.lower().endswith((".yaml", ".yml")):
             import yaml
 
             data = yaml.safe_load(text)
@@ -167,8 +171,12 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
         raise HeteroConfigError(f"{SECTION}.placement", f"got {placement!r}; valid values are {' or '.join(PLACEMENTS)}")
     micro_batches = _positive_int(section.get("micro_batches", 1), f"{SECTION}.micro_batches")
     timeout_s = section.get("timeout_s", DEFAULT_TIMEOUT_S)
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise HeteroConfigError(f"{SECTION}.timeout_s", f"must be a positive number of seconds, got {timeout_s!r}")
+    if (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0
+            or not timeout_s <= MAX_TIMEOUT_S):
+        raise HeteroConfigError(
+            f"{SECTION}.timeout_s", f"must be a positive number of seconds up to {MAX_TIMEOUT_S:g} (7 days), "
+            f"got {timeout_s!r}")
+    _check_gradient_clipping(ds)
 
     if "train_batch_size" not in ds:
         raise HeteroConfigError(
@@ -334,6 +342,17 @@ def _layout(name: str, spec: dict[str, Any], ranks: tuple[int, ...]) -> StageLay
         name=name, tp=spec["tp"], cp=spec["cp"], dp=spec["dp"], ranks=tuple(ranks),
         sequence_parallel=spec["sequence_parallel"],
     )
+
+
+def _check_gradient_clipping(ds: Mapping[str, Any]) -> None:
+    """A finite number >= 0 (0: off). DeepSpeed itself would take NaN, which silently turns
+    clipping off, and a string would fail later with a bare float() error."""
+    value = ds.get("gradient_clipping", 0.0)
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+    if not ok:
+        raise HeteroConfigError(
+            "gradient_clipping", f"must be a finite number >= 0 (the all-stage gradient norm to clip to; "
+            f"0 turns clipping off), got {value!r}")
 
 
 def _check_derived_batch_keys(ds: Mapping[str, Any], language_micro: int, micro_batches: int) -> None:

@@ -21,10 +21,9 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from . import clipping
-from .config import DEFAULT_TIMEOUT_S, HeteroConfig, load_config
+from . import batch_agreement, clipping
+from .config import DEFAULT_TIMEOUT_S, load_config
 from .deepspeed_compat import skip_cpu_shm_comm_build
-from .errors import HeteroConfigError
 from .groups import build_groups
 from .loader import GlobalBatchLoader
 from .loss import label_token_count
@@ -33,6 +32,7 @@ from .planner.auto import resolve_auto
 from .mpu import StageMPU, stage_context
 from .result import StepResult
 from .schedule import ColocatedSchedule, DisaggregatedSchedule
+from .support import check_all
 from .timeline import Timeline, bubble_fraction
 
 
@@ -50,43 +50,6 @@ def ensure_distributed(timeout_s: float) -> tuple[int, int]:
     else:  # a process group made by the caller: let DeepSpeed's comm layer wrap it
         deepspeed.init_distributed(dist_backend=dist.get_backend())
     return dist.get_rank(), dist.get_world_size()
-
-
-def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) -> None:
-    """What HeteroEngine runs today; everything else is refused before any collective."""
-    ds = cfg.ds_config
-    zero_section = ds.get("zero_optimization")
-    zero = zero_section.get("stage", 0) if isinstance(zero_section, Mapping) else 0
-    bf16 = ds.get("bf16")
-    if isinstance(bf16, Mapping) and bf16.get("enabled") is True and zero == 0:
-        raise HeteroConfigError(
-            "zero_optimization.stage",
-            "bf16 with ZeRO stage 0 makes DeepSpeed wrap the optimizer in its BF16_Optimizer, whose "
-            "clipping cannot span all stages; use ZeRO stage 1, 2 or 3 with bf16")
-    if cfg.placement == "disaggregated" and zero == 3:
-        raise HeteroConfigError(
-            "zero_optimization.stage",
-            "ZeRO stage 3 is not supported with placement \"disaggregated\": DeepSpeed's ZeRO-3 parameter "
-            "trace check broadcasts over the world group from inside each stage's forward, which the other "
-            "stage never joins; use stage 1 or 2 (or placement \"colocated\")")
-    if set(cfg.stages) != {"vision", "language"}:
-        raise HeteroConfigError("hetero_parallel.stages", "HeteroEngine trains exactly a vision and a language stage")
-    if cfg.language.sequence_parallel:
-        raise HeteroConfigError(
-            "hetero_parallel.stages.language.sequence_parallel",
-            "not supported by HeteroEngine yet (the boundary would have to deliver sequence shards to a "
-            "decoder that expects its full input); set it to false")
-    if cfg.language.cp != 1:
-        raise HeteroConfigError("hetero_parallel.stages.language.cp", "context parallelism is not implemented yet; use cp 1")
-    if "optimizer" not in ds and not has_client_optimizer:
-        raise HeteroConfigError(
-            "optimizer", 'missing; every stage engine builds its optimizer from it, e.g. '
-            '{"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": true}}')
-    fp16 = ds.get("fp16", {})
-    if isinstance(fp16, Mapping) and fp16.get("enabled") is True:
-        raise HeteroConfigError("fp16.enabled", "fp16 loss scaling across stages is not supported; use bf16")
-    if cfg.gradient_clipping < 0:
-        raise HeteroConfigError("gradient_clipping", f"must be >= 0, got {cfg.gradient_clipping}")
 
 
 class HeteroEngine:
@@ -125,13 +88,11 @@ class HeteroEngine:
         timeout_s = DEFAULT_TIMEOUT_S
         if world_env is not None and not dist.is_initialized():
             early = load_config(config, world_env)
-            check_engine_support(early, optimizer is not None)
-            self.adapter.check_layouts(early)
+            check_all(early, model, optimizer is not None)
             timeout_s = early.timeout_s  # the default process group's too
         self.rank, self.world_size = ensure_distributed(timeout_s)
         self.config = cfg = load_config(config, self.world_size)
-        check_engine_support(cfg, optimizer is not None)
-        self.adapter.check_layouts(cfg)
+        check_all(cfg, model, optimizer is not None)  # the checks `ds-hetero validate` runs
         self.model = model
 
         self.groups = build_groups(cfg.stages, self.rank, timeout=timedelta(seconds=cfg.timeout_s))
@@ -195,65 +156,36 @@ class HeteroEngine:
             raise ValueError("train_batch() without samples needs training_data at initialize()")
         return self.loader.load(self.global_steps, self.needed_positions())
 
-    def _check_samples(self, samples: Sequence[dict[str, Any]], consensus: bool) -> None:
-        """Reject a bad global batch on every rank before any collective of the step.
+    def _agree_on_batch(self, samples: Sequence[dict[str, Any]]) -> int:
+        """The global label-token count, after every rank of every stage accepted the batch.
 
-        With samples passed in, every rank holds the same full list and finds the same problem.
-        From the loader a rank reads only its share: one small all-reduce lets every rank raise.
-        """
-        problem = None
-        if len(samples) != self.config.global_batch_size:
-            problem = (f"got {len(samples)} samples, but train_batch_size (the global batch) is "
-                       f"{self.config.global_batch_size}")
-        else:
-            for i, s in enumerate(samples):
-                if s.get("light"):
-                    continue
-                try:
-                    self.adapter.check_sample(s, i)
-                except ValueError as exc:
-                    problem = str(exc)
-                    break
-        if consensus:
-            # On the device the backend needs (NCCL takes only device tensors; gloo, CPU ones).
-            flag = torch.tensor([0 if problem is None else self.rank + 1], dtype=torch.long, device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.groups.boundary)
-            if problem is None and int(flag) > 0:
-                problem = f"rank {int(flag) - 1} found an invalid sample in the global batch (see its error)"
-        if problem is not None:
-            raise ValueError(f"train_batch: {problem}")
-
-    def _global_label_count(self, samples: Sequence[dict[str, Any]]) -> int:
-        """Label tokens of the whole global batch, from the language shares (one int all-reduce).
-
-        Only the language stage needs it (to scale its loss); other ranks return 0.
+        With samples passed in, every rank holds the same full list; from the loader a rank reads
+        only its share. Either way one small all-reduce (`batch_agreement`) makes every rank
+        raise alike, before any other collective of the step; it also sums the label tokens of
+        the language shares (one tp x cp rank per language dp replica counts its share).
         """
         from .batching import stage_samples
 
-        if "language" not in self.coords:
-            return 0
-        coord = self.coords["language"]
-        mine = 0
-        for m in range(self.config.micro_batches):
-            for p in stage_samples(self.config, "language", coord.dp, m):
-                mine += label_token_count(samples[p]["labels"])
-        count = torch.tensor([mine], dtype=torch.long, device=self.device)
-        # A language dp group holds one rank of each dp replica: every sample counted once.
-        dist.all_reduce(count, group=self.groups["language"].dp)
-        return int(count)
+        problem = batch_agreement.local_problem(samples, self.config.global_batch_size, self.adapter.check_sample)
+        mine, inputs = 0, 0
+        lang = self.coords.get("language")
+        if problem is None:
+            # the boundary plans of all micro-batches follow from these counts (every rank reads them)
+            inputs = batch_agreement.digest(self.adapter.image_token_count(s) for s in samples)
+            if lang is not None and lang.tp == 0 and lang.cp == 0:
+                for m in range(self.config.micro_batches):
+                    for p in stage_samples(self.config, "language", lang.dp, m):
+                        mine += label_token_count(samples[p]["labels"])
+        return batch_agreement.agree(problem, mine, self.groups.boundary, self.device, inputs)
 
     def train_batch(self, samples: Sequence[dict[str, Any]] | None = None) -> StepResult:
         """One optimizer step over the global batch (the same list on every rank)."""
         step = self.global_steps
         start = time.perf_counter()
-        from_loader = samples is None
-        samples = self._next_samples() if from_loader else list(samples)
-        self._check_samples(samples, consensus=from_loader)
-        n_labels = self._global_label_count(samples)
-        if "language" in self.coords and n_labels == 0:
-            raise ValueError("train_batch: the global batch has no label tokens (all labels are -100)")
+        samples = self._next_samples() if samples is None else list(samples)
 
-        try:
+        try:  # every collective of the step, the batch agreement first, reports through one error
+            n_labels = self._agree_on_batch(samples)  # a refused batch raises ValueError on every rank
             loss_sum, bytes_ = self.schedule.run(samples, n_labels, step)
             with self.timeline.span("optimizer.norm", "optimizer", step):
                 norms = self._stage_norms()
@@ -261,9 +193,10 @@ class HeteroEngine:
             with self.timeline.span("boundary.combine", "boundary", step):
                 grad_norm, loss_sum, n_labels = self._combine_norms_and_loss(norms, loss_sum, n_labels)
             with self.timeline.span("optimizer.step", "optimizer", step):
+                applied = []
                 for name, engine in self.engines.items():
                     with stage_context(self.mpus[name]):
-                        clipping.step_with_global_norm(engine, grad_norm, self.config.gradient_clipping)
+                        applied.append(clipping.step_with_global_norm(engine, grad_norm, self.config.gradient_clipping))
         except RuntimeError as exc:  # a collective failed: a peer died, hung past the timeout, or raised
             raise RuntimeError(
                 f"ds_hetero: rank {self.rank} ({', '.join(self.coords)}) failed in step {step}: a peer rank "
@@ -271,15 +204,12 @@ class HeteroEngine:
                 f"{self.config.timeout_s:g} s); see the first failing rank's error. Cause: {exc}"
             ) from exc
 
+        # The first step's exchanges checked rows, hidden size and dtype on every rank; from now on
+        # the batch agreement's digest of each step's boundary inputs stands in for that consensus.
+        self.boundary.validate = False
         self.global_steps += 1
         step_time = time.perf_counter() - start
-        spans = [s for s in self.timeline.spans if s.step == step]
-        stage_time: dict[str, dict[str, float]] = {}
-        for s in spans:
-            stage, _, phase = s.name.partition(".")
-            phase = phase.split("[")[0] or s.category
-            stage_time.setdefault(stage, {}).setdefault(phase, 0.0)
-            stage_time[stage][phase] += s.end - s.start
+        stage_time = self.timeline.step_stage_time(step)  # O(spans of this step)
         busy = self.timeline.step_busy(step)
         return StepResult(
             loss=loss_sum / n_labels,
@@ -293,7 +223,7 @@ class HeteroEngine:
             boundary_bytes_lower_bound=bytes_["lower_bound"],
             busy_time=busy,
             bubble_fraction=bubble_fraction(busy, step_time),
-            skipped=not math.isfinite(grad_norm),
+            skipped=not all(applied),  # as the stage engines counted it (a non-finite norm skips all)
         )
 
     def _stage_norms(self) -> dict[str, float]:
@@ -304,7 +234,7 @@ class HeteroEngine:
                 norms[name] = clipping.stage_norm(engine, self.groups[name].tp)
         return norms
 
-    def _combine_norms_and_loss(self, norms: dict[str, float], loss_sum: float, n_labels: int
+    def _combine_norms_and_loss(self, norms: dict[str, float], loss_sum: float | torch.Tensor, n_labels: int
                                 ) -> tuple[float, float, int]:
         """(all-stage gradient norm, global loss sum, global label count) on every rank, in one all-reduce.
 

@@ -36,16 +36,23 @@ class GlobalBatchLoader:
         self.shuffle = shuffle
         self.seed = seed
         self.steps_per_epoch = len(dataset) // global_batch_size  # the last partial batch is dropped
+        self._epoch_order: tuple[int, list[int]] | None = None  # (epoch, its order): drawn once per epoch
+
+    def epoch_order(self, epoch: int) -> list[int]:
+        """The order of dataset indices in `epoch` (seeded: the same on every rank)."""
+        if self._epoch_order is None or self._epoch_order[0] != epoch:
+            if self.shuffle:
+                gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+                order = torch.randperm(len(self.dataset), generator=gen).tolist()
+            else:
+                order = list(range(len(self.dataset)))
+            self._epoch_order = (epoch, order)
+        return self._epoch_order[1]
 
     def indices(self, step: int) -> list[int]:
         """Dataset indices of step `step`'s global batch (a fresh permutation every epoch)."""
         epoch, k = divmod(step, self.steps_per_epoch)
-        if self.shuffle:
-            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            order = torch.randperm(len(self.dataset), generator=gen).tolist()
-        else:
-            order = list(range(len(self.dataset)))
-        return order[k * self.global_batch_size: (k + 1) * self.global_batch_size]
+        return self.epoch_order(epoch)[k * self.global_batch_size: (k + 1) * self.global_batch_size]
 
     def load(self, step: int, needed: Iterable[int]) -> list[dict[str, Any]]:
         """The global batch; full samples at positions in `needed`, light ones elsewhere."""

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass
 from typing import Iterator
 
 COMPUTE = ("forward", "backward", "optimizer")
@@ -29,12 +30,31 @@ class Span:
     step: int
 
 
-@dataclass
 class Timeline:
-    """Collects this rank's spans; one instance per engine."""
+    """Collects this rank's spans; one instance per engine.
 
-    spans: list[Span] = field(default_factory=list)
-    keep: int = 100_000  # bound the memory of a long run; traces are for short runs
+    Memory stays bounded however long the run: per-step figures read only the spans of the
+    steps still open (the last two), and `spans`, the window a Chrome trace shows, keeps the
+    last `trace_window` spans (set it before the run; 0 keeps none).
+
+    `synchronize`: wait for the device at every span's end, so a span times the work and not
+    its launch. Off by default: a full device synchronize serialises what the GPU would overlap
+    (ZeRO-2's gradient reduction with the backward), so only traces and profiling turn it on.
+    Off, spans measure host time (on a CPU, the same thing).
+    """
+
+    def __init__(self, trace_window: int = 100_000, synchronize: bool = False):
+        self.spans: deque[Span] = deque(maxlen=trace_window)
+        self._by_step: dict[int, list[Span]] = {}
+        self.synchronize = synchronize
+
+    @property
+    def trace_window(self) -> int:
+        return self.spans.maxlen
+
+    @trace_window.setter
+    def trace_window(self, n: int) -> None:
+        self.spans = deque(self.spans, maxlen=n)
 
     @contextlib.contextmanager
     def span(self, name: str, category: str, step: int) -> Iterator[None]:
@@ -42,11 +62,40 @@ class Timeline:
         try:
             yield
         finally:
-            if len(self.spans) < self.keep:
-                self.spans.append(Span(name, category, start, time.time(), step))
+            if self.synchronize:
+                _device_synchronize()
+            self.add(Span(name, category, start, time.time(), step))
+
+    def add(self, span: Span) -> None:
+        self.spans.append(span)
+        if span.step not in self._by_step:
+            for old in [k for k in self._by_step if k < span.step - 1]:
+                del self._by_step[old]
+            self._by_step[span.step] = []
+        self._by_step[span.step].append(span)
+
+    def step_spans(self, step: int) -> list[Span]:
+        """The spans of `step`, if it is one of the last two steps recorded (else [])."""
+        return self._by_step.get(step, [])
 
     def step_busy(self, step: int) -> float:
-        return sum(s.end - s.start for s in self.spans if s.step == step and s.category in COMPUTE)
+        return sum(s.end - s.start for s in self.step_spans(step) if s.category in COMPUTE)
+
+    def step_stage_time(self, step: int) -> dict[str, dict[str, float]]:
+        """Seconds per stage and phase in `step`, e.g. {"vision": {"forward": .., "backward": ..}}."""
+        out: dict[str, dict[str, float]] = {}
+        for s in self.step_spans(step):
+            stage, _, phase = s.name.partition(".")
+            phase = phase.split("[")[0] or s.category
+            out.setdefault(stage, {}).setdefault(phase, 0.0)
+            out[stage][phase] += s.end - s.start
+        return out
+
+
+def _device_synchronize() -> None:
+    from deepspeed.accelerator import get_accelerator
+
+    get_accelerator().synchronize()  # a no-op on the CPU accelerator
 
 
 def bubble_fraction(busy: float, step_time: float) -> float:

@@ -1,6 +1,6 @@
 """Benchmark the boundary exchange: BoundaryCommunicator against two baselines, in one run.
 
-    python recipes/bench_boundary.py [--iters 20] [--hidden 1024]
+    python recipes/bench_boundary.py [--iters 20] [--hidden 1024] [--backend nccl --max-world N]
 
 For each layout pair (colocated and disaggregated), every rank moves the vision stage's image-
 token rows [T, H] into the language stage's layout (forward exchange only) three ways:
@@ -20,7 +20,8 @@ The backward columns are ours alone (one gradient exchange, bytes only): gradien
 completion among source replicas included, against the backward lower bound (every row
 gradient a source replica needs and holds no destination copy of, once per replica).
 Time is the median over iterations of the slowest rank's time per exchange. All three outputs
-are checked equal on every rank. Runs on CPU with gloo (GPU: NCCL, one process per device).
+are checked equal on every rank. Runs on CPU with gloo, or with `--backend nccl` on GPUs, one
+process per device (`--max-world N`: only the layout pairs that fit on N devices).
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ class LeaderBroadcast:
     Routing is precomputed (as ours is, by its plan cache); `__call__` only moves data.
     """
 
-    def __init__(self, inp, src, dst, groups, rank, pick):
+    def __init__(self, inp, src, dst, groups, rank, pick, device):
         self.group, self.rank, self.pick = groups.boundary, rank, pick
         self.bcast_group = groups.stages["language"].model
         s_lead = {R: src.rank_at(0, 0, R) for R in range(src.dp)}
@@ -139,7 +140,7 @@ class LeaderBroadcast:
             mine = _rows_of(inp, inp.src_dp, R)
             for j in range(dst.dp):
                 need = set(_rows_of(inp, inp.dst_dp, j))
-                both = torch.tensor([k for k, g in enumerate(mine) if g in need], dtype=torch.long)
+                both = torch.tensor([k for k, g in enumerate(mine) if g in need], dtype=torch.long, device=device)
                 if not len(both):
                     continue
                 if rank == s_lead[R] == d_lead[j]:
@@ -183,7 +184,7 @@ class LeaderBroadcast:
 class AllGatherAll:
     """Every rank's rows, padded to the largest, to every rank; destinations keep what they need."""
 
-    def __init__(self, inp, src, dst, groups, rank, pick):
+    def __init__(self, inp, src, dst, groups, rank, pick, device):
         self.group, self.n = groups.boundary, len(groups.boundary_ranks)
         self.pad = max(len(_rows_of(inp, inp.src_dp, R)) for R in range(src.dp))
         self.rows = None
@@ -193,7 +194,7 @@ class AllGatherAll:
             for R in range(src.dp):  # tp0 of each source replica: its replica's rows
                 owner = groups.boundary_ranks.index(src.rank_at(0, 0, R))
                 rows += [owner * self.pad + k for k, g in enumerate(_rows_of(inp, inp.src_dp, R)) if g in need]
-            self.rows = torch.tensor(rows, dtype=torch.long).index_select(0, pick)
+            self.rows = torch.tensor(rows, dtype=torch.long, device=device).index_select(0, pick)
 
     def __call__(self, x):
         block = x.new_zeros((self.pad, x.shape[1]))
@@ -205,19 +206,26 @@ class AllGatherAll:
 
 
 # ---------------------------------------------------------------------------- one rank
-def _timed(fn, group, iters):
+def _sync(device):
+    if device.type == "cuda":  # GPU work is asynchronous: time it to completion
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, group, iters, device):
     times = []
     for _ in range(iters + 3):  # 3 warm-up exchanges
         dist.barrier(group=group)
+        _sync(device)
         t0 = time.perf_counter()
         out = fn()
+        _sync(device)
         times.append(time.perf_counter() - t0)
-    t = torch.tensor(times[3:], dtype=torch.float64)
+    t = torch.tensor(times[3:], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)  # an exchange lasts until its slowest rank
     return out, statistics.median(t.tolist())
 
 
-def _bench_case(rank, label, src, dst, placement, hidden, iters, seed):
+def _bench_case(rank, label, src, dst, placement, hidden, iters, seed, device):
     groups = build_groups({"vision": src, "language": dst}, rank)
     try:
         if rank not in groups.boundary_ranks:
@@ -225,23 +233,24 @@ def _bench_case(rank, label, src, dst, placement, hidden, iters, seed):
         inp = micro_batch(src, dst, seed)
         total = sum(inp.token_counts)
         X = torch.randn(total, hidden, generator=torch.Generator().manual_seed(seed))
-        x = X[_rows_of(inp, inp.src_dp, src.coord(rank).dp)] if src.contains(rank) else X[:0]
+        x = (X[_rows_of(inp, inp.src_dp, src.coord(rank).dp)] if src.contains(rank) else X[:0]).to(device)
         comm = BoundaryCommunicator(src, dst, groups, placement, hidden_size=hidden, dtype=x.dtype)
         pick = _shard_pick(comm, inp, rank)
+        pick = pick.to(device) if pick is not None else None
         # The baselines' routing is precomputed, as ours is (its plan is cached per micro-batch).
-        leader = LeaderBroadcast(inp, src, dst, groups, rank, pick)
-        gather_all = AllGatherAll(inp, src, dst, groups, rank, pick)
+        leader = LeaderBroadcast(inp, src, dst, groups, rank, pick, device)
+        gather_all = AllGatherAll(inp, src, dst, groups, rank, pick, device)
         unchecked = BoundaryCommunicator(src, dst, groups, placement, validate=False)
-        ours, t_ours = _timed(lambda: comm.exchange_rows(x, inp), groups.boundary, iters)
+        ours, t_ours = _timed(lambda: comm.exchange_rows(x, inp), groups.boundary, iters, device)
         ours_sent = comm.last_forward.bytes_sent
-        _, t_unchecked = _timed(lambda: unchecked.exchange_rows(x, inp), groups.boundary, iters)
-        (lead, lead_sent), t_lead = _timed(lambda: leader(x), groups.boundary, iters)
-        (ag, ag_sent), t_ag = _timed(lambda: gather_all(x), groups.boundary, iters)
+        _, t_unchecked = _timed(lambda: unchecked.exchange_rows(x, inp), groups.boundary, iters, device)
+        (lead, lead_sent), t_lead = _timed(lambda: leader(x), groups.boundary, iters, device)
+        (ag, ag_sent), t_ag = _timed(lambda: gather_all(x), groups.boundary, iters, device)
         if dst.contains(rank):
             assert torch.equal(ours, lead) and torch.equal(ours, ag), f"{label}: rank {rank} outputs differ"
         comm.exchange_grads(ours if dst.contains(rank) else x[:0], inp)  # any gradient: bytes only
         bwd = comm.last_backward
-        sent = torch.tensor([ours_sent, lead_sent, ag_sent, bwd.bytes_sent], dtype=torch.float64)
+        sent = torch.tensor([ours_sent, lead_sent, ag_sent, bwd.bytes_sent], dtype=torch.float64, device=device)
         dist.all_reduce(sent, group=groups.boundary)
         ms = [t * 1e3 for t in (t_ours, t_unchecked, t_lead, t_ag)]
         return dict(label=label, placement=placement, ranks=len(groups.boundary_ranks),
@@ -251,23 +260,28 @@ def _bench_case(rank, label, src, dst, placement, hidden, iters, seed):
         groups.destroy()
 
 
-def _worker(rank, world, store, cases, hidden, iters, queue):
+def _worker(rank, world, store, cases, hidden, iters, queue, backend):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+    device = torch.device("cpu")
+    if backend == "nccl":  # one process per device
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
     try:
-        rows = [_bench_case(rank, *case, hidden, iters, seed=n + 1) for n, case in enumerate(cases)]
+        rows = [_bench_case(rank, *case, hidden, iters, seed=n + 1, device=device) for n, case in enumerate(cases)]
         if rank == 0:
             queue.put(rows)
     finally:
         dist.destroy_process_group()
 
 
-def _launch(world, cases, hidden, iters):
+def _launch(world, cases, hidden, iters, backend="gloo"):
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_worker, args=(r, world, os.path.join(tmp, "store"), cases, hidden, iters, queue))
+        procs = [ctx.Process(target=_worker,
+                             args=(r, world, os.path.join(tmp, "store"), cases, hidden, iters, queue, backend))
                  for r in range(world)]
         for p in procs:
             p.start()
@@ -283,11 +297,16 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"], help="nccl: one process per GPU")
+    ap.add_argument("--max-world", type=int, default=None, help="only layout pairs on at most this many ranks")
     args = ap.parse_args(argv)
-    rows = [row for world, cases in CASES.items() for row in _launch(world, cases, args.hidden, args.iters)]
+    worlds = [w for w in CASES if args.max_world is None or w <= args.max_world]
+    rows = [row for world in worlds for row in _launch(world, CASES[world], args.hidden, args.iters, args.backend)]
+    where = (f"nccl on {torch.cuda.device_count()} GPUs" if args.backend == "nccl"
+             else f"gloo on {os.cpu_count()} CPU cores")
     mb = 1 / 2**20
     print(f"hidden {args.hidden}, fp32, 12 samples/micro-batch with 0-576 image tokens, seq {SEQ_LEN}, "
-          f"gloo on {os.cpu_count()} CPU cores, median of {args.iters} exchanges (slowest rank)\n")
+          f"{where}, median of {args.iters} exchanges (slowest rank)\n")
     print("| layout pair | placement | ranks | lower bound MB | ours MB (ratio) | leader+bcast MB (ratio) "
           "| all-gather MB (ratio) | ours ms | ours ms, no check | leader ms | all-gather ms "
           "| backward lower bound MB | ours backward MB |")

@@ -40,6 +40,8 @@ def parse_args(argv=None):
     p.add_argument("--summary-json", default=None, help="rank 0 writes the summary here as JSON")
     p.add_argument("--trace", default=None,
                    help="rank 0 writes a Chrome trace (chrome://tracing, Perfetto) of every rank's spans here")
+    p.add_argument("--trace-window", type=int, default=100_000,
+                   help="spans per rank the trace keeps: the last ones (memory stays bounded on long runs)")
     p.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
     return p.parse_args(argv)
 
@@ -74,6 +76,8 @@ def main(argv=None) -> int:
     model = build_model(args)
     dataset = ShapesCaptionDataset.for_llava(model.config, size=args.samples, seed=args.seed)
     engine = ds_hetero.initialize(model, args.deepspeed_config, training_data=dataset)
+    engine.timeline.trace_window = args.trace_window
+    engine.timeline.synchronize = bool(args.trace)  # a trace times device work, at the cost of overlap
     rank, cfg = engine.rank, engine.config
     device = engine.device
 

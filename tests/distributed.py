@@ -46,6 +46,8 @@ def _child(fn, rank, world_size, store_path, port, backend, pg_timeout_s, kwargs
         import torch.distributed as dist
 
         torch.set_num_threads(1)  # N ranks share 2 cores; more threads only contend
+        if backend == "nccl":  # one process per device (recipes/check_gpu.sh)
+            torch.cuda.set_device(rank)
         os.environ.update(
             RANK=str(rank),
             LOCAL_RANK=str(rank),
@@ -76,16 +78,19 @@ def run_distributed(
     fn: Callable[..., Any],
     world_size: int,
     timeout: float = 180.0,
-    backend: str = "gloo",
+    backend: str | None = None,
     pg_timeout_s: float = 60.0,
     grace_s: float = 5.0,
     **kwargs: Any,
 ) -> list[Any]:
     """Run `fn(rank, world_size, **kwargs)` on `world_size` processes; return per-rank results.
 
+    `backend`: gloo unless DS_HETERO_TEST_BACKEND says otherwise (nccl on a GPU machine).
+
     After the first rank fails, the others get `grace_s` seconds to report their own outcome
     before they are killed (tests of failure handling raise it to see the survivors' errors).
     """
+    backend = backend or os.environ.get("DS_HETERO_TEST_BACKEND", "gloo")
     ctx = _context()
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="ds_hetero_dist_") as tmp:

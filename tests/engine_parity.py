@@ -4,6 +4,9 @@
 trains one copy through `ds_hetero.initialize` on the given layout and the other as a plain
 single-process Hugging Face model on the same global batches (same optimizer, same clipping),
 and returns per-step losses and grad norms of both plus the largest relative weight error.
+The reference's loss is also taken from the unmodified Hugging Face model itself
+(`model(..., labels=labels).loss`, its own shift and mean over label tokens), so a bug shared by
+the project's loss helpers and the reference cannot pass.
 """
 
 import copy
@@ -48,13 +51,14 @@ def reference_forward(family, model, adapter, samples):
     vision = adapter.vision_inputs(samples)
     if family in ("llava", "siglip"):
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    pixel_values=vision["pixel_values"])
+                    pixel_values=vision["pixel_values"], labels=batch["labels"])
     else:
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                     pixel_values=vision["pixel_values"] if len(vision["image_grid_thw"]) else None,
                     image_grid_thw=vision["image_grid_thw"] if len(vision["image_grid_thw"]) else None,
-                    mm_token_type_ids=(batch["input_ids"] == model.config.image_token_id).int())
-    return out.logits, batch["labels"]
+                    mm_token_type_ids=(batch["input_ids"] == model.config.image_token_id).int(),
+                    labels=batch["labels"])
+    return out.logits, batch["labels"], float(out.loss)  # the model's own loss: mean over label tokens
 
 
 def reference_train(family, model, batches, make_optimizer, clip, per_stage_clip=False, per_micro_batch_mean=0):
@@ -64,7 +68,7 @@ def reference_train(family, model, batches, make_optimizer, clip, per_stage_clip
 
     adapter = adapter_for(model)
     opt = make_optimizer(list(model.parameters()))
-    losses, norms = [], []
+    losses, norms, hf_losses = [], [], []
     for samples in batches:
         n = sum(label_token_count(s["labels"]) for s in samples)
         if per_micro_batch_mean:  # wrong: mean per micro-batch, then averaged
@@ -72,13 +76,14 @@ def reference_train(family, model, batches, make_optimizer, clip, per_stage_clip
             total = 0.0
             for j in range(per_micro_batch_mean):
                 part = samples[j * k:(j + 1) * k]
-                logits, labels = reference_forward(family, model, adapter, part)
+                logits, labels, _ = reference_forward(family, model, adapter, part)
                 loss = token_loss_sum(logits, labels) / sum(label_token_count(s["labels"]) for s in part)
                 (loss / per_micro_batch_mean).backward()
                 total += float(loss) / per_micro_batch_mean
             losses.append(total)
         else:
-            logits, labels = reference_forward(family, model, adapter, samples)
+            logits, labels, hf_loss = reference_forward(family, model, adapter, samples)
+            hf_losses.append(hf_loss)
             loss = token_loss_sum(logits, labels) / n
             loss.backward()
             losses.append(float(loss))
@@ -94,7 +99,7 @@ def reference_train(family, model, batches, make_optimizer, clip, per_stage_clip
             norms.append(float(torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))))
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return losses, norms
+    return losses, norms, hf_losses
 
 
 def full_named_parameters(engine):
@@ -114,9 +119,9 @@ def full_named_parameters(engine):
         gathered = deepspeed.zero.GatheredParameters([p]) if hasattr(p, "ds_id") else contextlib.nullcontext()
         with gathered:
             if getattr(p, "tensor_model_parallel", False):
-                out[name] = gather_full(p.detach(), p, group).clone()
+                out[name] = gather_full(p.detach(), p, group).cpu()  # the reference trains on the CPU
             else:
-                out[name] = p.detach().clone()
+                out[name] = p.detach().cpu().clone()
     return out
 
 
@@ -126,13 +131,14 @@ def _tp_group_of(engine, name):
 
 
 def max_rel_err(got, want):
-    """(largest per-tensor relative error max|got - want| / max|want|, where; largest absolute error).
+    """(largest per-tensor relative error max|got - want| / max|want|, where; largest absolute error;
+    number of tensors compared: a comparison of nothing must not pass).
 
     Per tensor, not per entry: entries near zero carry rounding noise that Adam normalises.
     A tensor whose scale is below SCALE_FLOOR is judged against the floor (CLIP's key bias has
     an exactly zero gradient: it starts at 0 and both runs move it by rounding noise alone).
     """
-    worst, where, worst_abs = 0.0, None, 0.0
+    worst, where, worst_abs, compared = 0.0, None, 0.0, 0
     for name, w in want.items():
         if name not in got:  # a stage this rank does not hold
             continue
@@ -140,12 +146,13 @@ def max_rel_err(got, want):
         assert g.shape == w.shape, (name, g.shape, w.shape)
         if not w.numel():
             continue
+        compared += 1
         diff = (g - w).abs().max().item()
         worst_abs = max(worst_abs, diff)
         err = diff / max(w.abs().max().item(), SCALE_FLOOR)
         if err > worst:
             worst, where = err, name
-    return worst, where, worst_abs
+    return worst, where, worst_abs, compared
 
 
 def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimizer="adamw", model_kw=None,
@@ -181,22 +188,23 @@ def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimi
     results = [engine.train_batch(samples) for samples in batches]
     got = full_named_parameters(engine)
 
-    ref_losses, ref_norms = reference_train(family, reference, batches, make_optimizer, clip)
+    ref_losses, ref_norms, hf_losses = reference_train(family, reference, batches, make_optimizer, clip)
     want = {n: p.detach() for n, p in reference.named_parameters()}
+    weight_err = max_rel_err(got, want)
     out = {
-        "losses": [r.loss for r in results], "ref_losses": ref_losses,
+        "losses": [r.loss for r in results], "ref_losses": ref_losses, "hf_losses": hf_losses,
         "norms": [r.grad_norm for r in results], "ref_norms": ref_norms,
-        "weight_err": max_rel_err(got, want),
+        "weight_err": weight_err,
+        "compared": weight_err[3],
         "boundary": [(r.boundary_bytes_total, r.boundary_bytes_lower_bound) for r in results],
         "stages_held": sorted(engine.engines),
-        "compared": sum(1 for _ in got),
         "bubble": [r.bubble_fraction for r in results],
     }
     if controls:
         for flag in ("per_stage_clip", "per_micro_batch_mean"):
             wrong = copy.deepcopy(build_model(family, seed=7, **model_kw))
             kwargs = {"per_stage_clip": True} if flag == "per_stage_clip" else {"per_micro_batch_mean": micro_batches}
-            losses, _ = reference_train(family, wrong, batches, make_optimizer, clip, **kwargs)
+            losses, _, _ = reference_train(family, wrong, batches, make_optimizer, clip, **kwargs)
             out[flag] = max_rel_err(got, {n: p.detach() for n, p in wrong.named_parameters()})
     engine.groups.destroy()
     return out

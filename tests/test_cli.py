@@ -22,7 +22,8 @@ def test_validate_prints_the_rank_map(capsys):
 
 
 def test_validate_disaggregated_marks_ranks_outside_a_stage(tmp_path, capsys):
-    cfg = {"train_batch_size": 4, "hetero_parallel": {"placement": "disaggregated", "stages": {
+    cfg = {"train_batch_size": 4, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+           "hetero_parallel": {"placement": "disaggregated", "stages": {
         "vision": {"dp": 1}, "language": {"tp": 3, "dp": 1}}}}
     path = tmp_path / "d.json"
     path.write_text(json.dumps(cfg))

@@ -133,6 +133,14 @@ INVALID = [
     ("conflicting_gas_key", dict(COLOCATED, gradient_accumulation_steps=4), 4, "gradient_accumulation_steps", "derives it"),
     ("world_size_zero", COLOCATED, 0, "world_size", "positive"),
     ("timeout_zero", ds({"vision": V4, "language": L22}, timeout_s=0), 4, "hetero_parallel.timeout_s", "positive number"),
+    ("timeout_infinite", ds({"vision": V4, "language": L22}, timeout_s=float("inf")), 4, "hetero_parallel.timeout_s", "up to"),
+    ("timeout_huge", ds({"vision": V4, "language": L22}, timeout_s=1e300), 4, "hetero_parallel.timeout_s", "up to"),
+    ("timeout_nan", ds({"vision": V4, "language": L22}, timeout_s=float("nan")), 4, "hetero_parallel.timeout_s", "positive number"),
+    ("clipping_string", dict(COLOCATED, gradient_clipping="abc"), 4, "gradient_clipping", "finite number >= 0"),
+    ("clipping_nan", dict(COLOCATED, gradient_clipping=float("nan")), 4, "gradient_clipping", "finite number >= 0"),
+    ("clipping_negative", dict(COLOCATED, gradient_clipping=-1), 4, "gradient_clipping", "finite number >= 0"),
+    ("clipping_infinite", dict(COLOCATED, gradient_clipping=float("inf")), 4, "gradient_clipping", "finite number >= 0"),
+    ("clipping_bool", dict(COLOCATED, gradient_clipping=True), 4, "gradient_clipping", "finite number >= 0"),
 ]
 
 
@@ -155,3 +163,25 @@ def test_file_errors(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(HeteroConfigError, match="cannot parse"):
         load_config(bad, 4)
+    directory = tmp_path / "configs"
+    directory.mkdir()
+    with pytest.raises(HeteroConfigError, match="is a directory"):
+        load_config(directory, 4)
+
+
+def test_yaml_suffix_in_any_case_and_json_nan_reach_the_checks(tmp_path):
+    yaml_text = "train_batch_size: 16\nhetero_parallel:\n  stages:\n    vision: {dp: 4}\n    language: {tp: 2, dp: 2}\n"
+    upper = tmp_path / "c.YAML"
+    upper.write_text(yaml_text)
+    assert load_config(upper, 4).global_batch_size == 16  # parsed as YAML, not as JSON
+    # JSON's NaN / Infinity literals (Python's json reads them) are refused, naming the field
+    stages = '"stages": {"vision": {"dp": 4}, "language": {"dp": 4}}'
+    for text, field in (
+        ('{"train_batch_size": 16, "gradient_clipping": NaN, "hetero_parallel": {%s}}' % stages, "gradient_clipping"),
+        ('{"train_batch_size": 16, "hetero_parallel": {"timeout_s": Infinity, %s}}' % stages, "hetero_parallel.timeout_s"),
+    ):
+        path = tmp_path / "c.json"
+        path.write_text(text)
+        with pytest.raises(HeteroConfigError) as info:
+            load_config(path, 4)
+        assert info.value.field == field, str(info.value)

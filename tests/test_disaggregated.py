@@ -42,7 +42,7 @@ def test_disaggregated_layouts_match_single_process_reference():
     assert all(0.0 <= b < 1.0 for r in results for b in r[first]["bubble"])
 
 
-def _die_mid_step(rank, world_size):
+def _die_mid_step(rank, world_size, tmp):
     import os
     import signal
 
@@ -69,21 +69,27 @@ def _die_mid_step(rank, world_size):
         def forward(*args, **kwargs):
             calls.append(1)
             if len(calls) == 2:
+                with open(os.path.join(tmp, "killed_at"), "w") as f:
+                    f.write(repr(time.time()))
                 os.kill(os.getpid(), signal.SIGKILL)
             return original(*args, **kwargs)
 
         stage.forward = forward
-    start = time.monotonic()
     try:
         engine.train_batch(samples)
-    finally:
-        print(f"rank {rank} left train_batch after {time.monotonic() - start:.1f} s", flush=True)
+    except RuntimeError as exc:
+        with open(os.path.join(tmp, "killed_at")) as f:
+            after = time.time() - float(f.read())
+        raise RuntimeError(f"{exc} [RAISED {after:.2f} s AFTER THE KILL]") from None
 
 
-def test_a_rank_that_dies_mid_step_makes_the_others_fail_fast():
+RAISE_WITHIN_S = 10  # after the kill (gloo notices the closed connection; the timeout_s is 20)
+
+
+def test_a_rank_that_dies_mid_step_makes_the_others_fail_fast(tmp_path):
     start = time.monotonic()
     with pytest.raises(AssertionError) as info:
-        run_distributed(_die_mid_step, world_size=4, timeout=120, grace_s=60)
+        run_distributed(_die_mid_step, world_size=4, timeout=120, grace_s=60, tmp=str(tmp_path))
     elapsed = time.monotonic() - start
     report = str(info.value)
     assert "rank 3 died with exit code -9" in report, report
@@ -91,5 +97,7 @@ def test_a_rank_that_dies_mid_step_makes_the_others_fail_fast():
     for rank in (0, 1, 2):
         section = report.split(f"--- rank {rank} ---")[1].split("--- rank")[0]
         assert f"ds_hetero: rank {rank}" in section and "stopped answering" in section, report
+        after = float(section.split("[RAISED ")[-1].split(" s AFTER")[0])
+        assert after < RAISE_WITHIN_S, (rank, after, report)
     assert "did not finish" not in report, report
-    assert elapsed < 60, elapsed
+    print(f"whole run (set-up included) {elapsed:.1f} s")  # the bound that matters is per survivor, above

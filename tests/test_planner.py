@@ -165,7 +165,7 @@ def test_enumeration_count_and_every_row_valid(tmp_path, llava):
 
 def test_sequence_sharding_switch_follows_validation(monkeypatch, llava):
     """cp > 1 appears in the enumeration as soon as the engine's checks accept it."""
-    import ds_hetero.engine as engine
+    import ds_hetero.support as engine
     from ds_hetero.models import adapter_for
     from ds_hetero.planner.enumerate import sequence_sharding
 

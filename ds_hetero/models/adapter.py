@@ -47,14 +47,14 @@ class StageAdapter:
         and raises the same HeteroConfigError on every rank.
         """
         from ..tensor_parallel import validate_tensor_parallel
-        from ..tensor_parallel.shard import _check_head
+        from ..tensor_parallel.shard import PAD_YOURSELF, _check_head
 
         vision, language = cfg.stages["vision"], cfg.stages["language"]
         for module in self.vision_modules():
             validate_tensor_parallel(module, vision.tp, "vision")
         validate_tensor_parallel(self.model.get_decoder(), language.tp, "language")
         if language.tp > 1:
-            _check_head(self.model, language.tp, False, "language")
+            _check_head(self.model, language.tp, False, "language", PAD_YOURSELF)
 
     def shard(self, groups, cfg) -> None:
         """Shard each stage this rank holds over that stage's tp group (in place, no communication)."""

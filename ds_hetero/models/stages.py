@@ -34,10 +34,13 @@ class LanguageStage(nn.Module):
         image_rows: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        n_image_tokens: int | None = None,
     ) -> torch.Tensor:
+        """`n_image_tokens`: the placeholder count, when the caller counted it on the host (the
+        engine does); otherwise it is read from `input_ids` (a device sync on a GPU)."""
         embeds = self.language_model.get_input_embeddings()(input_ids)
         placeholder = input_ids == self.image_token_id
-        n_placeholders = int(placeholder.sum())
+        n_placeholders = int(placeholder.sum()) if n_image_tokens is None else n_image_tokens
         if n_placeholders != image_rows.shape[0]:
             raise ValueError(
                 f"input_ids hold {n_placeholders} image placeholder tokens (id {self.image_token_id}) "

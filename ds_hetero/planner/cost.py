@@ -5,8 +5,8 @@ backward = the forward's GEMMs twice), element-wise time (bytes over memory band
 collectives (collectives.py over the machine's alpha-beta model); per step the dp gradient
 reduction and the optimizer (Adam reads and writes ~36 bytes per parameter of the partition:
 fp32 master, moments, parameter and gradient). The boundary costs one all-to-all per direction
-over the union of both stages (bytes from the boundary's own plan) after a small consensus
-all-reduce; `engine_syncs` adds the engine's per-step consensus all-reduces. pipeline.py
+over the union of both stages (bytes from the boundary's own plan); `engine_syncs` adds the
+engine's per-step agreement and norm all-reduces. pipeline.py
 combines them.
 
 Devices that share compute units (CPU ranks on fewer cores than ranks) cannot all compute at
@@ -93,12 +93,11 @@ def stage_times(spec: ModelSpec, wl: Workload, machine: MachineProfile, stage: s
 
 
 def engine_syncs(cand: Candidate, machine: MachineProfile, world: int) -> float:
-    """Small all-reduces HeteroEngine.train_batch runs once per step: the sample check's consensus
-    and the global norm + loss (over all ranks), the label count (language dp), the clipping norm
-    of each stage with tp > 1 (its tp group)."""
+    """Small all-reduces HeteroEngine.train_batch runs once per step: the batch agreement (sample
+    checks, batch size, label count) and the global norm + loss, over all ranks; the clipping
+    norm of each stage with tp > 1 (its tp group)."""
     tiny = 64
     t = 2 * machine.collective_time("all_reduce", tiny, world)
-    t += machine.collective_time("all_reduce", tiny, cand.language.dp * cand.language.cp)
     for layout in (cand.vision, cand.language):
         t += machine.collective_time("all_reduce", tiny, layout.tp)
     return t
@@ -115,9 +114,8 @@ def predict(cand: Candidate, cfg: HeteroConfig, spec: ModelSpec, wl: Workload, m
     fwd_rows, bwd_rows = boundary_rows(cfg, wl.image_tokens, wl.seq_len)
     row_bytes = spec.language.hidden * wl.dtype_bytes
     peers = len(set(cand.vision.ranks) | set(cand.language.ranks)) or cfg.world_size
-    # each exchange: the consensus all-reduce of its shapes (BoundaryCommunicator._agree), then the all-to-all
-    per_exchange = [machine.collective_time("all_reduce", 56, peers)
-                    + machine.collective_time("all_to_all", rows * row_bytes / peers, peers)
+    # each exchange is one all-to-all (its shape consensus runs on the first step only)
+    per_exchange = [machine.collective_time("all_to_all", rows * row_bytes / peers, peers)
                     for rows in (fwd_rows, bwd_rows)]
     boundary = sum(per_exchange)
     world = cfg.world_size

@@ -1,9 +1,8 @@
 """Whether a candidate is a configuration ds_hetero accepts: the rules of `ds-hetero validate` and
-`initialize`, called, never copied.
+`initialize` (config.py's parser, support.py's engine and model checks), called, never copied.
 
-`check_candidate` is the one place the planner asks; when the engine's support checks move into
-the config layer (issue 12), repoint it there. It raises the HeteroConfigError `initialize`
-would raise.
+`check_candidate` is the one place the planner asks. It raises the HeteroConfigError
+`initialize` would raise.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ def check_candidate(ds_config: Mapping[str, Any], world_size: int, adapter, has_
                    parallel) sizes: its checks depend on those sizes only, and walking a large
                    model's modules for each of thousands of candidates would dominate planning
     """
-    from ..engine import check_engine_support
+    from ..support import check_engine_support
 
     cfg = parse_config(ds_config, world_size)
     check_engine_support(cfg, has_client_optimizer)

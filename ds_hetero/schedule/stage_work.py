@@ -25,14 +25,6 @@ from ..loss import token_loss_sum
 from ..mpu import stage_context
 
 
-def _sync(device: torch.device) -> None:
-    # Timers measure work, not kernel launches: wait for the device (no-op on CPU).
-    if device.type != "cpu":
-        from deepspeed.accelerator import get_accelerator
-
-        get_accelerator().synchronize()
-
-
 class StageWork:
     def __init__(self, hetero):
         self.h = hetero  # the HeteroEngine: config, adapter, engines, mpus, boundary, coords, timeline
@@ -66,31 +58,35 @@ class StageWork:
         with h.timeline.span(f"vision.forward[m={m}]", "forward", step), stage_context(h.mpus["vision"]):
             inputs = {k: v.to(self.device) for k, v in h.adapter.vision_inputs(mine).items()}
             rows = h.engines["vision"](**inputs)
-            _sync(self.device)
         return rows
 
     def language_step(self, samples, m: int, rows_in: torch.Tensor, n_labels: int, step: int):
-        """Forward and backward of the language stage; returns (local loss sum, gradient of rows_in)."""
+        """Forward and backward of the language stage.
+
+        Returns (local loss sum, a float64 tensor on the device: the schedule accumulates it and
+        the engine reads it once per step, not once per micro-batch; gradient of rows_in).
+        """
         h = self.h
         mine = [samples[p] for p in stage_samples(h.config, "language", h.coords["language"].dp, m)]
-        batch = {k: (v.to(self.device) if v is not None else None) for k, v in h.adapter.language_inputs(mine).items()}
+        host = h.adapter.language_inputs(mine)
+        # counted on the host, so the stage's placeholder check needs no device read
+        n_image_tokens = int((host["input_ids"] == h.adapter.image_token_id).sum())
+        batch = {k: (v.to(self.device) if v is not None else None) for k, v in host.items()}
         engine = h.engines["language"]
         with stage_context(h.mpus["language"]):
             with h.timeline.span(f"language.forward[m={m}]", "forward", step):
-                logits = engine(batch["input_ids"], rows_in, batch["attention_mask"], batch["position_ids"])
+                logits = engine(batch["input_ids"], rows_in, batch["attention_mask"], batch["position_ids"],
+                                n_image_tokens=n_image_tokens)
                 local = token_loss_sum(logits, batch["labels"], h.lm_head)
-                _sync(self.device)
             with h.timeline.span(f"language.backward[m={m}]", "backward", step):
                 engine.backward(local / n_labels * (self.l_dp * self.gas))
-                _sync(self.device)
         grad = rows_in.grad if rows_in.grad is not None else torch.zeros_like(rows_in)
-        return float(local.detach()), grad
+        return local.detach().double(), grad
 
     def vision_backward(self, rows: torch.Tensor, grad: torch.Tensor, m: int, step: int) -> None:
         h = self.h
         with h.timeline.span(f"vision.backward[m={m}]", "backward", step), stage_context(h.mpus["vision"]):
             h.engines["vision"].backward((rows * grad.to(rows.dtype)).sum() * (self.v_dp * self.gas / self.l_dp))
-            _sync(self.device)
 
     def micro_step(self, stage: str, m: int) -> None:
         """DeepSpeed counts micro-steps in `step()` and updates only at the last one; the last

@@ -43,7 +43,14 @@ def shard_projector(projector: nn.Module, group, stage: str = "vision") -> nn.Mo
     return shard_vision_tower(projector, group, stage)
 
 
-def _check_head(model: nn.Module, tp: int, pad_vocab: bool, stage: str) -> None:
+PAD_WITH_ARGUMENT = "pass pad_vocab=True to pad it to {padded}"
+# HeteroEngine has no padding knob: say what a user of initialize can do.
+PAD_YOURSELF = ("use a language tp that divides it, or pad the model's vocabulary before initialize, e.g. "
+                "model.resize_token_embeddings({vocab}, pad_to_multiple_of={tp}) to {padded} (the new tokens "
+                "then take part in the softmax)")
+
+
+def _check_head(model: nn.Module, tp: int, pad_vocab: bool, stage: str, advice: str = PAD_WITH_ARGUMENT) -> None:
     head = model.get_output_embeddings()
     if head is None:
         raise HeteroConfigError(f"hetero_parallel.stages.{stage}", f"{type(model).__name__} has no output head to shard")
@@ -54,7 +61,7 @@ def _check_head(model: nn.Module, tp: int, pad_vocab: bool, stage: str) -> None:
     if head.out_features % tp and not pad_vocab:
         raise HeteroConfigError(
             f"hetero_parallel.stages.{stage}.tp", f"tp={tp} does not divide the vocabulary ({head.out_features}) of the output "
-            f"head; pass pad_vocab=True to pad it to {-(-head.out_features // tp) * tp}")
+            "head; " + advice.format(vocab=head.out_features, tp=tp, padded=-(-head.out_features // tp) * tp))
 
 
 def shard_language_model(model: nn.Module, group, sequence_parallel: bool = False, pad_vocab: bool = False,

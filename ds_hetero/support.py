@@ -1,0 +1,84 @@
+"""What HeteroEngine runs today: the one set of checks `ds-hetero validate` and `initialize` share.
+
+`load_config` (config.py) checks that a config is well formed for a world size; the checks here
+refuse well-formed configs the engine cannot run (yet), and, given the model, the layouts the
+model's shapes do not allow. Both are pure (config, world size, model config): every rank
+raises the same HeteroConfigError before any collective, and `ds-hetero validate` says exactly
+what `initialize` will say.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from .config import HeteroConfig
+from .errors import HeteroConfigError
+
+
+def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) -> None:
+    """Refuse what the engine cannot run; `has_client_optimizer`: `initialize(optimizer=...)`."""
+    ds = cfg.ds_config
+    zero_section = ds.get("zero_optimization")
+    zero = zero_section.get("stage", 0) if isinstance(zero_section, Mapping) else 0
+    bf16 = ds.get("bf16")
+    if isinstance(bf16, Mapping) and bf16.get("enabled") is True and zero == 0:
+        raise HeteroConfigError(
+            "zero_optimization.stage",
+            "bf16 with ZeRO stage 0 makes DeepSpeed wrap the optimizer in its BF16_Optimizer, whose "
+            "clipping cannot span all stages; use ZeRO stage 1, 2 or 3 with bf16")
+    if cfg.placement == "disaggregated" and zero == 3:
+        raise HeteroConfigError(
+            "zero_optimization.stage",
+            "ZeRO stage 3 is not supported with placement \"disaggregated\": DeepSpeed's ZeRO-3 parameter "
+            "trace check broadcasts over the world group from inside each stage's forward, which the other "
+            "stage never joins; use stage 1 or 2 (or placement \"colocated\")")
+    extra = sorted(set(cfg.stages) - {"vision", "language"})
+    if extra:
+        raise HeteroConfigError(
+            f"hetero_parallel.stages.{extra[0]}",
+            "HeteroEngine trains exactly a vision and a language stage: no model adapter has an "
+            f"{extra[0]!r} stage yet; remove it")
+    if "vision" not in cfg.stages:
+        raise HeteroConfigError("hetero_parallel.stages.vision", "missing; HeteroEngine trains a vision and a language stage")
+    check_language_layout_not_yet_supported(cfg)
+    if "optimizer" not in ds and not has_client_optimizer:
+        raise HeteroConfigError(
+            "optimizer", 'missing; every stage engine builds its optimizer from it, e.g. '
+            '{"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": true}} (or pass '
+            "initialize(..., optimizer=callable); `ds-hetero validate --client-optimizer` checks that case)")
+    fp16 = ds.get("fp16", {})
+    if isinstance(fp16, Mapping) and fp16.get("enabled") is True:
+        raise HeteroConfigError("fp16.enabled", "fp16 loss scaling across stages is not supported; use bf16")
+
+
+def check_language_layout_not_yet_supported(cfg: HeteroConfig) -> None:
+    """The language layouts the engine refuses until long-context support (issue 10) lands.
+
+    Kept together here, apart from the permanent checks, so that work removes them in one place.
+    """
+    if cfg.language.sequence_parallel:
+        raise HeteroConfigError(
+            "hetero_parallel.stages.language.sequence_parallel",
+            "not supported by HeteroEngine yet (the boundary would have to deliver sequence shards to a "
+            "decoder that expects its full input); set it to false")
+    if cfg.language.cp != 1:
+        raise HeteroConfigError("hetero_parallel.stages.language.cp", "context parallelism is not implemented yet; use cp 1")
+
+
+def check_model(cfg: HeteroConfig, model) -> None:
+    """The model-level checks: an adapter exists, and every tp divides what it must (heads, kv
+    heads, MLP width, vocabulary). Needs only shapes: a model on the meta device will do."""
+    from .models import adapter_for
+
+    try:
+        adapter = adapter_for(model)
+    except TypeError as exc:
+        raise HeteroConfigError("model", str(exc)) from None
+    adapter.check_layouts(cfg)
+
+
+def check_all(cfg: HeteroConfig, model=None, has_client_optimizer: bool = False) -> None:
+    """Everything `initialize` checks before its first collective (the model's checks if given)."""
+    check_engine_support(cfg, has_client_optimizer)
+    if model is not None:
+        check_model(cfg, model)

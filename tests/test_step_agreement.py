@@ -1,0 +1,137 @@
+"""Every rank of every stage reaches one verdict on a global batch, and every failure names the step.
+
+One 2-rank disaggregated launch (vision on rank 0, language on rank 1: the layout where only
+the language rank can see that a batch has no label tokens):
+
+1. a batch without label tokens, a batch of the wrong size, a batch with a bad sample and
+   different batches on the two ranks are refused with a ValueError on both ranks, before any
+   collective of the step, and change nothing: the weights are bit-identical and the next good
+   batch trains as if they had never been given (same loss as a fresh engine's second step);
+   the boundary's own consensus all-reduce runs in the first step only;
+2. rank 1 is killed at a step boundary (before the step's first collective) while rank 0 reads
+   from the loader: rank 0 raises the engine's error naming its rank and the step within a few
+   seconds of the kill (gloo notices the closed connection), not a raw gloo error and not after
+   the timeout.
+
+Negative control: before the batch agreement, rank 0 (vision) did not refuse the label-less
+batch (it went on into the schedule) and its loader-side sample consensus ran outside the
+engine's error wrapper (a raw "Connection closed by peer").
+"""
+
+import time
+
+import pytest
+
+from tests.distributed import run_distributed
+
+pytestmark = pytest.mark.distributed
+
+TIMEOUT_S = 30  # hetero_parallel.timeout_s: a survivor must raise long before it
+RAISE_WITHIN_S = 10  # after the kill; gloo reports a closed connection in well under a second
+
+
+def _config():
+    return {
+        "train_batch_size": 4, "zero_optimization": {"stage": 1}, "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+        "zero_allow_untested_optimizer": True, "steps_per_print": 10**6,
+        "hetero_parallel": {"placement": "disaggregated", "micro_batches": 2, "timeout_s": TIMEOUT_S,
+                            "stages": {"vision": {"dp": 1}, "language": {"dp": 1}}},
+    }
+
+
+def _weights(engine):
+    return [p.detach().clone() for e in engine.engines.values() for p in e.module.parameters()]
+
+
+def _suite(rank, world_size, tmp):
+    import os
+    import signal
+
+    import torch
+
+    import ds_hetero
+    from ds_hetero.data import ShapesCaptionDataset
+    from ds_hetero.models.tiny import tiny_llava
+    from tests.vlm_data import llava_samples
+
+    def refused(engine, samples, words):
+        before = _weights(engine)
+        try:
+            engine.train_batch(samples)
+        except ValueError as exc:
+            assert words in str(exc), str(exc)
+            assert all(torch.equal(a, b) for a, b in zip(before, _weights(engine)))
+            return str(exc)
+        raise AssertionError(f"rank {rank}: the batch was not refused ({words!r})")
+
+    model = tiny_llava("clip", seed=3)
+    data = ShapesCaptionDataset.for_llava(model.config, size=16, seed=0)
+    good = [llava_samples(model, 4, seed=s) for s in range(2)]
+
+    fresh = ds_hetero.initialize(tiny_llava("clip", seed=3), _config())
+    want = [fresh.train_batch(b).loss for b in good]
+    fresh.groups.destroy()
+
+    engine = ds_hetero.initialize(model, _config(), training_data=data)
+    consensus = []
+    agree = engine.boundary._agree
+    engine.boundary._agree = lambda *a, **k: consensus.append(engine.global_steps) or agree(*a, **k)
+    first = engine.train_batch(good[0]).loss
+    no_labels = [dict(s, labels=torch.full_like(s["labels"], -100)) for s in good[1]]
+    text_only = {"input_ids": good[1][0]["input_ids"][-8:], "labels": good[1][0]["labels"][-8:]}
+    out = {"errors": [
+        refused(engine, no_labels, "no label tokens"),
+        refused(engine, good[1][:3], "got 3 samples"),
+        refused(engine, [dict(s, labels=s["labels"][1:]) if i == 2 else s for i, s in enumerate(good[1])],
+                "differ in shape"),
+        # rank 1 alone is given a text-only first sample: each rank's batch is valid, but they differ
+        refused(engine, ([text_only] + good[1][1:]) if rank == 1 else good[1], "different global batches"),
+    ]}
+    second = engine.train_batch(good[1]).loss
+    out["losses"] = [first, second]
+    out["want"] = want
+    out["consensus_steps"] = sorted(set(consensus))
+
+    # 2. rank 1 dies at a step boundary; rank 0 reads its share from the loader
+    kill_file = os.path.join(tmp, "killed_at")
+    dist_barrier(engine)
+    if rank == 1:
+        with open(kill_file, "w") as f:
+            f.write(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(1.0)  # the kill lands first: the failure is in the step's first collective
+    try:
+        engine.train_batch()
+    except RuntimeError as exc:
+        raised_at = time.time()
+        with open(kill_file) as f:
+            killed_at = float(f.read())
+        raise RuntimeError(f"RESULT {out!r} AFTER {raised_at - killed_at:.2f} s: {exc}") from None
+    raise AssertionError("rank 0 went on after its peer died")
+
+
+def dist_barrier(engine):
+    import torch.distributed as dist
+
+    dist.barrier(group=engine.groups.boundary)
+
+
+def test_bad_batches_are_refused_on_every_rank_and_a_dead_peer_is_named(tmp_path):
+    with pytest.raises(AssertionError) as info:
+        run_distributed(_suite, world_size=2, timeout=300, grace_s=2 * TIMEOUT_S, tmp=str(tmp_path))
+    report = str(info.value)
+    assert "rank 1 died with exit code -9" in report, report
+    section = report.split("--- rank 0 ---")[1].split("--- rank")[0]
+    assert "RESULT" in section, report
+    message = section.split("RESULT ")[-1]  # the raised message (the traceback also shows its source line)
+    out = eval(message.split(" AFTER ")[0])  # noqa: S307 - our own repr
+    # every refusal happened on rank 0 too (the vision rank, which cannot see labels)
+    assert len(out["errors"]) == 4, out
+    assert out["consensus_steps"] == [0], out  # the boundary's per-exchange check: first step only
+    # the refusals changed nothing: the good batches train exactly as on a fresh engine
+    assert out["losses"] == pytest.approx(out["want"], rel=1e-6), out
+    # the dead peer surfaces through the engine's error, naming rank and step, within seconds
+    assert "ds_hetero: rank 0 (vision) failed in step 2" in section, section
+    after = float(message.split(" AFTER ")[1].split(" s:")[0])
+    assert after < RAISE_WITHIN_S, section
