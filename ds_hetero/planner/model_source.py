@@ -10,7 +10,7 @@ import json
 import os
 from typing import Any
 
-TINY = ("tiny-llava", "tiny-qwen2-vl")
+from ..models.meta import BUILTIN
 
 
 def load_hf_config(source: Any):
@@ -19,12 +19,10 @@ def load_hf_config(source: Any):
 
     if isinstance(source, PretrainedConfig):
         return source
-    if source in TINY:
-        from ..models.tiny import tiny_llava, tiny_qwen2_vl
-        import torch
+    if source in BUILTIN:
+        from ..models.meta import meta_model as builtin_meta_model
 
-        with torch.device("meta"):
-            return (tiny_llava() if source == "tiny-llava" else tiny_qwen2_vl()).config
+        return builtin_meta_model(source).config
     path = os.fspath(source)
     if os.path.isdir(path):
         return AutoConfig.from_pretrained(path)
@@ -37,11 +35,13 @@ def load_hf_config(source: Any):
         from transformers import CONFIG_MAPPING
 
         return CONFIG_MAPPING[model_type].from_dict(data)
-    raise ValueError(f"--model {source!r}: not {', '.join(TINY)}, an existing config.json or a checkpoint directory")
+    raise ValueError(f"--model {source!r}: not {', '.join(BUILTIN)}, an existing config.json or a checkpoint directory")
 
 
 def meta_model(config):
-    """The Hugging Face model of `config` on the meta device (no memory, no initialisation)."""
+    """The Hugging Face model of a config object on the meta device (no memory, no initialisation);
+    models/meta.py builds one from a name or a directory, this from a config already read (any
+    .json file name, as `--model` accepts)."""
     import torch
     from transformers import AutoModelForImageTextToText
 
