@@ -1,14 +1,17 @@
-"""`ds-hetero` command line: validate a config and show its rank map.
+"""`ds-hetero` command line: validate a config and show its rank map; plan the layouts.
 
     ds-hetero validate ds_configs/llava_colocated.json --world-size 4 [--model tiny-llava]
     ds-hetero checkpoint info CKPT_DIR          (checkpoint/commands.py)
     ds-hetero checkpoint convert CKPT_DIR --to-hf OUT
+    ds-hetero plan --model tiny-llava --world-size 4 --seq-len 512 --image-tokens 256 --global-batch 16
 
-Exit code 0 with the rank map when the config is valid for that world size, 1 with the
+validate: exit code 0 with the rank map when the config is valid for that world size, 1 with the
 validation error otherwise. `validate` runs the checks `initialize` runs before its first
 collective (ds_hetero/support.py); with `--model` (a Hugging Face checkpoint directory or
 config.json, or a built-in tiny model) also the model's own (heads, kv heads, vocabulary against
-tp), on a model built on the meta device: no weights are read.
+tp), on a model built on the meta device: no weights are read. An `"auto"` section is checked for
+its keys (initialize plans it). plan: the ranked table of every valid configuration
+(ds_hetero/planner), optionally written as a DeepSpeed JSON with --write.
 """
 
 from __future__ import annotations
@@ -69,8 +72,17 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from .config import SECTION, read_ds_config
+    from .planner.auto import auto_options, is_auto
+
     try:
-        cfg = load_config(args.config, args.world_size)
+        ds = read_ds_config(args.config)
+        if is_auto(ds.get(SECTION)):  # initialize plans it; check what can be checked without the model
+            auto_options(ds[SECTION])
+            print(f"{args.config}: hetero_parallel is auto; initialize plans it on rank 0 "
+                  f"(see the choice with: ds-hetero plan --model ... --world-size {args.world_size})")
+            return 0
+        cfg = load_config(ds, args.world_size)
         model = meta_model(args.model) if args.model else None
         check_all(cfg, model, has_client_optimizer=args.client_optimizer)
     except HeteroConfigError as exc:
@@ -96,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .checkpoint.commands import add_parser as add_checkpoint_parser
 
     add_checkpoint_parser(sub)
+    from .planner.cli import add_plan_parser
+
+    add_plan_parser(sub)
     return parser
 
 

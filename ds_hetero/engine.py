@@ -29,6 +29,7 @@ from .loader import GlobalBatchLoader
 from .loading import load_stages, open_weights
 from .loss import label_token_count
 from .models import adapter_for
+from .planner.auto import resolve_auto
 from .mpu import StageMPU, stage_context
 from .result import StepResult
 from .schedule import ColocatedSchedule, DisaggregatedSchedule
@@ -89,6 +90,7 @@ class HeteroEngine:
         world_env = int(os.environ.get("WORLD_SIZE", "0")) or None
         self.adapter = adapter_for(model)
         checkpoint = open_weights(model, weights)  # headers only; None for a fully built model
+        config = resolve_auto(model, config, self.adapter, optimizer is not None)  # "auto": plan on rank 0
         timeout_s = DEFAULT_TIMEOUT_S
         if world_env is not None and not dist.is_initialized():
             early = load_config(config, world_env)

@@ -25,7 +25,9 @@ and the default rows (every other row of LAYOUTS is available with --rows):
 
 Every ds_hetero row goes through the same HeteroEngine (`ds_hetero.initialize`, ZeRO 1, AdamW,
 global-norm clipping 1.0); "plain DS dp4" (with --rows) uses one deepspeed.initialize over the
-whole model with the same config, optimizer, clipping, objective and samples per rank. Then all
+whole model with the same config, optimizer, clipping, objective and samples per rank; "DS AutoTP
+tp2" the same with DeepSpeed's own `"tensor_parallel": {"autotp_size": 2}` (language model
+sharded, vision tower and projector replicated on both tp ranks, dp 2). Then all
 rows run once more in ONE set of 4 processes holding every row's engine (disaggregated ones
 too: each engine builds its own groups on all ranks), stepping them round-robin (A B C, C B A,
 ...), so the drift of a shared machine hits every row alike; the medians of the per-round ratios
@@ -99,15 +101,30 @@ class Layout:
         return [("vision", self.vision_ranks), ("language", self.language_ranks)]
 
 
-LAYOUTS = {  # row name -> Layout; None = plain DeepSpeed over the whole model
+@dataclass(frozen=True)
+class Plain:
+    """Plain DeepSpeed over the whole model: dp over all ranks, or DeepSpeed's own AutoTP
+    (`"tensor_parallel": {"autotp_size": autotp}`), which shards the language model only and
+    leaves the vision tower and projector replicated on the tp ranks."""
+
+    autotp: int = 1
+
+    @property
+    def dp(self) -> int:
+        return WORLD // self.autotp
+
+
+LAYOUTS = {  # row name -> Layout, or Plain for plain DeepSpeed over the whole model
     "homogeneous": Layout((2, 2), (2, 2)),
+    "homogeneous tp4": Layout((4, 1), (4, 1)),  # both stages at the language's tp4
     "hetero tp2": Layout((1, 4), (2, 2)),
     "hetero tp4": Layout((1, 4), (4, 1)),
     "ds_hetero dp4": Layout((1, 4), (1, 4)),
     "hetero Vtp4": Layout((4, 1), (1, 4)),
     "hetero tp2 mb4": Layout((1, 4), (2, 2), mb=4),  # colocated controls for the pipelined rows
     "hetero dp4 mb4": Layout((1, 4), (1, 4), mb=4),
-    "plain DS dp4": None,
+    "plain DS dp4": Plain(),
+    "DS AutoTP tp2": Plain(autotp=2),
     # disaggregated: each rank holds one stage; the vision ranks encode micro-batch m+1 while the
     # language ranks run forward + backward of m
     "disagg 2+2 tp": Layout((1, 2), (2, 1), "disaggregated", (0, 1), (2, 3)),
@@ -165,7 +182,7 @@ def make_batches(model, a, n):
     return [[data[i * a["batch"] + j] for j in range(a["batch"])] for i in range(n)]
 
 
-def ds_config(a, layout=None):
+def ds_config(a, layout=Plain()):
     cfg = {
         "train_batch_size": a["batch"],
         "zero_optimization": {"stage": 1},
@@ -175,9 +192,14 @@ def ds_config(a, layout=None):
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
-    if layout is None:  # plain DeepSpeed, dp over the whole world
+    if isinstance(layout, Plain):  # plain DeepSpeed, dp over the whole world (or AutoTP x dp)
         cfg["gradient_accumulation_steps"] = a["micro_batches"]
-        cfg["train_micro_batch_size_per_gpu"] = a["batch"] // (WORLD * a["micro_batches"])
+        cfg["train_micro_batch_size_per_gpu"] = a["batch"] // (layout.dp * a["micro_batches"])
+        if layout.autotp > 1:
+            cfg["tensor_parallel"] = {"autotp_size": layout.autotp}
+            # DeepSpeed checks train_batch_size against the whole world (tp ranks included) before
+            # AutoTP splits it; micro-batch and accumulation steps say the same without that check
+            del cfg["train_batch_size"]
     else:
         stages = {}
         for name, (tp, dp), ranks in (("vision", layout.vision, layout.vision_ranks),
@@ -191,7 +213,7 @@ def ds_config(a, layout=None):
 class PlainEngine:
     """One deepspeed.initialize over the whole HF model, trained on the same objective as ds_hetero."""
 
-    def __init__(self, model, a):
+    def __init__(self, model, a, plain=Plain()):
         import deepspeed
         import torch.distributed as dist
 
@@ -202,7 +224,8 @@ class PlainEngine:
         self.a, self.adapter = a, adapter_for(model)
         stages = split_llava(model)  # only to list the parameters LLaVA's forward uses (see trainable_parameters)
         params = stages["vision"].trainable_parameters() + [p for p in stages["language"].parameters()]
-        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config(a))
+        self.plain = plain
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config(a, plain))
         self.dist = dist
 
     def train_batch(self, samples):
@@ -212,12 +235,13 @@ class PlainEngine:
 
         a, gas = self.a, self.a["micro_batches"]
         n_labels = sum(label_token_count(s["labels"]) for s in samples)
-        per_rank = a["batch"] // (self.world * gas)
+        dp = self.plain.dp  # AutoTP: the tp ranks of a group (consecutive ranks) take the same samples
+        per_rank = a["batch"] // (dp * gas)
         times = defaultdict(float)
         loss_sum = 0.0
         start = time.perf_counter()
         for m in range(gas):  # the same samples per rank and micro-batch as ds_hetero's dp4 stages
-            first = m * (a["batch"] // gas) + self.rank * per_rank
+            first = m * (a["batch"] // gas) + (self.rank // self.plain.autotp) * per_rank
             mine = samples[first:first + per_rank]
             t0 = time.perf_counter()
             batch = self.adapter.language_inputs(mine)
@@ -226,11 +250,11 @@ class PlainEngine:
                                  pixel_values=self.adapter.vision_inputs(mine)["pixel_values"]).logits
             local = token_loss_sum(logits, batch["labels"])
             t1 = time.perf_counter()
-            self.engine.backward(local / n_labels * (self.world * gas))
+            self.engine.backward(local / n_labels * (dp * gas))
             t2 = time.perf_counter()
             self.engine.step()
             t3 = time.perf_counter()
-            loss_sum += float(local.detach())
+            loss_sum += float(local.detach()) / self.plain.autotp  # every tp rank computed the same loss
             times["forward"] += t1 - t0
             times["backward"] += t2 - t1
             times["step"] += t3 - t2
@@ -242,13 +266,18 @@ class PlainEngine:
                     boundary_bytes=0)
 
 
+def layout_of(name, a):
+    """A row of LAYOUTS, or one a caller added for this run (a["extra_layouts"], e.g. a planner's pick)."""
+    return a.get("extra_layouts", {}).get(name) or LAYOUTS[name]
+
+
 def make_engine(name, a):
     import ds_hetero
 
     model = build_model(a)
-    layout = LAYOUTS[name]
-    if layout is None:
-        return model, PlainEngine(model, a)
+    layout = layout_of(name, a)
+    if isinstance(layout, Plain):
+        return model, PlainEngine(model, a, layout)
     engine = ds_hetero.initialize(model, ds_config(a, layout))
     engine.timeline.synchronize = True  # the time split per phase is the benchmark's: time the device work
     return model, engine
@@ -431,7 +460,7 @@ def flat_times(rec):
 
 def rank_groups(name):
     layout = LAYOUTS[name]
-    return layout.rank_groups() if layout is not None else [("all", tuple(range(WORLD)))]
+    return [("all", tuple(range(WORLD)))] if isinstance(layout, Plain) else layout.rank_groups()
 
 
 def summarize(name, per_rank, a):
@@ -470,7 +499,7 @@ def summarize(name, per_rank, a):
 
 def mb_of(name, a):
     layout = LAYOUTS[name]
-    return layout.micro_batches(a) if layout is not None else a["micro_batches"]
+    return a["micro_batches"] if isinstance(layout, Plain) else layout.micro_batches(a)
 
 
 def ranks_str(ranks):
@@ -478,8 +507,8 @@ def ranks_str(ranks):
 
 
 def layout_str(layout):
-    if layout is None:
-        return "whole model dp4"
+    if isinstance(layout, Plain):
+        return f"whole model dp{layout.dp}" + (f" AutoTP{layout.autotp}" if layout.autotp > 1 else "")
     (vtp, vdp), (ltp, ldp) = layout.vision, layout.language
     if layout.disaggregated:
         return f"V tp{vtp}dp{vdp}@{ranks_str(layout.vision_ranks)} L tp{ltp}dp{ldp}@{ranks_str(layout.language_ranks)}"
@@ -609,6 +638,7 @@ def run_benchmark(a, rows=None, interleaved=True, log=print, fresh=None):
     """
     a = with_param_counts(a)
     names = [n for n in LAYOUTS if n in (rows or LAYOUTS)]
+    names += [n for n in (rows or []) if n not in LAYOUTS and n in a.get("extra_layouts", {})]
     summaries = []
     for name in [n for n in names if fresh is None or n in fresh]:
         t0 = time.perf_counter()
@@ -631,7 +661,8 @@ def batch_problems(a, names):
     out = []
     for n in names:
         layout = LAYOUTS[n]
-        stages = [("vision", layout.vision), ("language", layout.language)] if layout else [("model", (1, WORLD))]
+        stages = ([("model", (layout.autotp, layout.dp))] if isinstance(layout, Plain)
+                  else [("vision", layout.vision), ("language", layout.language)])
         for stage, (_, dp) in stages:
             if a["batch"] % (dp * mb_of(n, a)):
                 out.append(f"{n}: {stage} dp{dp} x mb{mb_of(n, a)} does not divide --batch {a['batch']}")

@@ -1,0 +1,59 @@
+"""Boundary bytes of a candidate, from the boundary's own plan (ds_hetero/boundary/plan.py).
+
+Per micro-batch, the planner builds the `BoundaryPlan` the engine would build (samples cut by
+each stage's dp as batching.py does, every sample with `image_tokens` placeholders at
+positions 1..K, right after BOS) and takes its forward and backward lower bounds, which the
+plan's rows sent equal (tests/test_boundary_plan.py checks it exhaustively). Rows are boundary rows of hidden x dtype bytes.
+
+A plan walks every row, so for a large micro-batch the image tokens and the sequence are both
+divided by a common factor g (keeping each sequence shard whole) and the rows multiplied by g
+back: exact without sequence sharding (rows scale with tokens per sample), and exact up to the
+rounding of a shard edge inside the image block with it.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from math import gcd
+
+from ..boundary.inputs import BoundaryInputs, num_shards
+from ..boundary.plan import build_plan
+from ..config import HeteroConfig
+
+MAX_ROWS = 2_048  # rows of one planned micro-batch before the tokens are scaled down (planning speed)
+
+
+def boundary_rows(cfg: HeteroConfig, image_tokens: int, seq_len: int) -> tuple[int, int]:
+    """(forward rows sent, backward rows sent) in one micro-batch, all ranks together."""
+    src, dst = cfg.stages["vision"], cfg.language
+    return _rows(src, dst, cfg.placement, cfg.global_batch_size // cfg.micro_batches,
+                 cfg.micro_batch_size("vision"), cfg.micro_batch_size("language"), image_tokens, seq_len)
+
+
+@lru_cache(maxsize=4096)
+def _rows(src, dst, placement, samples, v_size, l_size, k, seq_len):
+    if k == 0 or samples == 0:
+        return 0, 0
+    shards = num_shards(dst)
+    g = 1
+    if samples * k > MAX_ROWS:
+        room = gcd(k, seq_len // shards)
+        for d in range(1, room + 1):
+            if room % d == 0 and samples * k // d <= MAX_ROWS:
+                g = d
+                break
+        else:
+            g = room
+    k_g, s_g = k // g, seq_len // g
+    sharded = shards > 1
+    inputs = BoundaryInputs(
+        token_counts=[k_g] * samples,
+        src_dp=[i // v_size for i in range(samples)],
+        dst_dp=[i // l_size for i in range(samples)],
+        positions=[list(range(1, 1 + k_g))] * samples if sharded else None,
+        seq_len=s_g if sharded else None,
+    )
+    plan = build_plan(src, dst, inputs, placement)
+    # the plan's rows sent equal these bounds (tests/test_boundary_plan.py); the bounds skip
+    # building every rank's send lists, which is what makes planning 1024 ranks affordable
+    return plan.lower_bound_rows() * g, plan.backward_lower_bound_rows() * g

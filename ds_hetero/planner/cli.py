@@ -1,0 +1,64 @@
+"""`ds-hetero plan`: rank every valid configuration of a model and optionally write the best."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import HeteroConfigError
+
+
+def add_plan_parser(sub) -> None:
+    p = sub.add_parser("plan", help="rank every valid layout and placement of a model by predicted step time")
+    p.add_argument("--model", required=True,
+                   help="an HF config.json, a checkpoint directory, or tiny-llava / tiny-qwen2-vl")
+    p.add_argument("--world-size", type=int, required=True)
+    p.add_argument("--seq-len", type=int, required=True, help="language tokens per sample, image tokens included")
+    p.add_argument("--image-tokens", type=int, required=True, help="image tokens per sample")
+    p.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step")
+    p.add_argument("--machine", default="cpu", help="h100, h200, a100, cpu or calibrate (measure this machine)")
+    p.add_argument("--recalibrate", action="store_true", help="with --machine calibrate: measure again")
+    p.add_argument("--memory-gb", type=float, help="memory per device (default: the machine's)")
+    p.add_argument("--config", help="a DeepSpeed JSON whose other settings (ZeRO, optimizer, bf16) every candidate keeps")
+    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (default: --config's, else 1)")
+    p.add_argument("--placement", choices=("colocated", "disaggregated"), help="only this placement")
+    p.add_argument("--micro-batches", type=int, nargs="+", help="only these micro-batch counts")
+    p.add_argument("--max-tp", type=int, help="largest tp to consider (default: devices per node)")
+    p.add_argument("--top", type=int, default=10)
+    p.add_argument("--breakdown", type=int, default=3, help="rows of the per-stage breakdown")
+    p.add_argument("--write", help="write the top pick as a DeepSpeed JSON here")
+    p.set_defaults(func=run_plan)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from ..config import read_ds_config
+    from .calibrate import machine_profile
+    from .report import breakdown_table, ranked_table
+    from .search import base_config, plan, write_config
+
+    try:
+        base = read_ds_config(args.config) if args.config else None
+        machine = machine_profile(args.machine, refresh=args.recalibrate,
+                                  log=lambda m: print(m, file=sys.stderr))
+        if base is None:
+            base = base_config(None, args.global_batch, args.zero, machine.dtype_bytes == 2)
+        elif args.zero is not None:
+            base = base_config(base, args.global_batch, args.zero, False)
+        result = plan(args.model, args.world_size, args.seq_len, args.image_tokens, args.global_batch, machine,
+                      base=base, memory_gb=args.memory_gb, max_tp=args.max_tp,
+                      placements=(args.placement,) if args.placement else ("colocated", "disaggregated"),
+                      micro_batches=tuple(args.micro_batches) if args.micro_batches else None)
+    except (HeteroConfigError, ValueError) as exc:
+        print(f"plan: {exc}", file=sys.stderr)
+        return 1
+    if not result.predictions:
+        print(f"plan: no valid configuration ({result.stats['reasons']})", file=sys.stderr)
+        return 1
+    print(ranked_table(result, args.top))
+    print()
+    print(breakdown_table(result, args.breakdown))
+    if args.write:
+        write_config(args.write, result.ds_config())
+        print(f"\nwrote {args.write}: {result.best.candidate.label()} "
+              f"(check: ds-hetero validate {args.write} --world-size {args.world_size})")
+    return 0

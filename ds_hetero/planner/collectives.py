@@ -1,0 +1,96 @@
+"""Every collective of one stage on one rank: kind, bytes, group and how often (pure).
+
+Bytes follow the alpha-beta convention of machine.py: all_reduce and reduce_scatter take the
+full tensor, all_gather gives the full tensor, all_to_all moves one rank's buffer.
+
+Tensor parallelism (ds_hetero's column/row regions, Megatron's split): per attention and per
+MLP block one all-reduce of the block's [tokens, hidden] output in the forward and one of its
+input gradient in the backward; the LLaVA projector / Qwen2-VL merger is one more region; the
+vocabulary-parallel head adds the backward all-reduce of its input gradient and three tiny
+all-reduces of [tokens] for the cross entropy (max, sum of exp, target logit). With sequence
+parallelism each all-reduce becomes an all-gather plus a reduce-scatter of the same full
+tensor (the same bytes on a ring; the activations between blocks are 1/tp).
+
+Context parallelism (Ulysses all-to-all): per attention layer q, k, v go sequence- to
+head-sharded and the output back, in the forward and again in the backward.
+
+Data parallelism (DeepSpeed): ZeRO 0 all-reduces the gradients once per step; ZeRO 1
+reduce-scatters them once per step (at the accumulation boundary) and all-gathers the updated
+parameters; ZeRO 2 reduce-scatters at every micro-batch; ZeRO 3 also all-gathers the
+parameters in every micro-batch's forward and backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .candidate import StageChoice
+from .model_spec import ModelSpec
+from .workload import Workload
+
+
+@dataclass(frozen=True)
+class Collective:
+    axis: str  # "tp", "cp", "dp"
+    kind: str
+    nbytes: float
+    group: int  # ranks in the group
+    span: int  # consecutive ranks the group covers (tp fastest, then cp, then dp)
+    count: int  # per micro-batch (tp, cp; dp with ZeRO 2/3) or per step (dp with ZeRO 0/1)
+    per: str  # "micro_batch" or "step"
+
+
+def _tp_regions(kind_sp: bool, nbytes: float, tp: int, count: int) -> list[Collective]:
+    if tp == 1 or count == 0:
+        return []
+    if kind_sp:
+        return [Collective("tp", "all_gather", nbytes, tp, tp, count, "micro_batch"),
+                Collective("tp", "reduce_scatter", nbytes, tp, tp, count, "micro_batch")]
+    return [Collective("tp", "all_reduce", nbytes, tp, tp, count, "micro_batch")]
+
+
+def vision_collectives(spec: ModelSpec, wl: Workload, samples: int, layout: StageChoice) -> list[Collective]:
+    v, tp = spec.vision, layout.tp
+    images = samples * wl.images_per_sample(spec)
+    k = wl.tokens_per_image(spec)
+    tower = images * v.seq_per_image(k) * v.hidden * wl.dtype_bytes
+    rows = images * k * v.projector[-1][1] * wl.dtype_bytes
+    out = _tp_regions(False, tower, tp, 2 * v.layers_forward + 2 * v.layers_backward)
+    out += _tp_regions(False, rows, tp, 2)  # projector / merger: forward output, backward input gradient
+    return out + dp_collectives(spec.params_per_rank("vision", tp), wl, layout)
+
+
+def language_collectives(spec: ModelSpec, wl: Workload, samples: int, layout: StageChoice) -> list[Collective]:
+    lm, tp, cp = spec.language, layout.tp, layout.cp
+    tokens = samples * wl.seq_len // cp
+    act = tokens * lm.hidden * wl.dtype_bytes
+    out = _tp_regions(layout.sequence_parallel, act, tp, 4 * lm.layers + 1)  # blocks fwd + bwd, head bwd
+    if tp > 1:
+        out.append(Collective("tp", "all_reduce", tokens * 4, tp, tp, 3, "micro_batch"))  # cross entropy
+    if cp > 1:
+        q = tokens * lm.heads * lm.head_dim // tp * wl.dtype_bytes
+        kv = tokens * lm.kv_heads * lm.head_dim // tp * wl.dtype_bytes
+        for nbytes in (q, kv, kv, q):  # q, k, v in, attention output back
+            out.append(Collective("cp", "all_to_all", nbytes, cp, tp * cp, 2 * lm.layers, "micro_batch"))
+    return out + dp_collectives(spec.params_per_rank("language", tp), wl, layout)
+
+
+def dp_collectives(params: float, wl: Workload, layout: StageChoice) -> list[Collective]:
+    """Gradient reduction (and ZeRO's parameter gathers) of one stage over its dp x cp ranks;
+    `params` = what one tp rank holds."""
+    n = layout.dp * layout.cp  # cp ranks hold the same parameters and reduce gradients with dp
+    if n == 1:
+        return []
+    nbytes = params * wl.dtype_bytes
+    span = layout.tp * layout.cp * layout.dp
+    z = wl.zero
+    if z == 0:
+        return [Collective("dp", "all_reduce", nbytes, n, span, 1, "step")]
+    if z == 1:
+        return [Collective("dp", "reduce_scatter", nbytes, n, span, 1, "step"),
+                Collective("dp", "all_gather", nbytes, n, span, 1, "step")]
+    if z == 2:
+        return [Collective("dp", "reduce_scatter", nbytes, n, span, 1, "micro_batch"),
+                Collective("dp", "all_gather", nbytes, n, span, 1, "step")]
+    return [Collective("dp", "reduce_scatter", nbytes, n, span, 1, "micro_batch"),
+            Collective("dp", "all_gather", nbytes, n, span, 2, "micro_batch")]  # forward and backward

@@ -1,0 +1,135 @@
+"""The matrix multiplications of one stage on one rank for one micro-batch, from the model's shapes.
+
+Each `Gemm(m, k, n, count)` is `count` products of [m, k] x [k, n] (2mkn FLOPs each). A forward
+GEMM costs two of the same size in the backward (input and weight gradients), except where no
+input gradient is needed (the patch embedding of pixels). Attention is two batched GEMMs per
+head (scores q k^T, then probabilities x v):
+
+    vision    full attention within each image (CLIP/SigLIP in LLaVA; Qwen2-VL's tower has no
+              windows: each image attends to all its patches), tower tokens = image tokens x
+              merge (+ CLS)
+    language  causal attention over the whole sequence: `causal` is the share of the score
+              matrix a kernel computes (0.5 for flash-style kernels that skip the masked half,
+              1.0 for a kernel that computes the full matrix and masks it, as SDPA on CPU)
+
+Tensor parallelism divides heads and MLP width by tp (Megatron's column/row split); context
+parallelism (Ulysses) divides the tokens of every linear by cp and the heads of attention by
+cp, each rank then attending over the full sequence. Element-wise work (norms, activations,
+softmax, residuals) is counted separately as bytes moved (`elementwise_bytes`), and every
+operator call costs a fixed overhead (kernel launch on a GPU, dispatch on a CPU): the counts
+below are the top-level aten ops of one Hugging Face layer's forward, counted with
+torch.profiler on the tiny models (CLIP layer 23 + 11 for embeddings and head of the tower,
+Llama layer 63 + 23; rotary embeddings and masks make the decoder layer long).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model_spec import ModelSpec
+from .workload import Workload
+
+
+@dataclass(frozen=True)
+class Gemm:
+    m: int
+    k: int
+    n: int
+    count: int = 1
+    backward: int = 2  # GEMMs of the same size in the backward (1: weight gradient only)
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.k * self.n * self.count
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """One stage's work per micro-batch on one rank: forward GEMMs, element-wise bytes, op count."""
+
+    gemms: tuple[Gemm, ...]
+    elementwise_bytes: float  # forward; the backward moves about twice as much
+    layers_forward: int
+    layers_backward: int
+    tokens: int  # tokens this rank's linears see per micro-batch
+    ops: int = 0  # operator calls of the forward (each costs the machine's op_overhead; the backward twice)
+
+    @property
+    def forward_flops(self) -> int:
+        return sum(g.flops for g in self.gemms)
+
+    @property
+    def backward_flops(self) -> int:
+        return sum(g.flops * g.backward for g in self.gemms)
+
+    @property
+    def flops(self) -> int:
+        """Forward + backward FLOPs (the training FLOPs of this micro-batch on this rank)."""
+        return self.forward_flops + self.backward_flops
+
+
+VISION_OPS_PER_LAYER, VISION_OPS_FIXED = 23, 11 + 6  # + projector
+LANGUAGE_OPS_PER_LAYER, LANGUAGE_OPS_FIXED = 63, 23 + 8  # + head and loss
+
+
+def vision_work(spec: ModelSpec, wl: Workload, samples: int, tp: int) -> StageWork:
+    """The vision stage on one rank: `samples` samples' images, tower and projector split over tp."""
+    v = spec.vision
+    images = samples * wl.images_per_sample(spec)
+    k = wl.tokens_per_image(spec)
+    seq = v.seq_per_image(k)
+    tower = images * seq
+    rows = images * k
+    heads = v.heads // tp
+    hd = v.hidden // v.heads
+    layer = (
+        Gemm(tower, v.hidden, 3 * v.hidden // tp),  # q, k, v (column)
+        Gemm(tower, v.hidden // tp, v.hidden),  # out (row)
+        Gemm(tower, v.hidden, v.ffn // tp),  # fc1 (column)
+        Gemm(tower, v.ffn // tp, v.hidden),  # fc2 (row)
+        Gemm(seq, hd, seq, images * heads),  # scores, full attention within each image
+        Gemm(seq, seq, hd, images * heads),  # probabilities x values
+    )
+    # the forward runs layers_forward layers; the gradient reaches layers_backward of them
+    used, unused = v.layers_backward, v.layers_forward - v.layers_backward
+    gemms = [Gemm(images * seq - images * v.cls_tokens, v.patch_in, v.hidden, 1, backward=1)]  # patch embedding
+    gemms += [Gemm(g.m, g.k, g.n, g.count * used) for g in layer]
+    gemms += [Gemm(g.m, g.k, g.n, g.count * unused, backward=0) for g in layer if unused]
+    (i1, o1), (i2, o2) = v.projector
+    # LLaVA's projector, or Qwen2-VL's merger on merge^2 concatenated patches: one row per image token
+    gemms += [Gemm(rows, i1, o1 // tp), Gemm(rows, o1 // tp, o2)]  # column, row
+    # norms (2), activation, residuals (2), softmax over the scores
+    ew = tower * v.hidden * 8 * wl.dtype_bytes + images * heads * seq * seq * 3 * wl.dtype_bytes
+    ops = VISION_OPS_PER_LAYER * v.layers_forward + VISION_OPS_FIXED
+    return StageWork(tuple(g for g in gemms if g.count), ew * v.layers_forward, v.layers_forward, used, tower, ops)
+
+
+def language_work(spec: ModelSpec, wl: Workload, samples: int, tp: int, cp: int, causal: float) -> StageWork:
+    """The language stage on one rank: `samples` sequences, tp splits heads and MLP, cp the sequence."""
+    lm = spec.language
+    s = wl.seq_len
+    tokens = samples * s // cp
+    heads = lm.heads // (tp * cp)  # Ulysses: after the all-to-all a rank holds a/(tp cp) heads, full length
+    q, kv = lm.heads * lm.head_dim // tp, lm.kv_heads * lm.head_dim // tp
+    attn = int(round(causal * s))  # share of the causal score matrix computed, per query row
+    layer = (
+        Gemm(tokens, lm.hidden, q + 2 * kv),  # q, k, v (column)
+        Gemm(tokens, q, lm.hidden),  # o (row)
+        Gemm(tokens, lm.hidden, 2 * lm.ffn // tp),  # gate, up (column)
+        Gemm(tokens, lm.ffn // tp, lm.hidden),  # down (row)
+        Gemm(s, lm.head_dim, attn, samples * heads),  # scores
+        Gemm(s, attn, lm.head_dim, samples * heads),  # probabilities x values
+    )
+    gemms = [Gemm(g.m, g.k, g.n, g.count * lm.layers) for g in layer]
+    gemms.append(Gemm(tokens, lm.hidden, lm.vocab // tp))  # vocabulary-parallel head
+    ew = (tokens * lm.hidden * 8 + tokens * lm.ffn // tp * 3) * wl.dtype_bytes \
+        + samples * heads * s * attn * 3 * wl.dtype_bytes
+    ew = ew * lm.layers + tokens * lm.vocab // tp * 4 * 3  # cross-entropy in fp32
+    ops = LANGUAGE_OPS_PER_LAYER * lm.layers + LANGUAGE_OPS_FIXED
+    return StageWork(tuple(gemms), ew, lm.layers, lm.layers, tokens, ops)
+
+
+def model_flops_per_step(spec: ModelSpec, wl: Workload, causal: float) -> int:
+    """Training FLOPs of one step of the whole model (one rank, tp = cp = 1, the whole batch)."""
+    return (vision_work(spec, wl, wl.global_batch, 1).flops
+            + language_work(spec, wl, wl.global_batch, 1, 1, causal).flops)

@@ -1,0 +1,132 @@
+"""Machine profiles: what a device computes and how fast its links move bytes.
+
+Named GPU profiles carry datasheet figures (sources next to each number) and an achievable
+fraction of peak for large GEMMs; `cpu` is a rough nominal profile for a laptop-class core;
+`calibrate` (calibrate.py) measures this machine and returns a profile of the same type with
+fitted per-collective timings.
+
+Alpha-beta model (alpha: latency per step of a ring, beta: 1 / bandwidth), n ranks, B bytes:
+
+    all_reduce      2 (n-1) alpha + 2 (n-1)/n B / bw       (ring: reduce-scatter + all-gather)
+    all_gather      (n-1) alpha + (n-1)/n B / bw           (B = the gathered, full tensor)
+    reduce_scatter  (n-1) alpha + (n-1)/n B / bw           (B = the full input)
+    all_to_all      (n-1) alpha + (n-1)/n B / bw           (B = one rank's buffer)
+
+A group whose ranks all sit in one node (ranks are numbered node by node, tp fastest) uses the
+node's link (NVLink), otherwise the network per GPU. A calibrated profile replaces the formula
+by its measured fit t = a + b B per (collective, group size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class MachineProfile:
+    name: str
+    peak_flops: float  # dense bf16 (GPU) or fp32 (CPU) FLOP/s of one device
+    gemm_efficiency: float  # fraction of peak a large GEMM achieves
+    memory_bytes: float  # device memory (HBM) per device
+    memory_bw: float  # bytes/s of device memory
+    intra_bw: float  # bytes/s per device and direction inside a node (NVLink)
+    inter_bw: float  # bytes/s per device across nodes (network)
+    devices_per_node: int
+    alpha_intra: float = 2e-6  # s per ring step inside a node
+    alpha_inter: float = 6e-6  # s per ring step across nodes
+    op_overhead: float = 5e-6  # s per operator call of the forward: kernel launch (GPU), dispatch + autograd (CPU)
+    causal: float = 0.5  # share of the causal score matrix the attention kernel computes
+    flash_attention: bool = True  # scores are not stored for the backward
+    compute_units: int = 0  # devices that compute at once (0: every rank has its own)
+    dtype_bytes: int = 2  # bf16 on GPUs; fp32 on CPU
+    source: str = ""
+    # calibrated: {kind: {group size: (a seconds, b seconds per byte)}}
+    collectives: Mapping[str, Mapping[int, tuple[float, float]]] = field(default_factory=dict)
+    gemm_fit: tuple[float, float] | None = None  # calibrated (overhead s, FLOP/s) of this machine's GEMMs
+
+    def gemm_time(self, m: int, k: int, n: int, count: int = 1) -> float:
+        """Roofline of `count` [m,k]x[k,n] products: compute- or memory-bound (the per-call overhead is
+        charged per operator call, see flops.StageWork.ops)."""
+        if count == 0:
+            return 0.0
+        flops = 2.0 * m * k * n
+        rate = self.gemm_fit[1] if self.gemm_fit is not None else self.peak_flops * self.gemm_efficiency
+        moved = (m * k + k * n + m * n) * self.dtype_bytes
+        return count * max(flops / rate, moved / self.memory_bw)
+
+    def memory_time(self, nbytes: float) -> float:
+        return nbytes / self.memory_bw
+
+    def collective_time(self, kind: str, nbytes: float, n: int, span: int | None = None) -> float:
+        """Seconds for one collective over n ranks; `span` = how many consecutive ranks it covers."""
+        if n <= 1:
+            return 0.0
+        fit = self.collectives.get(kind, {})
+        if fit:
+            a, b = _interpolate(fit, n)
+            return a + b * nbytes
+        inside = (span or n) <= self.devices_per_node
+        alpha = self.alpha_intra if inside else self.alpha_inter
+        bw = self.intra_bw if inside else self.inter_bw
+        share = (n - 1) / n
+        if kind == "all_reduce":
+            return 2 * (n - 1) * alpha + 2 * share * nbytes / bw
+        if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+            return (n - 1) * alpha + share * nbytes / bw
+        raise ValueError(f"unknown collective {kind!r}")
+
+    def with_calibration(self, **kw) -> "MachineProfile":
+        return replace(self, **kw)
+
+
+def _interpolate(fit: Mapping[int, tuple[float, float]], n: int) -> tuple[float, float]:
+    """The fit of the nearest measured group sizes, scaled like the ring formula in between."""
+    sizes = sorted(int(k) for k in fit)
+    if n in fit:
+        return fit[n]
+    below = [s for s in sizes if s < n]
+    ref = below[-1] if below else sizes[0]
+    a, b = fit[ref]
+    # steps grow with n - 1, the per-rank share with (n-1)/n
+    return a * (n - 1) / (ref - 1 if ref > 1 else 1), b * ((n - 1) / n) / ((ref - 1) / ref if ref > 1 else 1)
+
+
+# Datasheet figures. Achievable fraction: cuBLAS bf16 GEMMs of LLM size reach ~70-75% of the
+# dense peak on H100/H200 and ~80% on A100 (NVIDIA's published GEMM benchmarks; Megatron-LM
+# reports 40-55% model FLOPs utilisation end to end, the rest being communication and
+# element-wise work, which this model counts separately).
+PROFILES: dict[str, MachineProfile] = {
+    "h100": MachineProfile(
+        name="h100", peak_flops=989e12, gemm_efficiency=0.70, memory_bytes=80 * GB, memory_bw=3.35e12,
+        intra_bw=450 * GB * 0.8, inter_bw=50 * GB * 0.8, devices_per_node=8,
+        source="NVIDIA H100 SXM5 datasheet: 989 TFLOPS dense BF16, 80 GB HBM3 at 3.35 TB/s, NVLink 4 "
+               "900 GB/s bidirectional (450 GB/s per direction); DGX H100 networking 8x ConnectX-7 400 Gb/s "
+               "(50 GB/s per GPU); 80% of link rate as NCCL bus bandwidth (nccl-tests)"),
+    "h200": MachineProfile(
+        name="h200", peak_flops=989e12, gemm_efficiency=0.72, memory_bytes=141 * GB, memory_bw=4.8e12,
+        intra_bw=450 * GB * 0.8, inter_bw=50 * GB * 0.8, devices_per_node=8,
+        source="NVIDIA H200 SXM datasheet: 989 TFLOPS dense BF16, 141 GB HBM3e at 4.8 TB/s, NVLink 4 "
+               "900 GB/s bidirectional; HGX H200 with 8x 400 Gb/s NICs (50 GB/s per GPU); 80% as NCCL bus "
+               "bandwidth"),
+    "a100": MachineProfile(
+        name="a100", peak_flops=312e12, gemm_efficiency=0.80, memory_bytes=80 * GB, memory_bw=2.04e12,
+        intra_bw=300 * GB * 0.8, inter_bw=25 * GB * 0.8, devices_per_node=8, alpha_intra=3e-6, alpha_inter=8e-6,
+        source="NVIDIA A100 SXM4 80GB datasheet: 312 TFLOPS dense BF16, 2.04 TB/s HBM2e, NVLink 3 600 GB/s "
+               "bidirectional (300 per direction); DGX A100 8x HDR 200 Gb/s (25 GB/s per GPU); 80% as NCCL "
+               "bus bandwidth"),
+    "cpu": MachineProfile(
+        name="cpu", peak_flops=50e9, gemm_efficiency=0.6, memory_bytes=16 * GB, memory_bw=10 * GB,
+        intra_bw=2 * GB, inter_bw=2 * GB, devices_per_node=10**6, alpha_intra=50e-6, alpha_inter=50e-6,
+        op_overhead=20e-6, causal=1.0, flash_attention=False, compute_units=2, dtype_bytes=4,
+        source="nominal: one x86 core with AVX2 FMA (~50 GFLOP/s fp32), gloo over loopback; run "
+               "--machine calibrate for this machine's own numbers"),
+}
+
+
+def named_profile(name: str) -> MachineProfile:
+    if name not in PROFILES:
+        raise ValueError(f"unknown machine {name!r}; choose one of {', '.join(PROFILES)} or calibrate")
+    return PROFILES[name]

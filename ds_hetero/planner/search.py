@@ -1,0 +1,115 @@
+"""Plan: enumerate every valid candidate, predict each, rank by step time (fitting ones first)."""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..config import parse_config
+from ..models import adapter_for
+from .candidate import Candidate
+from .cost import Prediction, predict
+from .enumerate import SearchSpace, enumerate_candidates
+from .machine import MachineProfile
+from .model_source import load_hf_config, meta_model
+from .model_spec import ModelSpec, model_spec
+from .workload import Workload
+
+DEFAULT_OPTIMIZER = {"type": "AdamW", "params": {"lr": 1e-4}}
+
+
+@dataclass(frozen=True)
+class Plan:
+    predictions: list[Prediction]  # best first: fitting ones by step time, then the others
+    spec: ModelSpec
+    workload: Workload
+    machine: MachineProfile
+    base: Mapping[str, Any]
+    stats: Mapping[str, Any]
+
+    @property
+    def best(self) -> Prediction:
+        return self.predictions[0]
+
+    def best_where(self, pred) -> Prediction | None:
+        return next((p for p in self.predictions if p.fits and pred(p.candidate)), None)
+
+    def best_homogeneous(self) -> Prediction | None:
+        """The best single-layout configuration: colocated, vision in the language's tp x (cp dp) split."""
+        return self.best_where(lambda c: c.homogeneous)
+
+    def ds_config(self, prediction: Prediction | None = None, extra_section: Mapping[str, Any] | None = None
+                  ) -> dict[str, Any]:
+        return (prediction or self.best).candidate.ds_config(self.base, extra_section)
+
+
+def base_config(base: Mapping[str, Any] | None, global_batch: int, zero: int | None, bf16: bool) -> dict[str, Any]:
+    """The DeepSpeed config every candidate shares (the user's, or ZeRO 1 + AdamW)."""
+    cfg = copy.deepcopy(dict(base or {}))
+    cfg.pop("hetero_parallel", None)
+    cfg["train_batch_size"] = global_batch
+    if zero is not None:
+        cfg.setdefault("zero_optimization", {})
+        cfg["zero_optimization"] = dict(cfg["zero_optimization"], stage=zero)
+    cfg.setdefault("zero_optimization", {"stage": 1})
+    cfg.setdefault("optimizer", copy.deepcopy(DEFAULT_OPTIMIZER))
+    if bf16:
+        cfg.setdefault("bf16", {"enabled": True})
+    return cfg
+
+
+def zero_stage(cfg: Mapping[str, Any]) -> int:
+    z = cfg.get("zero_optimization")
+    return int(z.get("stage", 0)) if isinstance(z, Mapping) else 0
+
+
+def dtype_bytes(cfg: Mapping[str, Any]) -> int:
+    for key in ("bf16", "fp16"):
+        section = cfg.get(key)
+        if isinstance(section, Mapping) and section.get("enabled") is True:
+            return 2
+    return 4
+
+
+def plan(model: Any, world_size: int, seq_len: int, image_tokens: int, global_batch: int,
+         machine: MachineProfile, base: Mapping[str, Any] | None = None, memory_gb: float | None = None,
+         max_tp: int | None = None, placements: tuple[str, ...] = ("colocated", "disaggregated"),
+         micro_batches: tuple[int, ...] | None = None, adapter=None, has_client_optimizer: bool = False) -> Plan:
+    """Every valid configuration of `model` (an HF config, a path, a tiny name or a model), ranked.
+
+    `adapter`: the model's stage adapter when the caller already holds the model (initialize);
+    otherwise one is made from a model built on the meta device.
+    """
+    if hasattr(model, "config") and hasattr(model, "parameters"):  # a model instance
+        hf_config = model.config
+        adapter = adapter or adapter_for(model)
+    else:
+        hf_config = load_hf_config(model)
+        adapter = adapter or adapter_for(meta_model(hf_config))
+    spec = model_spec(hf_config)
+    base = base_config(base, global_batch, None, machine.dtype_bytes == 2 and not base)
+    wl = Workload(seq_len=seq_len, image_tokens=image_tokens, global_batch=global_batch,
+                  dtype_bytes=dtype_bytes(base), zero=zero_stage(base))
+    wl.check(spec)
+    space = SearchSpace(world_size=world_size, global_batch=global_batch,
+                        max_tp=max_tp or min(world_size, machine.devices_per_node),
+                        placements=placements, micro_batches=micro_batches,
+                        node_size=machine.devices_per_node if machine.devices_per_node < world_size else 0)
+    candidates, stats = enumerate_candidates(space, base, adapter, has_client_optimizer)
+    limit = memory_gb * 1e9 if memory_gb is not None else None
+    preds = [predict(c, parse_config(c.ds_config(base), world_size), spec, wl, machine, limit) for c in candidates]
+    preds.sort(key=lambda p: (not p.fits, p.step_s))
+    return Plan(preds, spec, wl, machine, base, stats)
+
+
+def write_config(path: str | os.PathLike, cfg: Mapping[str, Any]) -> None:
+    import json
+
+    folder = os.path.dirname(os.fspath(path))
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")

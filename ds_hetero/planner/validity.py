@@ -1,0 +1,42 @@
+"""Whether a candidate is a configuration ds_hetero accepts: the rules of `ds-hetero validate` and
+`initialize` (config.py's parser, support.py's engine and model checks), called, never copied.
+
+`check_candidate` is the one place the planner asks. It raises the HeteroConfigError
+`initialize` would raise.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..config import HeteroConfig, parse_config
+from ..errors import HeteroConfigError
+
+
+def check_candidate(ds_config: Mapping[str, Any], world_size: int, adapter, has_client_optimizer: bool = False,
+                    layout_cache: dict | None = None) -> HeteroConfig:
+    """The validated config of `ds_config` for `world_size` ranks and the model behind `adapter`.
+
+    layout_cache   optional dict remembering the adapter's verdict per (stage, tp, cp, sequence
+                   parallel) sizes: its checks depend on those sizes only, and walking a large
+                   model's modules for each of thousands of candidates would dominate planning
+    """
+    from ..support import check_engine_support
+
+    cfg = parse_config(ds_config, world_size)
+    check_engine_support(cfg, has_client_optimizer)
+    if adapter is None:
+        return cfg
+    if layout_cache is None:
+        adapter.check_layouts(cfg)
+        return cfg
+    key = tuple((name, s.tp, s.cp, s.sequence_parallel) for name, s in cfg.stages.items())
+    if key not in layout_cache:
+        try:
+            adapter.check_layouts(cfg)
+            layout_cache[key] = None
+        except HeteroConfigError as exc:
+            layout_cache[key] = exc
+    if layout_cache[key] is not None:
+        raise layout_cache[key]
+    return cfg
