@@ -61,6 +61,9 @@ def parse_args(argv=None):
     p.add_argument("--samples", type=int, default=4096, help="size of the synthetic dataset")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vision", default="clip", choices=["clip", "siglip"])
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="a LlavaForConditionalGeneration safetensors checkpoint directory: built on the meta device, "
+                        "every rank reads only its stages' tp shards (ds_hetero.meta_model + weights=)")
     p.add_argument("--save-state-every", type=int, default=0, help="accelerator.save_state every N steps")
     p.add_argument("--state-dir", default="out/accelerate_llava", help="save_state writes <state-dir>/step<N>")
     p.add_argument("--resume-from", default=None, help="accelerator.load_state from this directory first")
@@ -76,9 +79,12 @@ def main(argv=None) -> int:
     accelerator = Accelerator(log_with=[JsonlTracker(args.log_jsonl)] if args.log_jsonl else None)
     accelerator.init_trackers("accelerate_llava", config={"steps": args.steps, "seed": args.seed})
 
-    model = tiny_llava(args.vision, seed=args.seed)
+    if args.model:
+        model, weights = ds_hetero.meta_model(args.model, dtype=torch.float32), args.model
+    else:
+        model, weights = tiny_llava(args.vision, seed=args.seed), None
     data = ShapesCaptionDataset.for_llava(model.config, size=args.samples, seed=args.seed)
-    engine = ds_hetero.accelerate.prepare(accelerator, model, training_data=data)
+    engine = ds_hetero.accelerate.prepare(accelerator, model, training_data=data, weights=weights)
     if args.resume_from:
         accelerator.load_state(args.resume_from)
 

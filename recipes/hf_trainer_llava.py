@@ -37,6 +37,9 @@ class ScriptArguments:
     samples: int = field(default=4096, metadata={"help": "size of the synthetic training set"})
     eval_samples: int = field(default=0, metadata={"help": "size of a held-out set (0: no eval_dataset)"})
     vision: str = field(default="clip", metadata={"help": "tower of the built-in tiny model: clip or siglip"})
+    model: str = field(default=None, metadata={
+        "help": "a LlavaForConditionalGeneration safetensors checkpoint directory: built on the meta device, every "
+                "rank reads only its stages' tp shards (ds_hetero.meta_model + weights=)"})
     summary_json: str = field(default=None, metadata={"help": "rank 0 writes the log history here"})
     save_final: str = field(default=None, metadata={"help": "trainer.save_model() here at the end"})
 
@@ -53,12 +56,16 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     script, args = parse_args(argv)
-    model = tiny_llava(script.vision, seed=args.seed)
+    if script.model:
+        model, weights = ds_hetero.meta_model(script.model, dtype=torch.float32), script.model
+    else:
+        model, weights = tiny_llava(script.vision, seed=args.seed), None
     train = ShapesCaptionDataset.for_llava(model.config, size=script.samples, seed=args.seed)
     held_out = (ShapesCaptionDataset.for_llava(model.config, size=script.eval_samples, seed=args.seed + 1)
                 if script.eval_samples else None)
 
-    trainer = ds_hetero.HeteroTrainer(model=model, args=args, train_dataset=train, eval_dataset=held_out)
+    trainer = ds_hetero.HeteroTrainer(model=model, args=args, train_dataset=train, eval_dataset=held_out,
+                                       weights=weights)
     resume = args.resume_from_checkpoint
     trainer.train(resume_from_checkpoint=True if resume in ("true", "True", "last") else resume)
     if script.save_final:

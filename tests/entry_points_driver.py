@@ -4,7 +4,7 @@ recipe on the same config, seed and data, in one set of processes (a launch cost
     deepspeed --num_gpus 4 tests/entry_points_driver.py OUT_DIR
 
 For each placement: recipes/train_llava.py for 4 steps; recipes/hf_trainer_llava.py for 2 steps
-with a checkpoint, then again with resume_from_checkpoint=True for one epoch, i.e. to step 4 (evaluating at step 4,
+with a checkpoint (disaggregated: from OUT_DIR/model, a meta model + weights=), then again with resume_from_checkpoint=True for one epoch, i.e. to step 4 (evaluating at step 4,
 save_total_limit 1, save_model at the end). Colocated only: warmup + cosine with the stage
 optimizers' learning rates recorded at every step, and every construction-time conflict.
 Each rank writes what it saw to OUT_DIR/rank<r>.json.
@@ -130,7 +130,10 @@ def main(out):
             trainer_args = ["--deepspeed", config, "--output_dir", f"{d}/hf", "--save_strategy", "steps",
                             "--save_steps", "2", *common]
             _fresh_accelerate_state()
-            hf_trainer_llava.main([*trainer_args, "--max_steps", "2", "--summary_json", f"{d}/trainer_first.json"])
+            # disaggregated: the first run loads the seed-0 model the test saved (meta model + weights=)
+            weights = ["--model", os.path.join(out, "model")] if placement == "disaggregated" else []
+            hf_trainer_llava.main([*trainer_args, "--max_steps", "2", *weights,
+                                   "--summary_json", f"{d}/trainer_first.json"])
             _fresh_accelerate_state()
             # one epoch of 64 samples = 4 steps of 16: epochs, not max_steps, end this run
             hf_trainer_llava.main([*trainer_args, "--max_steps", "-1", "--num_train_epochs", "1",

@@ -4,7 +4,7 @@ Launches (shared by every test here; each costs tens of seconds on the 2-core bo
     deepspeed --num_gpus 4 tests/entry_points_driver.py     main job + HF Trainer recipe, both placements,
                                                             Trainer resume / eval / save_model, lr schedule,
                                                             construction-time conflicts
-    accelerate launch ... accelerate_colocated.yaml         Accelerate recipe, 4 steps
+    accelerate launch ... accelerate_colocated.yaml         Accelerate recipe, 4 steps (meta model + weights=)
     accelerate launch ... accelerate_disaggregated.yaml     2 steps + save_state, then load_state -> step 4
     accelerate launch ... (YAML + mixed_precision), 2 ranks  the conflict, on every rank
 
@@ -51,6 +51,12 @@ def _ok(proc):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("entry_points")
+    # The recipes' built-in model (tiny LLaVA, seed 0) as a checkpoint: the colocated Accelerate run and
+    # the disaggregated Trainer's first run load it on the meta device + weights= (each rank reads only
+    # its shards), and must still train exactly like the runs that build the model.
+    from ds_hetero.models.tiny import tiny_llava
+
+    tiny_llava("clip", seed=0).save_pretrained(out / "model")
     driver = _run([f"{BIN}/deepspeed", "--num_gpus", "4", "--master_port", _port(), "tests/entry_points_driver.py",
                    str(out)], timeout=900)
     ranks = []
@@ -62,7 +68,8 @@ def runs(tmp_path_factory):
     _ok(driver)
 
     acc = {}
-    colocated = _accelerate("ds_configs/accelerate_colocated.yaml", "--steps", "4", "--log-jsonl",
+    colocated = _accelerate("ds_configs/accelerate_colocated.yaml", "--steps", "4", "--model", str(out / "model"),
+                            "--log-jsonl",
                             str(out / "acc.jsonl"), "--summary-json", str(out / "acc_colocated.json"))
     _ok(colocated)
     acc["colocated"] = json.loads((out / "acc_colocated.json").read_text())

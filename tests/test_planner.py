@@ -140,18 +140,26 @@ def test_enumeration_count_and_every_row_valid(tmp_path, llava):
     """Hand count for tiny LLaVA (vision tp 1/2/4 divide its 4 heads; language tp 1/2: 2 kv heads), 4 ranks,
     batch 16: colocated (vision dp, language dp) pairs (4,4) (4,2) (2,4) (1,4) allow mb 1/2/4, (2,2) (1,2)
     also 8: 4 x 3 + 2 x 4 = 20; disaggregated 2+2 (dp 2 or 1 each side): 3 pairs x 4 mb + (1,1) x 5 = 17;
-    splits 1+3 and 3+1 need a dp of 3, which does not divide 16. Total 37."""
+    splits 1+3 and 3+1 need a dp of 3, which does not divide 16. Total 37 without sequence sharding.
+    With it (the language stage's cp x tp sequence shards; heads 4 divide tp x cp, kv heads repeated at
+    cp 4): colocated language (tp,cp,dp) 1,2,2 / 1,4,1 / 2,1,2 sp / 2,2,1 / 2,2,1 sp against vision dp 4,
+    2, 1, micro-batches the powers of two up to 16 / max(dp): vision dp4 5 x 3, dp2 5 x 4, dp1 2 x 4 +
+    3 x 5 = 58; disaggregated 2+2, language cp2 or tp2 sp (dp 1), vision dp2 (4 mb) or tp2 (5 mb): 18.
+    Total 37 + 76 = 113."""
     from ds_hetero.cli import main
     from ds_hetero.errors import HeteroConfigError
     from ds_hetero.planner.validity import check_candidate
     from ds_hetero.models import adapter_for
 
     p = _plan()
-    assert len(p.predictions) == 37
-    assert sum(not c.candidate.disaggregated for c in p.predictions) == 20
-    assert p.stats["rejected"] == p.stats["generated"] - 37 > 0
+    sharded = [c for c in p.predictions if c.candidate.language.cp > 1 or c.candidate.language.sequence_parallel]
+    unsharded = [c for c in p.predictions if c not in sharded]
+    assert len(unsharded) == 37 and len(sharded) == 76
+    assert sum(not c.candidate.disaggregated for c in unsharded) == 20
+    assert sum(not c.candidate.disaggregated for c in sharded) == 58
+    assert p.stats["rejected"] == p.stats["generated"] - 113 > 0
     labels = {pred.candidate.label() for pred in p.predictions}
-    assert len(labels) == 37
+    assert len(labels) == 113
     for i, pred in enumerate(p.predictions):  # every row: `ds-hetero validate` accepts its DS JSON
         path = tmp_path / f"c{i}.json"
         path.write_text(json.dumps(pred.candidate.ds_config(p.base)))

@@ -174,7 +174,11 @@ class HeteroCallback(TrainerCallback):
 class HeteroTrainer(Trainer):
     """`transformers.Trainer` over a HeteroEngine; `TrainingArguments(deepspeed=...)` carries `hetero_parallel`."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, weights=None, **kwargs):
+        """`weights`: a Hugging Face safetensors checkpoint directory for a model built on the meta
+        device (`ds_hetero.meta_model(path)`): every rank reads only its stages' tp shards of it,
+        as `ds_hetero.initialize(..., weights=)` does."""
+        self._hetero_weights = weights
         callbacks = [cb() if isinstance(cb, type) and issubclass(cb, HeteroCallback) else cb
                      for cb in kwargs.get("callbacks") or []]
         for cb in callbacks:
@@ -219,7 +223,8 @@ class HeteroTrainer(Trainer):
             cls, kw = self.get_optimizer_cls_and_kwargs(self.args, self.model)
             factory = lambda params: cls(params, **kw)  # noqa: E731
             cfg["zero_allow_untested_optimizer"] = True
-        engine = ds_hetero.initialize(self.model, cfg, optimizer=factory, seed=self._data_seed())
+        engine = ds_hetero.initialize(self.model, cfg, optimizer=factory, seed=self._data_seed(),
+                                      weights=self._hetero_weights)
         self.hetero = HeteroModel(engine)
         self.accelerator.deepspeed_engine_wrapped = _NormSource(self.hetero)
         return self.hetero
