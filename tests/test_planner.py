@@ -171,6 +171,13 @@ def test_enumeration_count_and_every_row_valid(tmp_path, llava):
         check_candidate(bad.ds_config(p.base), 4, adapter_for(llava))
 
 
+def test_a_sequence_length_the_shards_do_not_divide_is_planned_padded():
+    """The engine pads a sequence to a multiple of the language shards; so does the boundary cost."""
+    p = _plan(seq_len=81)
+    assert len(p.predictions) == 113
+    assert any(x.candidate.language.cp == 2 and x.boundary_bytes > 0 for x in p.predictions)
+
+
 def test_sequence_sharding_switch_follows_validation(monkeypatch, llava):
     """cp > 1 appears in the enumeration as soon as the engine's checks accept it."""
     import ds_hetero.support as engine

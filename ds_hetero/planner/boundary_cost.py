@@ -19,6 +19,7 @@ from math import gcd
 from ..boundary.inputs import BoundaryInputs, num_shards
 from ..boundary.plan import build_plan
 from ..config import HeteroConfig
+from ..context_parallel.sequence import padded_length
 
 MAX_ROWS = 2_048  # rows of one planned micro-batch before the tokens are scaled down (planning speed)
 
@@ -35,6 +36,8 @@ def _rows(src, dst, placement, samples, v_size, l_size, k, seq_len):
     if k == 0 or samples == 0:
         return 0, 0
     shards = num_shards(dst)
+    if shards > 1:  # the engine pads every sequence to a multiple of the shard count (context_parallel)
+        seq_len = padded_length(seq_len, dst)
     g = 1
     if samples * k > MAX_ROWS:
         room = gcd(k, seq_len // shards)
