@@ -79,7 +79,8 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
     model, weights = build_model(args)
     dataset = ShapesCaptionDataset.for_llava(model.config, size=args.samples, seed=args.seed)
-    engine = ds_hetero.initialize(model, args.deepspeed_config, training_data=dataset, weights=weights)
+    engine = ds_hetero.initialize(model, args.deepspeed_config, training_data=dataset, weights=weights,
+                                  seed=args.seed)  # the data order too, as the Trainer recipe does
     engine.timeline.trace_window = args.trace_window
     engine.timeline.synchronize = bool(args.trace)  # a trace times device work, at the cost of overlap
     rank, cfg = engine.rank, engine.config
