@@ -44,8 +44,9 @@ class StepMetrics:
             for phase, seconds in phases.items():
                 self.sums[f"{stage}/{phase}_s"] += seconds
 
-    def reduce(self, group=None) -> dict[str, float]:
-        """The window's metrics, identical on every rank; resets the window. Collective over `group`."""
+    def reduce(self, group) -> dict[str, float]:
+        """The window's metrics, identical on every rank; resets the window. Collective over `group`
+        (the engine's boundary group: every rank of every stage; explicit, never the world default)."""
         mine = {k: v / self.steps for k, v in self.sums.items()} if self.steps else {}
         tokens = self.tokens / self.steps if self.steps else 0
         self.reset()

@@ -73,7 +73,8 @@ class EvaluationSchedule(StageWork):
         if n_labels == 0:
             raise ValueError("eval_batch: the samples have no label tokens (all labels are -100)")
         size = h.config.global_batch_size // self.gas
-        loss_sum = 0.0
+        # summed on the device, read once with the all-reduce below (no device sync per micro-batch)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for m in range(len(samples) // size):
             inputs = self.boundary_inputs(samples, m)
             rows = self._vision_rows(samples, m) if "vision" in h.engines else self.empty_rows()
@@ -82,8 +83,7 @@ class EvaluationSchedule(StageWork):
                 loss_sum += self._language_loss_sum(samples, m, rows_in)
         # tp rank 0 of every cp shard of every language dp replica holds its share of the sum.
         lang = h.coords.get("language")
-        mine = loss_sum if lang is not None and lang.tp == 0 else 0.0
-        total = torch.tensor([mine], dtype=torch.float64, device=self.device)
+        total = (loss_sum if lang is not None and lang.tp == 0 else torch.zeros_like(loss_sum)).reshape(1)
         dist.all_reduce(total, group=h.groups.boundary)
         return total.item() / n_labels
 
@@ -95,11 +95,11 @@ class EvaluationSchedule(StageWork):
             inputs = {k: v.to(self.device) for k, v in h.adapter.vision_inputs(mine).items()}
             return h.engines["vision"](**inputs)
 
-    def _language_loss_sum(self, samples, m: int, rows_in: torch.Tensor) -> float:
+    def _language_loss_sum(self, samples, m: int, rows_in: torch.Tensor) -> torch.Tensor:
         h = self.h
         mine = [samples[p] for p in stage_samples(h.config, "language", h.coords["language"].dp, m)]
         batch, n_image_tokens, sharded = self.language_batch(mine)
         with stage_context(h.mpus["language"]):
             logits = h.engines["language"](batch["input_ids"], rows_in, batch["attention_mask"],
                                            batch["position_ids"], n_image_tokens=n_image_tokens)
-            return float(token_loss_sum(logits, batch["labels"], h.lm_head, shifted=sharded))
+            return token_loss_sum(logits, batch["labels"], h.lm_head, shifted=sharded).double()
