@@ -6,11 +6,13 @@
 """
 
 from .config import HeteroConfig, load_config
-from .engine import HeteroEngine, initialize
+from .engine import HeteroEngine
+from .entry import initialize
 from .errors import HeteroConfigError
-from .layout import Coord, StageLayout
-from .loading import WeightsError, meta_model
+from .topology.layout import Coord, StageLayout
+from .weights import WeightsError, meta_model
 from .result import StepResult
+from .version import __version__
 
 __all__ = [
     "Coord", "HeteroCallback", "HeteroConfig", "HeteroConfigError", "HeteroEngine", "HeteroTrainer", "StageLayout",
@@ -24,7 +26,7 @@ from .integrations.guard import install_deepspeed_guard  # noqa: E402
 install_deepspeed_guard()
 # Accelerate and the Trainer start DeepSpeed's comm before any ds_hetero call: skip its CPU
 # shared-memory op build (inference only, a minute of compiling) from the import on.
-from .deepspeed_compat import skip_cpu_shm_comm_build  # noqa: E402
+from .patches import skip_cpu_shm_comm_build  # noqa: E402
 
 skip_cpu_shm_comm_build()
 
@@ -40,4 +42,3 @@ def __getattr__(name):
 
         return importlib.import_module(".accelerate", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-__version__ = "0.1.0"

@@ -22,7 +22,7 @@ import sys
 from .config import HeteroConfig, load_config
 from .errors import HeteroConfigError
 from .models.meta import BUILTIN, meta_model
-from .support import check_all
+from .stages.checks import check_all
 
 
 def rank_map(cfg: HeteroConfig) -> str:

@@ -21,36 +21,21 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from . import batch_agreement, clipping
-from .config import DEFAULT_TIMEOUT_S, load_config
-from .deepspeed_compat import skip_cpu_shm_comm_build
-from .groups import build_groups
-from .loader import GlobalBatchLoader
-from .loading import load_stages, open_weights
+from .data import agreement as batch_agreement
+from .stages import clipping
+from .config import HeteroConfig
+from .topology.groups import build_groups
+from .data.loader import GlobalBatchLoader
+from .weights import load_stages
 from .loss import label_token_count
 from .models import adapter_for
-from .planner.auto import resolve_auto
-from .mpu import StageMPU, stage_context
+from .topology.mpu import StageMPU, stage_context
 from .result import StepResult
 from .schedule import ColocatedSchedule, DisaggregatedSchedule
-from .support import check_all
 from .timeline import Timeline, bubble_fraction
 
 
 
-def ensure_distributed(timeout_s: float) -> tuple[int, int]:
-    """Join (or start) the default process group with the accelerator's backend."""
-    import deepspeed
-    from deepspeed.accelerator import get_accelerator
-
-    skip_cpu_shm_comm_build()
-    if not dist.is_initialized():
-        deepspeed.init_distributed(
-            dist_backend=get_accelerator().communication_backend_name(), timeout=timedelta(seconds=timeout_s)
-        )
-    else:  # a process group made by the caller: let DeepSpeed's comm layer wrap it
-        deepspeed.init_distributed(dist_backend=dist.get_backend())
-    return dist.get_rank(), dist.get_world_size()
 
 
 class HeteroEngine:
@@ -65,9 +50,10 @@ class HeteroEngine:
     a dead or stuck peer makes every other rank raise instead of hanging forever.
     In disaggregated placement a rank holds only its own stage: the other stage's modules of
     `model` are moved to the meta device (their memory is freed).
-    weights     a Hugging Face safetensors checkpoint directory: `model` may then be built on the
-                meta device (`ds_hetero.meta_model(DIR)`), and each rank reads and allocates only
-                its own stages' tp shards (ds_hetero/loading/); `load_report` says what it read
+    weights     (of `initialize`) a Hugging Face safetensors checkpoint directory: `model` may then be
+                built on the meta device (`ds_hetero.meta_model(DIR)`), and each rank reads and
+                allocates only its own stages' tp shards (ds_hetero/weights/); `load_report` says
+                what it read
     """
 
     def __init__(
@@ -79,26 +65,19 @@ class HeteroEngine:
         *,
         optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | None = None,
         seed: int = 0,
-        weights: str | os.PathLike | None = None,
+        adapter=None,
+        checkpoint=None,
     ):
         import deepspeed
 
         from .tensor_parallel import VocabParallelLMHead
 
-        # Config errors first: they need only the world size, which the launcher's
-        # environment gives before any process group exists.
-        world_env = int(os.environ.get("WORLD_SIZE", "0")) or None
-        self.adapter = adapter_for(model)
-        checkpoint = open_weights(model, weights)  # headers only; None for a fully built model
-        config = resolve_auto(model, config, self.adapter, optimizer is not None)  # "auto": plan on rank 0
-        timeout_s = DEFAULT_TIMEOUT_S
-        if world_env is not None and not dist.is_initialized():
-            early = load_config(config, world_env)
-            check_all(early, model, optimizer is not None)
-            timeout_s = early.timeout_s  # the default process group's too
-        self.rank, self.world_size = ensure_distributed(timeout_s)
-        self.config = cfg = load_config(config, self.world_size)
-        check_all(cfg, model, optimizer is not None)  # the checks `ds-hetero validate` runs
+        if not isinstance(config, HeteroConfig):
+            raise TypeError("HeteroEngine takes a parsed HeteroConfig: build the engine with "
+                            "ds_hetero.initialize(model, config), which reads, plans and checks the config")
+        self.adapter = adapter if adapter is not None else adapter_for(model)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.config = cfg = config
         self.model = model
 
         self.groups = build_groups(cfg.stages, self.rank, timeout=timedelta(seconds=cfg.timeout_s))
@@ -156,7 +135,7 @@ class HeteroEngine:
         With balance "tokens" the vision share depends on the batch's image tokens: see
         `_vision_positions`, read once the batch's token ids are known.
         """
-        from .batching import stage_samples
+        from .step.shares import stage_samples
 
         needed: set[int] = set()
         for name, coord in self.coords.items():
@@ -191,7 +170,7 @@ class HeteroEngine:
         raise alike, before any other collective of the step; it also sums the label tokens of
         the language shares (one tp x cp rank per language dp replica counts its share).
         """
-        from .batching import stage_samples
+        from .step.shares import stage_samples
 
         problem = batch_agreement.local_problem(samples, self.config.global_batch_size, self.adapter.check_sample)
         mine, inputs = 0, 0
@@ -319,7 +298,3 @@ class HeteroEngine:
 
         return load_checkpoint(self, load_dir, tag)
 
-
-def initialize(model, config, training_data=None, collate_fn=None, **kwargs) -> HeteroEngine:
-    """Build a HeteroEngine: `ds_hetero.initialize(model, config, training_data=None, collate_fn=None)`."""
-    return HeteroEngine(model, config, training_data=training_data, collate_fn=collate_fn, **kwargs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .models.adapter import IGNORE_INDEX
+IGNORE_INDEX = -100  # Hugging Face's label for a position that takes no loss
 
 
 def shifted_labels(labels: torch.Tensor) -> torch.Tensor:

@@ -108,7 +108,7 @@ def run(rank, world, rows, a):
     import torch.distributed as dist
 
     import ds_hetero
-    from ds_hetero.balance import encoder_assignment
+    from ds_hetero.step.balance import encoder_assignment
 
     engines = {}
     for name, (row, disagg) in rows.items():

@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ds_hetero import StageLayout  # noqa: E402
 from ds_hetero.boundary import BoundaryCommunicator, BoundaryInputs  # noqa: E402
-from ds_hetero.groups import build_groups  # noqa: E402
+from ds_hetero.topology.groups import build_groups  # noqa: E402
 
 # torch 2.13 renamed all_gather_into_tensor; older torch only has the old name.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -217,7 +217,7 @@ class PlainEngine:
         import deepspeed
         import torch.distributed as dist
 
-        from ds_hetero.engine import ensure_distributed
+        from ds_hetero.topology.distributed import ensure_distributed
         from ds_hetero.models import adapter_for, split_llava
 
         self.rank, self.world = ensure_distributed(600)

@@ -101,8 +101,8 @@ def worker(rank, store_path, steps, results):
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=WORLD)
-    from ds_hetero.groups import build_groups
-    from ds_hetero.layout import StageLayout
+    from ds_hetero.topology.groups import build_groups
+    from ds_hetero.topology.layout import StageLayout
 
     ranks = tuple(range(WORLD))
     groups = build_groups({f"tp{t}": StageLayout(f"tp{t}", t, 1, WORLD // t, ranks) for t in (1, 2, 4)}, rank)

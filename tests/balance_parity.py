@@ -30,7 +30,7 @@ def _swap_two_images(inputs):
 
 def _balance_figures(family, corrupt):
     def inspect(engine, batches):
-        from ds_hetero.balance import encoder_assignment
+        from ds_hetero.step.balance import encoder_assignment
         from ds_hetero.models import adapter_for
         from tests.engine_parity import build_model, reference_forward
 

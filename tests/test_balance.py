@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ds_hetero.balance import EncoderAssignment, Image, assign_images, encoder_assignment, loads, lpt
+from ds_hetero.step.balance import EncoderAssignment, Image, assign_images, encoder_assignment, loads, lpt
 from ds_hetero.boundary import build_plan
 from ds_hetero.config import load_config
 from ds_hetero.errors import HeteroConfigError
@@ -216,7 +216,7 @@ def test_loader_reads_in_full_what_each_vision_rank_encodes():
     # The engine's read pattern with balance "tokens": the language share first, then the samples
     # whose images this vision rank encodes (known from the light batch's token ids).
     from ds_hetero.engine import HeteroEngine
-    from ds_hetero.loader import GlobalBatchLoader
+    from ds_hetero.data.loader import GlobalBatchLoader
 
     model = build_model("qwen2_vl", seed=0)
     adapter = adapter_for(model)

@@ -59,7 +59,7 @@ def _one_case(rank, src, dst, placement, inp, seed):
     import torch
 
     from ds_hetero.boundary import BoundaryCommunicator
-    from ds_hetero.groups import build_groups
+    from ds_hetero.topology.groups import build_groups
 
     groups = build_groups({"vision": src, "language": dst}, rank)
     try:
@@ -230,7 +230,7 @@ def _errors(rank, world_size):
     import torch
 
     from ds_hetero.boundary import BoundaryCommunicator
-    from ds_hetero.groups import build_groups
+    from ds_hetero.topology.groups import build_groups
 
     src, dst = lay("vision", 1, 1, 4, range(4)), lay("language", 2, 2, 1, range(4), sp=True)
     groups = build_groups({"vision": src, "language": dst}, rank)

@@ -6,7 +6,7 @@ import torch
 
 from ds_hetero.context_parallel import full_attention_mask, padded_lengths, shard_language_batch
 from ds_hetero.errors import HeteroConfigError
-from ds_hetero.layout import StageLayout
+from ds_hetero.topology.layout import StageLayout
 from ds_hetero.loss import shifted_labels
 from tests.distributed import run_distributed
 
@@ -73,7 +73,7 @@ def test_heads_not_divisible_by_tp_times_cp_names_the_field_and_the_sizes_that_w
 @pytest.mark.parametrize("language", [{"cp": 2, "dp": 2}, {"tp": 2, "dp": 2, "sequence_parallel": True}])
 def test_zero3_with_sequence_shards_is_refused_with_the_field(language):
     from ds_hetero.config import load_config
-    from ds_hetero.support import check_engine_support
+    from ds_hetero.stages.checks import check_engine_support
 
     cfg = load_config({"train_batch_size": 8, "zero_optimization": {"stage": 3}, "optimizer": {"type": "SGD"},
                        "hetero_parallel": {"stages": {"vision": {"dp": 4}, "language": language}}}, 4)

@@ -12,7 +12,7 @@ def _check_groups(rank, world_size, config):
     import torch.distributed as dist
 
     from ds_hetero.config import load_config
-    from ds_hetero.groups import build_groups
+    from ds_hetero.topology.groups import build_groups
 
     cfg = load_config(config, world_size)
     groups = build_groups(cfg.stages, rank)

@@ -2,7 +2,7 @@
 
 import torch
 
-from ds_hetero.loader import GlobalBatchLoader
+from ds_hetero.data.loader import GlobalBatchLoader
 
 
 def _per_step_order(n, batch, seed, step):

@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from ds_hetero.loading import WeightsError, load_stages, meta_model, open_weights
-from ds_hetero.loading.shard_slices import shard_slices
+from ds_hetero.weights import WeightsError, load_stages, meta_model, open_weights
+from ds_hetero.weights.shard_slices import shard_slices
 from ds_hetero.tensor_parallel.layers import mark_sharded, shard_tensor
 from tests.engine_parity import build_model
 
@@ -42,8 +42,8 @@ def test_each_rank_reads_exactly_the_rows_shard_tensor_gives_it(tmp_path, case):
     shape, dim, stride, tp, padded = CASES[case]
     full = torch.randn(shape)
     save_file({"w": full}, tmp_path / "model.safetensors")
-    from ds_hetero.loading.checkpoint import read_into
-    from ds_hetero.loading.materialize import _fill
+    from ds_hetero.weights.safetensors_files import read_into
+    from ds_hetero.weights.materialize import _fill
 
     padded_full = full if padded is None else torch.cat([full, full.new_zeros(padded - shape[0], *shape[1:])])
     read = lambda name, out, runs, d: read_into(str(tmp_path / "model.safetensors"), name, out, runs, d)  # noqa: E731

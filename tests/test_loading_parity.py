@@ -63,7 +63,7 @@ def _held_meta(engine):
 
 def _suite(rank, world_size, family, checkpoint, layouts, control=False):
     import ds_hetero
-    import ds_hetero.loading.materialize as materialize
+    import ds_hetero.weights.materialize as materialize
 
     results = {}
     for placement in layouts:

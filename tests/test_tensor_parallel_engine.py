@@ -60,7 +60,7 @@ def _engine_run(groups, clip, zero_stage, sequence_parallel=False, untag=False):
     import deepspeed
     import torch
 
-    from ds_hetero.mpu import StageMPU, stage_context
+    from ds_hetero.topology.mpu import StageMPU, stage_context
     from ds_hetero.tensor_parallel import gather_full, shard_language_model
     from tests.tp_checks import llama_lm
 
@@ -101,9 +101,9 @@ def _errors(losses, params, ref_losses, ref_params):
 
 
 def _engine_checks(rank, world_size):
-    from ds_hetero.deepspeed_compat import skip_cpu_shm_comm_build
-    from ds_hetero.groups import build_groups
-    from ds_hetero.layout import StageLayout
+    from ds_hetero.patches import skip_cpu_shm_comm_build
+    from ds_hetero.topology.groups import build_groups
+    from ds_hetero.topology.layout import StageLayout
 
     skip_cpu_shm_comm_build()
     groups = build_groups({"language": StageLayout("language", 2, 1, 2, (0, 1, 2, 3))}, rank)

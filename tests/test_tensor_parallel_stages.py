@@ -66,8 +66,8 @@ def _error_case(build, group, **kwargs):
 def _stage_checks(rank, world_size):
     import torch.distributed as dist
 
-    from ds_hetero.groups import build_groups
-    from ds_hetero.layout import StageLayout
+    from ds_hetero.topology.groups import build_groups
+    from ds_hetero.topology.layout import StageLayout
     from tests import tp_checks as m
     from tests.vlm_data import collate, llava_samples
 

@@ -58,12 +58,12 @@ def _train_and_compare(rank, world_size, zero_stage, use_stage_context, batches)
     import torch
     import torch.distributed as dist
 
-    from ds_hetero.batching import stage_samples
+    from ds_hetero.step.shares import stage_samples
     from ds_hetero.config import load_config
-    from ds_hetero.deepspeed_compat import skip_cpu_shm_comm_build
-    from ds_hetero.groups import build_groups
+    from ds_hetero.patches import skip_cpu_shm_comm_build
+    from ds_hetero.topology.groups import build_groups
     from ds_hetero.models import split_llava
-    from ds_hetero.mpu import StageMPU, stage_context
+    from ds_hetero.topology.mpu import StageMPU, stage_context
     from ds_hetero.models.tiny import tiny_llava
     from tests.vlm_data import collate, label_count, token_loss_sum
 

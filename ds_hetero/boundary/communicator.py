@@ -36,8 +36,8 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 from ..errors import HeteroConfigError
-from ..groups import HeteroGroups
-from ..layout import StageLayout
+from ..topology.groups import HeteroGroups
+from ..topology.layout import StageLayout
 from .inputs import BoundaryInputs, check_placement
 from .plan import BoundaryPlan, Direction, RankPlan, build_plan
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..errors import HeteroConfigError
-from ..layout import StageLayout
+from ..topology.layout import StageLayout
 
 PLACEMENTS = ("colocated", "disaggregated")
 

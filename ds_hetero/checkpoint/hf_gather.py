@@ -26,7 +26,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-from ..mpu import stage_context
+from ..topology.mpu import stage_context
 from ..tensor_parallel import gather_full
 from .hf_export import shard_file_name, write_index, write_weights_file
 

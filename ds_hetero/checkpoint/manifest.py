@@ -36,7 +36,7 @@ def versions() -> dict[str, str]:
     import torch
     import transformers
 
-    from .. import __version__ as ds_hetero_version
+    from ..version import __version__ as ds_hetero_version
 
     return {"ds_hetero": ds_hetero_version, "deepspeed": deepspeed.__version__, "torch": torch.__version__,
             "transformers": transformers.__version__}

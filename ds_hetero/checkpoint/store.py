@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..mpu import stage_context
+from ..topology.mpu import stage_context
 from . import publish
 from .full_state import stage_full_state
 from .manifest import (MANIFEST, PARAMS, CheckpointError, build_manifest, data_position, describe_layout, engine_facts,

@@ -114,7 +114,7 @@ class SequenceShardedAttention:
         import deepspeed
         from deepspeed.sequence.layer import DistributedAttention
 
-        from ..deepspeed_compat import skip_cpu_shm_comm_build
+        from ..patches import skip_cpu_shm_comm_build
 
         if not deepspeed.comm.is_initialized():  # its collectives go through deepspeed.comm
             skip_cpu_shm_comm_build()

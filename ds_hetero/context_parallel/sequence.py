@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from ..boundary.inputs import num_shards, shard_bounds
-from ..layout import StageLayout
+from ..topology.layout import StageLayout
 from ..loss import shifted_labels
 
 

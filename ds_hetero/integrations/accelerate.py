@@ -80,7 +80,7 @@ def prepare(accelerator, model, training_data: Any = None,
 
     Every rank calls it. kwargs go to `ds_hetero.initialize` (optimizer factory, seed).
     """
-    import ds_hetero
+    from ..entry import initialize
 
     check_launch_environment()
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
@@ -101,7 +101,7 @@ def prepare(accelerator, model, training_data: Any = None,
     written = _user_config(plugin)
     require_hetero_section(written, "ds_hetero.accelerate.prepare")
     config = restore_derived_keys(plugin.deepspeed_config, written)
-    engine = ds_hetero.initialize(model, config, training_data=training_data, collate_fn=collate_fn, **kwargs)
+    engine = initialize(model, config, training_data=training_data, collate_fn=collate_fn, **kwargs)
     accelerator.register_save_state_pre_hook(lambda models, weights, output_dir: engine.save_checkpoint(output_dir))
     accelerator.register_load_state_pre_hook(lambda models, input_dir: engine.load_checkpoint(input_dir))
     engine.step_metrics = StepMetrics()

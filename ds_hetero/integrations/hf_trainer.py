@@ -49,7 +49,7 @@ from torch.utils.data import BatchSampler, DataLoader
 from transformers import Trainer, TrainerCallback
 
 from ..errors import HeteroConfigError
-from ..loader import GlobalBatchLoader
+from ..data.loader import GlobalBatchLoader
 from ..loss import label_token_count
 from .ds_config import is_derived_mismatch, trainer_ds_config
 from .metrics import StepMetrics
@@ -210,7 +210,7 @@ class HeteroTrainer(Trainer):
     def _ensure_engine(self) -> HeteroModel:
         if self.hetero is not None:
             return self.hetero
-        import ds_hetero
+        from ..entry import initialize
 
         cfg = self._hetero_config
         # The Trainer fills its remaining "auto" values (ZeRO bucket sizes) in deepspeed_init at
@@ -223,7 +223,7 @@ class HeteroTrainer(Trainer):
             cls, kw = self.get_optimizer_cls_and_kwargs(self.args, self.model)
             factory = lambda params: cls(params, **kw)  # noqa: E731
             cfg["zero_allow_untested_optimizer"] = True
-        engine = ds_hetero.initialize(self.model, cfg, optimizer=factory, seed=self._data_seed(),
+        engine = initialize(self.model, cfg, optimizer=factory, seed=self._data_seed(),
                                       weights=self._hetero_weights)
         self.hetero = HeteroModel(engine)
         self.accelerator.deepspeed_engine_wrapped = _NormSource(self.hetero)

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-IGNORE_INDEX = -100
+from ..loss import IGNORE_INDEX
 
 
 class StageAdapter:

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ..balance import transformer_cost
+from ..step.balance import transformer_cost
 from .adapter import StageAdapter
 from .stages import LanguageStage, empty_rows
 

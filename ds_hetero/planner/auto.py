@@ -107,7 +107,7 @@ def resolve_auto(model, config, adapter=None, has_client_optimizer: bool = False
     import torch.distributed as dist
 
     from ..config import DEFAULT_TIMEOUT_S
-    from ..engine import ensure_distributed
+    from ..topology.distributed import ensure_distributed
 
     opts = auto_options(ds[SECTION])  # a bad key raises on every rank before any collective
     rank, world = ensure_distributed(timeout_s or opts.get("timeout_s", DEFAULT_TIMEOUT_S))

@@ -21,7 +21,7 @@ def check_candidate(ds_config: Mapping[str, Any], world_size: int, adapter, has_
                    parallel) sizes: its checks depend on those sizes only, and walking a large
                    model's modules for each of thousands of candidates would dominate planning
     """
-    from ..support import check_engine_support
+    from ..stages.checks import check_engine_support
 
     cfg = parse_config(ds_config, world_size)
     check_engine_support(cfg, has_client_optimizer)

@@ -22,10 +22,9 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from ..loss import label_token_count, token_loss_sum
-from ..models.adapter import IGNORE_INDEX
-from ..batching import stage_samples
-from ..mpu import stage_context
+from ..loss import IGNORE_INDEX, label_token_count, token_loss_sum
+from ..step.shares import stage_samples
+from ..topology.mpu import stage_context
 from .stage_work import StageWork
 
 

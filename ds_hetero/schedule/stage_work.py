@@ -25,13 +25,13 @@ from typing import Any, Sequence
 
 import torch
 
-from ..balance import EncoderAssignment, encoder_assignment
-from ..batching import stage_samples
+from ..step.balance import EncoderAssignment, encoder_assignment
+from ..step.shares import stage_samples
 from ..boundary import BoundaryInputs
 from ..boundary.inputs import num_shards
 from ..context_parallel import image_positions, is_sharded, padded_lengths, shard_input_ids, shard_language_batch
 from ..loss import token_loss_sum
-from ..mpu import stage_context
+from ..topology.mpu import stage_context
 
 
 class StageWork:

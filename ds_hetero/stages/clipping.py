@@ -33,7 +33,7 @@ from typing import Iterator, Mapping
 import torch
 import torch.distributed as dist
 
-from .errors import HeteroConfigError
+from ..errors import HeteroConfigError
 
 
 def _is_zero12(opt) -> bool:

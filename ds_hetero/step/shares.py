@@ -8,7 +8,7 @@ same micro-batch differently, which is what the boundary reconciles.
 
 from __future__ import annotations
 
-from .config import HeteroConfig
+from ..config import HeteroConfig
 
 
 def micro_batch_samples(cfg: HeteroConfig, micro_batch: int, stage: str | None = None) -> range:

@@ -25,7 +25,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-BALANCES = ("tokens", "position")
+from ..config.schema import BALANCES
 
 
 def transformer_cost(tokens: int, attention_len: int, hidden: int, ffn: int) -> int:

@@ -24,7 +24,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from .checkpoint import SafetensorsCheckpoint, WeightsError, tensors_by_name
+from .safetensors_files import SafetensorsCheckpoint, WeightsError, tensors_by_name
 from .shard_slices import shard_slices
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from .config import HeteroConfig
-from .errors import HeteroConfigError
+from ..config import HeteroConfig
+from ..errors import HeteroConfigError
 
 
 def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) -> None:
@@ -64,7 +64,7 @@ def check_sequence_shards(cfg: HeteroConfig, zero: int) -> None:
 def check_model(cfg: HeteroConfig, model) -> None:
     """The model-level checks: an adapter exists, and every tp divides what it must (heads, kv
     heads, MLP width, vocabulary). Needs only shapes: a model on the meta device will do."""
-    from .models import adapter_for
+    from ..models import adapter_for
 
     try:
         adapter = adapter_for(model)

@@ -1,145 +1,22 @@
-"""The `hetero_parallel` section of a DeepSpeed config: parsing, validation, per-stage DS configs.
+"""Validation of the `hetero_parallel` section: a pure function of the config and the world size.
 
-The DeepSpeed JSON is the single carrier. DeepSpeed keeps unknown *top-level* keys (and
-rejects unknown keys inside its own sections), so the plugin owns one top-level key:
-
-    "train_batch_size": 16,                      # the global batch: samples per optimizer step
-    "hetero_parallel": {
-        "placement": "colocated",                # or "disaggregated"
-        "micro_batches": 2,                      # gradient accumulation steps of every stage
-        "timeout_s": 300,                        # a collective that waits longer raises
-        "balance": "tokens",                     # encoder images to dp ranks by cost, or "position"
-        "stages": {
-            "vision":   {"tp": 1, "dp": 4, "micro_batches": 1},   # encoder passes per step
-            "language": {"tp": 2, "cp": 1, "dp": 2, "sequence_parallel": false}
-        }
-    }
-
-`load_config(source, world_size)` validates everything that can be known before any process
-group exists and returns a frozen `HeteroConfig`. Validation is a pure function of the config
-and the world size, so every rank raises the same `HeteroConfigError` before any collective.
+Every rank raises the same `HeteroConfigError` before any collective (schema.py says what the
+section holds).
 """
 
 from __future__ import annotations
 
 import copy
-import json
-import dataclasses
 import math
 import os
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .balance import BALANCES
-from .errors import HeteroConfigError
-from .layout import StageLayout
-
-SECTION = "hetero_parallel"
-PLACEMENTS = ("colocated", "disaggregated")
-LANGUAGE = "language"
-ENCODER_STAGES = ("vision", "audio")
-STAGE_NAMES = ENCODER_STAGES + (LANGUAGE,)
-SECTION_KEYS = ("placement", "micro_batches", "stages", "timeout_s", "balance")
-DEFAULT_TIMEOUT_S = 300.0  # a collective waiting longer than this raises instead of hanging
-MAX_TIMEOUT_S = 7 * 24 * 3600.0  # process-group timeouts are integer milliseconds: keep them finite and sane
-STAGE_KEYS = ("tp", "cp", "dp", "ranks", "sequence_parallel", "micro_batches")
-# DeepSpeed batch keys that ds_hetero derives per stage.
-DERIVED_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-
-
-@dataclass(frozen=True)
-class HeteroConfig:
-    """A validated heterogeneous-parallel configuration for one world size."""
-
-    placement: str
-    micro_batches: int
-    global_batch_size: int
-    world_size: int
-    stages: Mapping[str, StageLayout]  # in the order the config lists them
-    ds_config: Mapping[str, Any]  # the whole DeepSpeed config as given (read-only view)
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    balance: str = "tokens"
-    encoder_micro_batches: Mapping[str, int] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
-
-    def micro_batches_of(self, stage: str) -> int:
-        """Forward/backward passes of `stage` per step (its DeepSpeed gradient_accumulation_steps)."""
-        return self.encoder_micro_batches.get(stage, self.micro_batches)
-
-    @property
-    def stage_names(self) -> tuple[str, ...]:
-        return tuple(self.stages)
-
-    @property
-    def language(self) -> StageLayout:
-        return self.stages[LANGUAGE]
-
-    @property
-    def encoders(self) -> tuple[StageLayout, ...]:
-        return tuple(layout for name, layout in self.stages.items() if name != LANGUAGE)
-
-    def stages_of_rank(self, rank: int) -> tuple[str, ...]:
-        return tuple(name for name, layout in self.stages.items() if layout.contains(rank))
-
-    def micro_batch_size(self, stage: str) -> int:
-        """Samples per micro-batch on one dp rank of `stage`."""
-        return self.global_batch_size // (self.stages[stage].dp * self.micro_batches_of(stage))
-
-    @property
-    def gradient_clipping(self) -> float:
-        """The clipping norm for the whole model, all stages together (0 = off).
-
-        DeepSpeed 0.19 defaults `gradient_clipping` to 1.0 when the key is absent; keep that
-        default so a config means the same with and without ds_hetero.
-        """
-        from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
-
-        return float(self.ds_config.get("gradient_clipping", GRADIENT_CLIPPING_DEFAULT))
-
-    def stage_ds_config(self, stage: str) -> dict[str, Any]:
-        """A deep copy of the DeepSpeed config for one stage's engine.
-
-        Every stage takes `micro_batches` accumulation steps over the same global batch, split
-        by its own dp, so the batch keys are per stage. Clipping is turned off in the stage
-        engine: an engine would clip by its own stage's norm, while the model's norm spans all
-        stages; `gradient_clipping` is applied over all stages by ds_hetero instead. The
-        plugin's own section is dropped so the engine sees a plain DeepSpeed config.
-        """
-        cfg = copy.deepcopy(dict(self.ds_config))
-        cfg.pop(SECTION, None)
-        cfg["train_batch_size"] = self.global_batch_size
-        cfg["train_micro_batch_size_per_gpu"] = self.micro_batch_size(stage)
-        cfg["gradient_accumulation_steps"] = self.micro_batches_of(stage)
-        cfg["gradient_clipping"] = 0.0
-        return cfg
-
-
-# ----------------------------------------------------------------------------- reading
-
-
-def read_ds_config(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
-    """A DeepSpeed config from a dict, a JSON file or a YAML file."""
-    if isinstance(source, Mapping):
-        return copy.deepcopy(dict(source))
-    path = os.fspath(source)
-    if os.path.isdir(path):
-        raise HeteroConfigError("config", f"{path!r} is a directory; give the path of a DeepSpeed JSON or YAML file")
-    if not os.path.isfile(path):
-        raise HeteroConfigError("config", f"file {path!r} does not exist; give a DeepSpeed JSON or YAML path or a dict")
-    with open(path) as f:
-        text = f.read()
-    try:
-        if path.lower().endswith((".yaml", ".yml")):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
-        raise HeteroConfigError("config", f"cannot parse {path!r}: {exc}") from None
-    if not isinstance(data, dict):
-        raise HeteroConfigError("config", f"{path!r} must hold a mapping at the top level, got {type(data).__name__}")
-    return data
+from ..errors import HeteroConfigError
+from .ranks import assign_ranks
+from .read import read_ds_config
+from .schema import (BALANCES, DEFAULT_TIMEOUT_S, DERIVED_BATCH_KEYS, ENCODER_STAGES, LANGUAGE, MAX_TIMEOUT_S,
+                     PLACEMENTS, SECTION, SECTION_KEYS, STAGE_KEYS, STAGE_NAMES, HeteroConfig)
 
 
 def load_config(source: str | os.PathLike | Mapping[str, Any], world_size: int) -> HeteroConfig:
@@ -194,7 +71,7 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
     global_batch = _positive_int(ds["train_batch_size"], "train_batch_size", " (the global batch)")
 
     specs = _stage_specs(section, placement)
-    layouts = _assign_ranks(specs, placement, world_size)
+    layouts = assign_ranks(specs, placement, world_size)
 
     balance = section.get("balance", "tokens")
     if balance not in BALANCES:
@@ -324,81 +201,6 @@ def _rank_list(value: Any, field: str) -> tuple[int, ...]:
         seen.add(r)
     return tuple(value)
 
-
-def _assign_ranks(specs: dict[str, dict[str, Any]], placement: str, world_size: int) -> dict[str, StageLayout]:
-    sizes = {name: s["tp"] * s["cp"] * s["dp"] for name, s in specs.items()}
-    field = f"{SECTION}.stages"
-
-    def explain(name):
-        s = specs[name]
-        return f"tp x cp x dp = {s['tp']} x {s['cp']} x {s['dp']} = {sizes[name]}"
-
-    for name, spec in specs.items():
-        ranks = spec["ranks"]
-        if ranks is None:
-            continue
-        bad = [r for r in ranks if not 0 <= r < world_size]
-        if bad:
-            raise HeteroConfigError(f"{field}.{name}.ranks", f"rank {bad[0]} is outside the world of {world_size} ranks (0..{world_size - 1})")
-        if len(ranks) != sizes[name]:
-            raise HeteroConfigError(f"{field}.{name}.ranks", f"lists {len(ranks)} ranks but {explain(name)}; make them agree")
-
-    layouts: dict[str, StageLayout] = {}
-    if placement == "colocated":
-        everyone = tuple(range(world_size))
-        for name, spec in specs.items():
-            if sizes[name] != world_size:
-                hint = (
-                    "; stages on different ranks need placement \"disaggregated\""
-                    if spec["ranks"] is not None else ""
-                )
-                raise HeteroConfigError(
-                    f"{field}.{name}",
-                    f"{explain(name)} but a colocated stage spans all {world_size} ranks; "
-                    f"choose sizes whose product is {world_size}{hint}",
-                )
-        # Sizes equal the world and ranks are unique and in range, so any explicit "ranks"
-        # is a permutation of the world: it only reorders the stage's coordinates.
-        for name, spec in specs.items():
-            layouts[name] = _layout(name, spec, spec["ranks"] or everyone)
-        return layouts
-
-    # Disaggregated: pairwise disjoint rank sets that together cover the world.
-    named = {name: set(s["ranks"]) for name, s in specs.items() if s["ranks"] is not None}
-    names = list(named)
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            common = named[a] & named[b]
-            if common:
-                raise HeteroConfigError(
-                    f"{field}.{b}.ranks",
-                    f"shares ranks {sorted(common)} with stage {a!r}; disaggregated stages need disjoint ranks "
-                    "(use placement \"colocated\" to put stages on the same ranks)",
-                )
-    total = sum(sizes.values())
-    if total != world_size:
-        detail = ", ".join(f"{n} {explain(n)}" for n in specs)
-        raise HeteroConfigError(
-            field,
-            f"disaggregated stages need {total} ranks in all ({detail}) but the world has {world_size}; "
-            f"make the stage sizes add up to {world_size}",
-        )
-    taken = set().union(*named.values()) if named else set()
-    free = [r for r in range(world_size) if r not in taken]
-    for name, spec in specs.items():  # stages without "ranks" take consecutive free ranks, in listed order
-        if spec["ranks"] is None:
-            ranks, free = tuple(free[: sizes[name]]), free[sizes[name]:]
-        else:
-            ranks = spec["ranks"]
-        layouts[name] = _layout(name, spec, ranks)
-    return layouts
-
-
-def _layout(name: str, spec: dict[str, Any], ranks: tuple[int, ...]) -> StageLayout:
-    return StageLayout(
-        name=name, tp=spec["tp"], cp=spec["cp"], dp=spec["dp"], ranks=tuple(ranks),
-        sequence_parallel=spec["sequence_parallel"],
-    )
 
 
 def _check_gradient_clipping(ds: Mapping[str, Any]) -> None:

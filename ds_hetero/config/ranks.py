@@ -1,0 +1,86 @@
+"""Which global ranks each stage runs on: colocated (all of them) or disaggregated (disjoint sets)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import HeteroConfigError
+from ..topology.layout import StageLayout
+from .schema import SECTION
+
+
+def assign_ranks(specs: dict[str, dict[str, Any]], placement: str, world_size: int) -> dict[str, StageLayout]:
+    sizes = {name: s["tp"] * s["cp"] * s["dp"] for name, s in specs.items()}
+    field = f"{SECTION}.stages"
+
+    def explain(name):
+        s = specs[name]
+        return f"tp x cp x dp = {s['tp']} x {s['cp']} x {s['dp']} = {sizes[name]}"
+
+    for name, spec in specs.items():
+        ranks = spec["ranks"]
+        if ranks is None:
+            continue
+        bad = [r for r in ranks if not 0 <= r < world_size]
+        if bad:
+            raise HeteroConfigError(f"{field}.{name}.ranks", f"rank {bad[0]} is outside the world of {world_size} ranks (0..{world_size - 1})")
+        if len(ranks) != sizes[name]:
+            raise HeteroConfigError(f"{field}.{name}.ranks", f"lists {len(ranks)} ranks but {explain(name)}; make them agree")
+
+    layouts: dict[str, StageLayout] = {}
+    if placement == "colocated":
+        everyone = tuple(range(world_size))
+        for name, spec in specs.items():
+            if sizes[name] != world_size:
+                hint = (
+                    "; stages on different ranks need placement \"disaggregated\""
+                    if spec["ranks"] is not None else ""
+                )
+                raise HeteroConfigError(
+                    f"{field}.{name}",
+                    f"{explain(name)} but a colocated stage spans all {world_size} ranks; "
+                    f"choose sizes whose product is {world_size}{hint}",
+                )
+        # Sizes equal the world and ranks are unique and in range, so any explicit "ranks"
+        # is a permutation of the world: it only reorders the stage's coordinates.
+        for name, spec in specs.items():
+            layouts[name] = _layout(name, spec, spec["ranks"] or everyone)
+        return layouts
+
+    # Disaggregated: pairwise disjoint rank sets that together cover the world.
+    named = {name: set(s["ranks"]) for name, s in specs.items() if s["ranks"] is not None}
+    names = list(named)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            common = named[a] & named[b]
+            if common:
+                raise HeteroConfigError(
+                    f"{field}.{b}.ranks",
+                    f"shares ranks {sorted(common)} with stage {a!r}; disaggregated stages need disjoint ranks "
+                    "(use placement \"colocated\" to put stages on the same ranks)",
+                )
+    total = sum(sizes.values())
+    if total != world_size:
+        detail = ", ".join(f"{n} {explain(n)}" for n in specs)
+        raise HeteroConfigError(
+            field,
+            f"disaggregated stages need {total} ranks in all ({detail}) but the world has {world_size}; "
+            f"make the stage sizes add up to {world_size}",
+        )
+    taken = set().union(*named.values()) if named else set()
+    free = [r for r in range(world_size) if r not in taken]
+    for name, spec in specs.items():  # stages without "ranks" take consecutive free ranks, in listed order
+        if spec["ranks"] is None:
+            ranks, free = tuple(free[: sizes[name]]), free[sizes[name]:]
+        else:
+            ranks = spec["ranks"]
+        layouts[name] = _layout(name, spec, ranks)
+    return layouts
+
+
+def _layout(name: str, spec: dict[str, Any], ranks: tuple[int, ...]) -> StageLayout:
+    return StageLayout(
+        name=name, tp=spec["tp"], cp=spec["cp"], dp=spec["dp"], ranks=tuple(ranks),
+        sequence_parallel=spec["sequence_parallel"],
+    )
+

@@ -1,0 +1,113 @@
+"""The `hetero_parallel` section of a DeepSpeed config: parsing, validation, per-stage DS configs.
+
+The DeepSpeed JSON is the single carrier. DeepSpeed keeps unknown *top-level* keys (and
+rejects unknown keys inside its own sections), so the plugin owns one top-level key:
+
+    "train_batch_size": 16,                      # the global batch: samples per optimizer step
+    "hetero_parallel": {
+        "placement": "colocated",                # or "disaggregated"
+        "micro_batches": 2,                      # gradient accumulation steps of every stage
+        "timeout_s": 300,                        # a collective that waits longer raises
+        "balance": "tokens",                     # encoder images to dp ranks by cost, or "position"
+        "stages": {
+            "vision":   {"tp": 1, "dp": 4, "micro_batches": 1},   # encoder passes per step
+            "language": {"tp": 2, "cp": 1, "dp": 2, "sequence_parallel": false}
+        }
+    }
+
+`load_config(source, world_size)` validates everything that can be known before any process
+group exists and returns a frozen `HeteroConfig`. Validation is a pure function of the config
+and the world size, so every rank raises the same `HeteroConfigError` before any collective.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from ..topology.layout import StageLayout
+
+SECTION = "hetero_parallel"
+PLACEMENTS = ("colocated", "disaggregated")
+LANGUAGE = "language"
+ENCODER_STAGES = ("vision", "audio")
+STAGE_NAMES = ENCODER_STAGES + (LANGUAGE,)
+SECTION_KEYS = ("placement", "micro_batches", "stages", "timeout_s", "balance")
+DEFAULT_TIMEOUT_S = 300.0  # a collective waiting longer than this raises instead of hanging
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # process-group timeouts are integer milliseconds: keep them finite and sane
+BALANCES = ("tokens", "position")  # how encoder images go to dp ranks (step/balance.py)
+STAGE_KEYS = ("tp", "cp", "dp", "ranks", "sequence_parallel", "micro_batches")
+# DeepSpeed batch keys that ds_hetero derives per stage.
+DERIVED_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+@dataclass(frozen=True)
+class HeteroConfig:
+    """A validated heterogeneous-parallel configuration for one world size."""
+
+    placement: str
+    micro_batches: int
+    global_batch_size: int
+    world_size: int
+    stages: Mapping[str, StageLayout]  # in the order the config lists them
+    ds_config: Mapping[str, Any]  # the whole DeepSpeed config as given (read-only view)
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    balance: str = "tokens"
+    encoder_micro_batches: Mapping[str, int] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+
+    def micro_batches_of(self, stage: str) -> int:
+        """Forward/backward passes of `stage` per step (its DeepSpeed gradient_accumulation_steps)."""
+        return self.encoder_micro_batches.get(stage, self.micro_batches)
+
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        return tuple(self.stages)
+
+    @property
+    def language(self) -> StageLayout:
+        return self.stages[LANGUAGE]
+
+    @property
+    def encoders(self) -> tuple[StageLayout, ...]:
+        return tuple(layout for name, layout in self.stages.items() if name != LANGUAGE)
+
+    def stages_of_rank(self, rank: int) -> tuple[str, ...]:
+        return tuple(name for name, layout in self.stages.items() if layout.contains(rank))
+
+    def micro_batch_size(self, stage: str) -> int:
+        """Samples per micro-batch on one dp rank of `stage`."""
+        return self.global_batch_size // (self.stages[stage].dp * self.micro_batches_of(stage))
+
+    @property
+    def gradient_clipping(self) -> float:
+        """The clipping norm for the whole model, all stages together (0 = off).
+
+        DeepSpeed 0.19 defaults `gradient_clipping` to 1.0 when the key is absent; keep that
+        default so a config means the same with and without ds_hetero.
+        """
+        from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
+
+        return float(self.ds_config.get("gradient_clipping", GRADIENT_CLIPPING_DEFAULT))
+
+    def stage_ds_config(self, stage: str) -> dict[str, Any]:
+        """A deep copy of the DeepSpeed config for one stage's engine.
+
+        Every stage takes `micro_batches` accumulation steps over the same global batch, split
+        by its own dp, so the batch keys are per stage. Clipping is turned off in the stage
+        engine: an engine would clip by its own stage's norm, while the model's norm spans all
+        stages; `gradient_clipping` is applied over all stages by ds_hetero instead. The
+        plugin's own section is dropped so the engine sees a plain DeepSpeed config.
+        """
+        cfg = copy.deepcopy(dict(self.ds_config))
+        cfg.pop(SECTION, None)
+        cfg["train_batch_size"] = self.global_batch_size
+        cfg["train_micro_batch_size_per_gpu"] = self.micro_batch_size(stage)
+        cfg["gradient_accumulation_steps"] = self.micro_batches_of(stage)
+        cfg["gradient_clipping"] = 0.0
+        return cfg
+
+
+# ----------------------------------------------------------------------------- reading

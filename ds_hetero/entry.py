@@ -1,0 +1,63 @@
+"""`ds_hetero.initialize`: the config read, planned ("auto"), parsed and checked once, then the engine built.
+
+    engine = ds_hetero.initialize(model, "ds_config.json", training_data=dataset)
+
+Order, the same on every rank: the model's adapter and its weights' headers, the DeepSpeed config
+read once, an "auto" section planned (rank 0 plans and broadcasts: planner/auto.py), the
+`hetero_parallel` section parsed for the world size and checked with the checks `ds-hetero
+validate` runs (stages/checks.py), all before the first collective of the engine; then the
+default process group with the config's timeout, then the engine (engine.py). The engine takes
+the parsed config and never imports the planner.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.distributed as dist
+
+from .config import DEFAULT_TIMEOUT_S, HeteroConfig, parse_config, read_ds_config
+from .engine import HeteroEngine
+from .models import adapter_for
+from .planner.auto import resolve_auto
+from .stages.checks import check_all
+from .topology.distributed import ensure_distributed
+from .weights import open_weights
+
+
+def prepare_config(model: torch.nn.Module, config: str | os.PathLike | Mapping[str, Any], adapter=None,
+                   has_client_optimizer: bool = False) -> HeteroConfig:
+    """The parsed, checked config for this world, joining the default process group on the way.
+
+    The world size comes from the launcher's environment when no process group exists yet, so
+    a bad config raises on every rank before any rendezvous or collective.
+    """
+    ds = resolve_auto(model, read_ds_config(config), adapter, has_client_optimizer)
+    if dist.is_initialized():
+        world = dist.get_world_size()
+    else:
+        world = int(os.environ.get("WORLD_SIZE", "0")) or ensure_distributed(DEFAULT_TIMEOUT_S)[1]
+    cfg = parse_config(ds, world)
+    check_all(cfg, model, has_client_optimizer)
+    ensure_distributed(cfg.timeout_s)  # the default group waits as long as the stages' groups do
+    return cfg
+
+
+def initialize(
+    model: torch.nn.Module,
+    config: str | os.PathLike | Mapping[str, Any],
+    training_data: Any = None,
+    collate_fn: Callable[[list[Any]], list[dict[str, Any]]] | None = None,
+    *,
+    optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | None = None,
+    seed: int = 0,
+    weights: str | os.PathLike | None = None,
+) -> HeteroEngine:
+    """Build a HeteroEngine (see its docstring for the arguments)."""
+    adapter = adapter_for(model)
+    checkpoint = open_weights(model, weights)  # headers only; None for a fully built model
+    cfg = prepare_config(model, config, adapter, optimizer is not None)
+    return HeteroEngine(model, cfg, training_data, collate_fn, optimizer=optimizer, seed=seed,
+                        adapter=adapter, checkpoint=checkpoint)
