@@ -20,15 +20,11 @@ __all__ = [
 ]
 
 # A plain deepspeed.initialize given a hetero_parallel config raises instead of silently training
-# homogeneously (integrations/guard.py says why this patches DeepSpeed's module).
-from .integrations.guard import install_deepspeed_guard  # noqa: E402
+# homogeneously, and DeepSpeed's CPU shared-memory op is not compiled (inference only, a minute of
+# compiling): patches.py lists every process-wide patch and how it is undone.
+from .patches import install_import_patches  # noqa: E402
 
-install_deepspeed_guard()
-# Accelerate and the Trainer start DeepSpeed's comm before any ds_hetero call: skip its CPU
-# shared-memory op build (inference only, a minute of compiling) from the import on.
-from .patches import skip_cpu_shm_comm_build  # noqa: E402
-
-skip_cpu_shm_comm_build()
+install_import_patches()
 
 
 def __getattr__(name):

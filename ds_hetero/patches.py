@@ -1,11 +1,27 @@
-"""Narrow adjustments of DeepSpeed's process-wide behaviour that ds_hetero depends on.
+"""Every change ds_hetero makes to process-wide state of other libraries, in one place.
 
-Each function here touches DeepSpeed global state on purpose; the docstring says why.
+Each exists because the library offers no per-call way to get the behaviour; each is narrow,
+idempotent, and can be undone. Nothing else in ds_hetero writes another library's globals.
+
+| patch | where it is made | why | how it is undone |
+| --- | --- | --- | --- |
+| `deepspeed.comm.torch.build_shm_op` -> no-op (CPU accelerator only) | `skip_cpu_shm_comm_build`, at `import ds_hetero` | DeepSpeed JIT-compiles its shared-memory inference op (45-65 s) at every comm start on CPU; training never uses it | `restore_cpu_shm_comm_build()` |
+| `deepspeed.initialize` wrapped to refuse a `hetero_parallel` config | `integrations/guard.py` `install_deepspeed_guard`, at `import ds_hetero` | a homogeneous path (stock Trainer, plain Accelerate, plain DeepSpeed) would silently ignore the section | `remove_deepspeed_guard()`: the original is kept as `__wrapped__` |
+| `deepspeed.utils.groups.mpu` pointed at one stage's StageMPU | `topology/mpu.py` `stage_context`, around every stage engine call | DeepSpeed stores the last engine's mpu in that global and ZeRO re-reads it at gradient reduction | restored when the context exits |
+| `transformers` attention registry: `ds_hetero_sequence_sharded` added | `context_parallel/attention.py` `_register`, when a language stage shards its sequence | transformers picks attention kernels by name from a process-wide registry | none needed: the entry is stateless and only the models whose config ds_hetero pointed at it (their own `_attn_implementation`, model state, not process state) call it |
 """
 
 from __future__ import annotations
 
 import sys
+
+
+def _shm_backend_module():
+    # The module must be reached through `sys.modules`: `import deepspeed.comm.torch as m` binds
+    # the `torch` package instead, because `deepspeed.comm` has an attribute named `torch`.
+    import deepspeed.comm.torch  # noqa: F401 - make sure the module is loaded
+
+    return sys.modules["deepspeed.comm.torch"]
 
 
 def skip_cpu_shm_comm_build() -> None:
@@ -15,22 +31,40 @@ def skip_cpu_shm_comm_build() -> None:
     compiles `deepspeed_shm_comm` with ninja/g++ at every start of a fresh cache (45-65 s). The
     op only serves DeepSpeed's inference all-reduce, which training never uses. On other
     accelerators the function is left alone.
-
-    The module must be reached through `sys.modules`: `import deepspeed.comm.torch as m` binds
-    the `torch` package instead, because `deepspeed.comm` has an attribute named `torch`.
     """
     from deepspeed.accelerator import get_accelerator
 
     if get_accelerator().device_name() != "cpu":
         return
-    import deepspeed.comm.torch  # noqa: F401 - make sure the module is loaded
-
-    backend_module = sys.modules["deepspeed.comm.torch"]
+    backend_module = _shm_backend_module()
     if getattr(backend_module.build_shm_op, "_ds_hetero_skipped", False):
         return
+    original = backend_module.build_shm_op
 
     def _no_shm_op():
         return None
 
     _no_shm_op._ds_hetero_skipped = True
+    _no_shm_op.__wrapped__ = original
     backend_module.build_shm_op = _no_shm_op
+
+
+def restore_cpu_shm_comm_build() -> None:
+    backend_module = _shm_backend_module()
+    if getattr(backend_module.build_shm_op, "_ds_hetero_skipped", False):
+        backend_module.build_shm_op = backend_module.build_shm_op.__wrapped__
+
+
+def install_import_patches() -> None:
+    """The patches `import ds_hetero` makes (the first two rows of the table above)."""
+    from .integrations.guard import install_deepspeed_guard
+
+    install_deepspeed_guard()
+    skip_cpu_shm_comm_build()
+
+
+def remove_deepspeed_guard() -> None:
+    import deepspeed
+
+    if getattr(deepspeed.initialize, "_ds_hetero_guard", False):
+        deepspeed.initialize = deepspeed.initialize.__wrapped__

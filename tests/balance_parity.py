@@ -34,7 +34,9 @@ def _balance_figures(family, corrupt):
         from ds_hetero.models import adapter_for
         from tests.engine_parity import build_model, reference_forward
 
-        cfg, work = engine.config, engine.schedule
+        from ds_hetero.step.plan import StepPlan
+
+        cfg = engine.config
         vision_mbs = range(cfg.micro_batches_of("vision"))
 
         def imbalance(c):
@@ -47,11 +49,13 @@ def _balance_figures(family, corrupt):
             "eval": (engine.eval_batch(batches[0]), reference_forward(family, model, adapter_for(model), batches[0])[2]),
             "imbalance": imbalance(cfg), "imbalance_position": imbalance(dataclasses.replace(cfg, balance="position")),
             "split_samples": sum(isinstance(d, tuple) for b in batches for v in vision_mbs
-                                 for d in work.boundary_inputs(b, v).src_dp),
+                                 for d in StepPlan(cfg, engine.adapter.encoders(), b).encoder_pass("vision", v)
+                                 .boundary.src_dp),
         }
-        if corrupt:
-            original = work.boundary_inputs
-            work.boundary_inputs = lambda samples, v: _swap_two_images(original(samples, v))
+        if corrupt:  # every plan this process builds from now on routes two images to the wrong rows
+            original = StepPlan._encoder_pass
+            StepPlan._encoder_pass = lambda self, *a: dataclasses.replace(
+                original(self, *a), boundary=_swap_two_images(original(self, *a).boundary))
         return out
     return inspect
 

@@ -8,7 +8,6 @@ says that rank holds; config keys and errors.
 
 import itertools
 import random
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from ds_hetero.boundary import build_plan
 from ds_hetero.config import load_config
 from ds_hetero.errors import HeteroConfigError
 from ds_hetero.models import adapter_for
-from ds_hetero.schedule.stage_work import StageWork
+from ds_hetero.step.plan import StepPlan
 from tests.engine_parity import build_model
 from tests.test_boundary_plan import check
 from tests.uneven_data import LLAVA_IMAGES, QWEN_GRIDS, llava_uneven, qwen_uneven, rotate
@@ -110,14 +109,14 @@ def test_boundary_inputs_of_balanced_assignments_route_exactly_at_the_lower_boun
     for vision, language, placement in layouts:
         for balance in ("tokens", "position"):
             cfg = _cfg(vision, language, balance=balance, placement=placement)
-            work = StageWork(SimpleNamespace(config=cfg, adapter=adapter))
             for step in range(3):
                 samples = _batch(family, model, step)
+                step_plan = StepPlan(cfg, adapter.encoders(), samples)
                 for v in range(cfg.micro_batches_of("vision")):
-                    inputs = work.boundary_inputs(samples, v)
+                    inputs = step_plan.encoder_pass("vision", v).boundary
                     plan = build_plan(cfg.stages["vision"], cfg.language, inputs)
                     check(plan)  # every row where it belongs, sent == lower bound both ways
-                    a = work.assignment(samples, v)
+                    a = step_plan.encoder_pass("vision", v).assignment
                     for r in cfg.stages["vision"].ranks:
                         dp = cfg.stages["vision"].coord(r).dp
                         assert plan.for_rank(r).n_in == a.loads("rows")[dp]
@@ -135,9 +134,8 @@ def test_each_rank_encodes_exactly_the_rows_the_plan_gives_it(family):
     vision = adapter.split()["vision"]
     cfg = _cfg({"dp": 4, "micro_batches": 1}, {"tp": 2, "dp": 2})
     samples = _batch(family, model, step=1)
-    work = StageWork(SimpleNamespace(config=cfg, adapter=adapter))
-    a = work.assignment(samples, 0)
-    inputs = work.boundary_inputs(samples, 0)
+    first = StepPlan(cfg, adapter.encoders(), samples).encoder_pass("vision", 0)
+    a, inputs = first.assignment, first.boundary
     with torch.no_grad():
         full = vision(**adapter.vision_inputs(samples))
         owner = [r for i in range(inputs.num_samples) for n, r in inputs.source_runs(i) for _ in range(n)]
@@ -215,22 +213,20 @@ def test_language_micro_batches_key_must_match_the_global_one():
 def test_loader_reads_in_full_what_each_vision_rank_encodes():
     # The engine's read pattern with balance "tokens": the language share first, then the samples
     # whose images this vision rank encodes (known from the light batch's token ids).
-    from ds_hetero.engine import HeteroEngine
     from ds_hetero.data.loader import GlobalBatchLoader
 
     model = build_model("qwen2_vl", seed=0)
     adapter = adapter_for(model)
     data = _batch("qwen2_vl", model, step=2, repeat=2)  # 16 samples, one global batch
     cfg = _cfg({"dp": 4, "micro_batches": 1}, {"tp": 2, "dp": 2}, batch=16)
-    work = StageWork(SimpleNamespace(config=cfg, adapter=adapter))
     loader = GlobalBatchLoader(data, 16, seed=3)
     encoded = set()
     for dp in range(4):
-        fake = SimpleNamespace(coords={"vision": SimpleNamespace(dp=dp)}, config=cfg, schedule=work)
         batch = loader.load(0, set())
         assert all(s.get("light") for s in batch)
-        loader.fill(0, batch, HeteroEngine._vision_positions(fake, batch))
-        for p, ks in work.assignment(batch, 0).images_of(dp):
+        plan = StepPlan(cfg, adapter.encoders(), batch)  # what the engine plans from the light batch
+        loader.fill(0, batch, plan.encoder_positions("vision", dp))
+        for p, ks in plan.encoder_items("vision", 0, dp):
             assert not batch[p].get("light")
             adapter.select_images(batch[p], ks)  # the image fields are there
             encoded |= {(p, k) for k in ks}

@@ -75,8 +75,9 @@ def _suite(rank, world_size, tmp):
 
     engine = ds_hetero.initialize(model, _config(), training_data=data)
     consensus = []
-    agree = engine.boundary._agree
-    engine.boundary._agree = lambda *a, **k: consensus.append(engine.global_steps) or agree(*a, **k)
+    boundary = engine.boundaries["vision"]
+    agree = boundary._agree
+    boundary._agree = lambda *a, **k: consensus.append(engine.global_steps) or agree(*a, **k)
     first = engine.train_batch(good[0]).loss
     no_labels = [dict(s, labels=torch.full_like(s["labels"], -100)) for s in good[1]]
     text_only = {"input_ids": good[1][0]["input_ids"][-8:], "labels": good[1][0]["labels"][-8:]}

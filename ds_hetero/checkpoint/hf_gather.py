@@ -26,31 +26,29 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-from ..topology.mpu import stage_context
 from ..tensor_parallel import gather_full
 from .hf_export import shard_file_name, write_index, write_weights_file
 
 
-def _stage_tensors(engine) -> dict[str, list[torch.Tensor]]:
+def _stage_tensors(stages, model) -> dict[str, list[torch.Tensor]]:
     """Every stage's parameters and persistent buffers (deduplicated, module order); checks coverage."""
-    modules = engine.adapter.split()
-    named = engine.model.state_dict(keep_vars=True)
+    named = model.state_dict(keep_vars=True)
     owner: dict[int, str] = {}
     out: dict[str, list[torch.Tensor]] = {}
-    for stage in engine.config.stage_names:
+    for stage in stages:
         tensors = []
-        for t in list(modules[stage].parameters()) + list(modules[stage].buffers()):
+        for t in list(stage.module.parameters()) + list(stage.module.buffers()):
             if id(t) not in owner:
-                owner[id(t)] = stage
+                owner[id(t)] = stage.name
                 tensors.append(t)
-        out[stage] = tensors
+        out[stage.name] = tensors
     missing = sorted(n for n, t in named.items() if id(t) not in owner)
     if missing:  # the adapter's stages must cover the whole model, or the checkpoint would be partial
         raise RuntimeError(f"save_pretrained: {len(missing)} model tensors belong to no stage, e.g. {missing[:3]}")
     return out
 
 
-def _full(engine, stage: str, t: torch.Tensor, on_writer_replica: bool) -> torch.Tensor | None:
+def _full(stage, t: torch.Tensor, on_writer_replica: bool) -> torch.Tensor | None:
     """The full tensor on the ranks of the writer's tp group (None elsewhere); collective over the stage."""
     import deepspeed
 
@@ -60,38 +58,37 @@ def _full(engine, stage: str, t: torch.Tensor, on_writer_replica: bool) -> torch
         if not on_writer_replica:
             return None
         if getattr(t, "tensor_model_parallel", False):
-            return gather_full(t.data, t, engine.groups[stage].tp).cpu()
+            return gather_full(t.data, t, stage.groups.tp).cpu()
         return t.detach().to("cpu", copy=True)
 
 
-def save_pretrained(engine, save_dir: str | os.PathLike) -> None:
-    """Write a consolidated Hugging Face checkpoint of the engine's current weights; all ranks call it."""
+def save_pretrained(stages, model, save_dir: str | os.PathLike) -> None:
+    """Write a consolidated Hugging Face checkpoint of the stages' current weights; all ranks call it."""
     save_dir = os.fspath(save_dir)
     names: dict[int, list[str]] = defaultdict(list)
-    for name, t in engine.model.state_dict(keep_vars=True).items():
+    for name, t in model.state_dict(keep_vars=True).items():
         names[id(t)].append(name)
-    per_stage = _stage_tensors(engine)  # raises on every rank alike, before any collective
+    per_stage = _stage_tensors(stages, model)  # raises on every rank alike, before any collective
     n_files = len(per_stage)
     report = ({}, 0)
-    for i, stage in enumerate(engine.config.stage_names):
-        if stage not in engine.engines:  # disaggregated: another rank set holds it
+    for i, stage in enumerate(stages):
+        if not stage.held:  # disaggregated: another rank set holds it
             continue
-        coord = engine.coords[stage]
-        on_writer_replica = coord.dp == 0 and coord.cp == 0
-        is_writer = engine.rank == engine.config.stages[stage].ranks[0]
+        on_writer_replica = stage.coord.dp == 0 and stage.coord.cp == 0
+        is_writer = stages.rank == stage.first_rank
         full = {}
-        with stage_context(engine.mpus[stage]):
-            for t in per_stage[stage]:
-                value = _full(engine, stage, t, on_writer_replica)
+        with stage.context():
+            for t in per_stage[stage.name]:
+                value = _full(stage, t, on_writer_replica)
                 if is_writer:
                     for name in names[id(t)]:
                         full[name] = value
         if is_writer:
-            weight_map, size = write_weights_file(save_dir, shard_file_name(i, n_files), full, engine.model)
+            weight_map, size = write_weights_file(save_dir, shard_file_name(i, n_files), full, model)
             report = ({**report[0], **weight_map}, report[1] + size)
-    reports = [None] * dist.get_world_size(engine.groups.boundary)
-    dist.all_gather_object(reports, report, group=engine.groups.boundary)
-    if engine.rank == 0:
+    reports = [None] * dist.get_world_size(stages.boundary_group)
+    dist.all_gather_object(reports, report, group=stages.boundary_group)
+    if stages.rank == 0:
         weight_map = {k: v for r in reports for k, v in r[0].items()}
-        write_index(save_dir, weight_map, sum(r[1] for r in reports), engine.model)
-    dist.barrier(group=engine.groups.boundary)
+        write_index(save_dir, weight_map, sum(r[1] for r in reports), model)
+    dist.barrier(group=stages.boundary_group)

@@ -47,25 +47,23 @@ def zero_stage(ds_config: dict[str, Any]) -> int:
     return int(section.get("stage", 0)) if isinstance(section, dict) else 0
 
 
-def engine_facts(engine) -> dict[str, Any]:
+def engine_facts(stages) -> dict[str, Any]:
     """The facts of the running engine a checkpoint is compared against (the same on every rank)."""
-    cfg = engine.config
+    cfg = stages.config
     return {
         "placement": cfg.placement,
         "world_size": cfg.world_size,
         "zero_stage": zero_stage(cfg.ds_config),
-        "dtype": str(engine.boundary_dtype).replace("torch.", ""),
+        "dtype": str(stages.dtype).replace("torch.", ""),
         "stages": {name: {"tp": l.tp, "cp": l.cp, "dp": l.dp, "ranks": list(l.ranks),
                           "sequence_parallel": l.sequence_parallel} for name, l in cfg.stages.items()},
     }
 
 
-def data_position(engine) -> dict[str, Any]:
+def data_position(step: int, global_batch_size: int, loader=None) -> dict[str, Any]:
     """Where the loader stands: its order is a pure function of (seed, step), so the step suffices."""
-    step = engine.global_steps
-    position = {"global_steps": step, "samples_consumed": step * engine.config.global_batch_size,
-                "global_batch_size": engine.config.global_batch_size}
-    loader = engine.loader
+    position = {"global_steps": step, "samples_consumed": step * global_batch_size,
+                "global_batch_size": global_batch_size}
     if loader is not None:
         per_epoch = getattr(loader, "steps_per_epoch", None)
         position.update(seed=getattr(loader, "seed", None), shuffle=getattr(loader, "shuffle", None),
@@ -75,37 +73,36 @@ def data_position(engine) -> dict[str, Any]:
     return position
 
 
-def build_manifest(engine, tag: str) -> dict[str, Any]:
-    model = engine.model
-    optimizers = {type(getattr(e.optimizer, "optimizer", e.optimizer)).__name__ for e in engine.engines.values()}
+def build_manifest(stages, model, tag: str, step: int, data: dict[str, Any]) -> dict[str, Any]:
+    optimizers = {stage.optimizer_name for stage in stages.held}
     return {
         "format": FORMAT,
         "tag": tag,
-        "step": engine.global_steps,
-        "data": data_position(engine),
-        **engine_facts(engine),
+        "step": step,
+        "data": data,
+        **engine_facts(stages),
         "optimizer": sorted(optimizers)[0],
         "model": {"class": type(model).__name__, "config": json.loads(model.config.to_json_string())},
         "versions": versions(),
     }
 
 
-def stage_params(engine, stage: str) -> dict[str, Any]:
+def stage_params(stage, model) -> dict[str, Any]:
     """params.json of one stage, from a rank that holds it: full shapes, tp splits, HF names."""
-    module = engine.engines[stage].module
-    hf_names = {id(p): n for n, p in engine.model.named_parameters()}
+    module = stage.engine.module
+    hf_names = {id(p): n for n, p in model.named_parameters()}
     params = {}
     for name, p in module.named_parameters():
         shape = list(getattr(p, "ds_shape", p.shape))  # ZeRO 3 keeps only a partition in p
         split = None
-        if getattr(p, "tensor_model_parallel", False) and engine.config.stages[stage].tp > 1:
+        if getattr(p, "tensor_model_parallel", False) and stage.layout.tp > 1:
             dim = p.partition_dim
             shape[dim] = p.partition_full_size
             split = {"dim": dim, "stride": p.partition_stride}
         params[name] = {"shape": shape, "tp_split": split, "hf_name": hf_names.get(id(p), name),
                         "trainable": p.requires_grad}
     names = {id(p): n for n, p in module.named_parameters()}
-    optimizer = engine.engines[stage].optimizer
+    optimizer = stage.engine.optimizer
     order = []
     if hasattr(optimizer, "param_groups") and not hasattr(optimizer, "bit16_groups"):
         order = [names[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in names]

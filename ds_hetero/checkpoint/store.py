@@ -23,63 +23,67 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..topology.mpu import stage_context
 from . import publish
 from .full_state import stage_full_state
-from .manifest import (MANIFEST, PARAMS, CheckpointError, build_manifest, data_position, describe_layout, engine_facts,
+from .manifest import (MANIFEST, PARAMS, CheckpointError, build_manifest, describe_layout, engine_facts,
                        read_manifest, read_stage_params, resolve_tag, same_layout, stage_params, write_json)
 from .reshard import apply_full_state
 
 
-def _agree(engine, problem: str | None, what: str) -> None:
+def _agree(stages, problem: str | None, what: str) -> None:
     """Every rank raises if any rank found a problem (one small all-reduce; no rank is left waiting)."""
-    flag = torch.tensor([0 if problem is None else engine.rank + 1], dtype=torch.long, device=engine.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=engine.groups.boundary)
+    flag = torch.tensor([0 if problem is None else stages.rank + 1], dtype=torch.long, device=stages.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=stages.boundary_group)
     if problem is None and int(flag) > 0:
         problem = f"rank {int(flag) - 1} could not {what} (see its error)"
     if problem is not None:
         raise CheckpointError(problem)
 
 
-def save_checkpoint(engine, save_dir: str | os.PathLike, tag: str | None = None) -> str:
-    """Write DIR/<tag> under a temporary name, then publish it (publish.py); all ranks call it."""
+def save_checkpoint(stages, model, save_dir: str | os.PathLike, tag: str | None, step: int,
+                    data: dict[str, Any]) -> str:
+    """Write DIR/<tag> under a temporary name, then publish it (publish.py); all ranks call it.
+
+    `step` is the optimizer steps taken, `data` the loader's position (manifest.data_position).
+    """
     save_dir = os.fspath(save_dir)
-    tag = tag or f"global_step{engine.global_steps}"
+    tag = tag or f"global_step{step}"
     if os.path.isfile(os.path.join(save_dir, "latest")) and resolve_tag(save_dir, None) == tag:  # same on every rank
         raise CheckpointError(f"{os.path.join(save_dir, tag)} is the checkpoint 'latest' names; replacing it in "
                               f"place could leave no loadable checkpoint: pass another tag")
-    rank = engine.rank
+    rank = stages.rank
     if rank == 0:
         os.makedirs(save_dir, exist_ok=True)
         publish.clear_partial(save_dir, tag)
-    dist.barrier(group=engine.groups.boundary)
+    dist.barrier(group=stages.boundary_group)
     publish.kill_point("begin", rank)
     partial = publish.partial_dir(save_dir, tag)
-    for i, (name, stage_engine) in enumerate(engine.engines.items()):
-        with stage_context(engine.mpus[name]):
-            stage_engine.save_checkpoint(os.path.join(partial, name), tag=tag, save_latest=False,
-                                         client_state={"ds_hetero_global_steps": engine.global_steps})
-        if i == 0 and len(engine.engines) > 1:
+    held = stages.held
+    for i, stage in enumerate(held):
+        with stage.context():
+            stage.engine.save_checkpoint(os.path.join(partial, stage.name), tag=tag, save_latest=False,
+                                         client_state={"ds_hetero_global_steps": step})
+        if i == 0 and len(held) > 1:
             publish.kill_point("stage_written", rank)
     problem = None
     try:  # our own files: a failure (disk full, permissions) makes every rank raise, none waits
-        for name in engine.engines:
-            if rank == engine.config.stages[name].ranks[0]:
-                write_json(os.path.join(partial, name, PARAMS), stage_params(engine, name))
+        for stage in held:
+            if rank == stage.first_rank:
+                write_json(os.path.join(partial, stage.name, PARAMS), stage_params(stage, model))
         if rank == 0:
-            write_json(os.path.join(partial, MANIFEST), build_manifest(engine, tag))
+            write_json(os.path.join(partial, MANIFEST), build_manifest(stages, model, tag, step, data))
     except OSError as exc:
         problem = f"writing the checkpoint's metadata under {partial}: {exc}"
     publish.kill_point("rank_written", rank)
-    _agree(engine, problem, "write the checkpoint")  # also the barrier: every rank has written
+    _agree(stages, problem, "write the checkpoint")  # also the barrier: every rank has written
     if rank == 0:
         publish.publish(save_dir, tag, rank)
-    dist.barrier(group=engine.groups.boundary)
+    dist.barrier(group=stages.boundary_group)
     return tag
 
 
-def refusal(manifest: dict[str, Any], current: dict[str, Any], ckpt_dir: str, engine) -> str | None:
-    """Why this checkpoint cannot be loaded into this engine (None if it can). Pure reads."""
+def refusal(manifest: dict[str, Any], current: dict[str, Any], ckpt_dir: str, stages) -> str | None:
+    """Why this checkpoint cannot be loaded into these stages (None if it can). Pure reads."""
     reasons = []
     if set(manifest["stages"]) != set(current["stages"]):
         reasons.append(f"stages differ: saved {sorted(manifest['stages'])}, current {sorted(current['stages'])}")
@@ -87,15 +91,16 @@ def refusal(manifest: dict[str, Any], current: dict[str, Any], ckpt_dir: str, en
         if 3 in (manifest["zero_stage"], current["zero_stage"]):
             reasons.append("ZeRO stage 3 checkpoints are loaded only into the layout that saved them "
                            "(resharding reads and writes ZeRO 0, 1 and 2)")
-        current_opt = {type(getattr(e.optimizer, "optimizer", e.optimizer)).__name__ for e in engine.engines.values()}
+        current_opt = {stage.optimizer_name for stage in stages.held}
         if manifest["optimizer"] not in current_opt:
             reasons.append(f"optimizer differs: saved {manifest['optimizer']}, current {sorted(current_opt)[0]}")
-    for name, stage_engine in engine.engines.items():  # the stages this rank holds: their parameters match
+    for stage in stages.held:  # the stages this rank holds: their parameters match
+        name = stage.name
         if name not in manifest["stages"]:
             continue
         saved = read_stage_params(ckpt_dir, name)["params"]
         here = {}
-        for pname, p in stage_engine.module.named_parameters():
+        for pname, p in stage.engine.module.named_parameters():
             shape = list(getattr(p, "ds_shape", p.shape))  # ZeRO 3 keeps only a partition in p
             if getattr(p, "tensor_model_parallel", False) and current["stages"][name]["tp"] > 1:
                 shape[p.partition_dim] = p.partition_full_size
@@ -115,62 +120,60 @@ def refusal(manifest: dict[str, Any], current: dict[str, Any], ckpt_dir: str, en
     return f"checkpoint {ckpt_dir} cannot be loaded into this layout: {'; '.join(reasons)}\n{layouts}"
 
 
-def load_checkpoint(engine, load_dir: str | os.PathLike, tag: str | None = None) -> str:
-    """Load DIR (its `latest`, or `tag`) into `engine`, whatever layout saved it; all ranks call it."""
+def load_checkpoint(stages, load_dir: str | os.PathLike, tag: str | None, data: dict[str, Any]) -> tuple[str, int]:
+    """Load DIR (its `latest`, or `tag`) into the stages, whatever layout saved it; all ranks call it.
+
+    Returns (the tag, the saved step). `data` is the current loader's position: a warning says
+    when resuming with other data settings would not continue the saved run's data order.
+    """
     load_dir = os.fspath(load_dir)
     problem, manifest = None, None
+    facts = engine_facts(stages)
     try:
         tag = resolve_tag(load_dir, tag)
         manifest = read_manifest(load_dir, tag)
         ckpt_dir = os.path.join(load_dir, tag)
-        problem = refusal(manifest, engine_facts(engine), ckpt_dir, engine)
+        problem = refusal(manifest, facts, ckpt_dir, stages)
     except (OSError, ValueError, KeyError) as exc:
         problem = f"{type(exc).__name__}: {exc}" if isinstance(exc, KeyError) else str(exc)
-    _agree(engine, problem, "read the checkpoint")
+    _agree(stages, problem, "read the checkpoint")
 
-    if same_layout(manifest, engine_facts(engine)):
-        for name, stage_engine in engine.engines.items():
-            with stage_context(engine.mpus[name]):
-                path, _ = stage_engine.load_checkpoint(os.path.join(ckpt_dir, name), tag=tag)
+    if same_layout(manifest, facts):
+        for stage in stages.held:
+            with stage.context():
+                path, _ = stage.engine.load_checkpoint(os.path.join(ckpt_dir, stage.name), tag=tag)
             if path is None:
-                raise CheckpointError(f"DeepSpeed found no checkpoint in {os.path.join(ckpt_dir, name, tag)}")
+                raise CheckpointError(f"DeepSpeed found no checkpoint in {os.path.join(ckpt_dir, stage.name, tag)}")
     else:
-        _convert(engine, ckpt_dir, manifest)
-        for name, stage_engine in engine.engines.items():
-            layout = engine.config.stages[name]
-            state = stage_full_state(ckpt_dir, name, manifest)
-            with stage_context(engine.mpus[name]):
-                apply_full_state(stage_engine, dict(stage_engine.module.named_parameters()), state,
-                                 engine.coords[name].tp, layout.tp, _current_zero(engine))
-    engine.global_steps = manifest["step"]  # the loader's position: its order is a function of (seed, step)
-    _warn_if_data_differs(engine, manifest["data"])
-    dist.barrier(group=engine.groups.boundary)
-    return tag
+        _convert(stages, ckpt_dir, manifest)
+        for stage in stages.held:
+            state = stage_full_state(ckpt_dir, stage.name, manifest)
+            with stage.context():
+                apply_full_state(stage.engine, dict(stage.engine.module.named_parameters()), state,
+                                 stage.coord.tp, stage.layout.tp, facts["zero_stage"])
+    _warn_if_data_differs(stages.rank, manifest["data"], data)
+    dist.barrier(group=stages.boundary_group)
+    return tag, manifest["step"]
 
 
-def _warn_if_data_differs(engine, saved: dict[str, Any]) -> None:
+def _warn_if_data_differs(rank: int, saved: dict[str, Any], current: dict[str, Any]) -> None:
     """Resuming at the saved step continues the same data order only with the same data and batch."""
     import warnings
 
-    current = data_position(engine)
     keys = [k for k in ("global_batch_size", "seed", "dataset_size", "shuffle") if k in saved and k in current]
     changed = [f"{k} {saved[k]} -> {current[k]}" for k in keys if saved[k] != current[k]]
-    if changed and engine.rank == 0:
+    if changed and rank == 0:
         warnings.warn(f"ds_hetero: resuming at step {saved['global_steps']} with other data settings "
                       f"({', '.join(changed)}): the data order does not continue the saved run's", stacklevel=3)
 
 
-def _current_zero(engine) -> int:
-    return engine_facts(engine)["zero_stage"]
-
-
-def _convert(engine, ckpt_dir: str, manifest: dict[str, Any]) -> None:
+def _convert(stages, ckpt_dir: str, manifest: dict[str, Any]) -> None:
     """The first rank of each stage writes the stage's full-state cache once; the others wait for it."""
     problem = None
-    for name, layout in engine.config.stages.items():
-        if engine.rank == layout.ranks[0]:
+    for stage in stages:
+        if stages.rank == stage.first_rank:
             try:
-                stage_full_state(ckpt_dir, name, manifest)
+                stage_full_state(ckpt_dir, stage.name, manifest)
             except (OSError, ValueError, KeyError, RuntimeError) as exc:
-                problem = f"converting stage {name} of {ckpt_dir}: {type(exc).__name__}: {exc}"
-    _agree(engine, problem, "convert the checkpoint")
+                problem = f"converting stage {stage.name} of {ckpt_dir}: {type(exc).__name__}: {exc}"
+    _agree(stages, problem, "convert the checkpoint")

@@ -16,6 +16,11 @@ ADAPTERS = MappingProxyType({
 })
 
 
+def known_encoder_stages() -> tuple[str, ...]:
+    """Every encoder stage some model family here has (what a config may name without a model)."""
+    return tuple(dict.fromkeys(name for adapter in ADAPTERS.values() for name in adapter.ENCODER_STAGES))
+
+
 def adapter_for(model) -> StageAdapter:
     """The stage adapter of a Hugging Face multimodal model instance."""
     for cls in type(model).__mro__:
@@ -28,5 +33,5 @@ def adapter_for(model) -> StageAdapter:
 
 __all__ = [
     "ADAPTERS", "IGNORE_INDEX", "LlavaAdapter", "LlavaLanguageStage", "LlavaVisionStage", "Qwen2VLAdapter",
-    "StageAdapter", "adapter_for", "split_llava", "split_qwen2_vl",
+    "StageAdapter", "adapter_for", "known_encoder_stages", "split_llava", "split_qwen2_vl",
 ]

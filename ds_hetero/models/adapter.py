@@ -11,7 +11,8 @@ have no image.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -19,16 +20,73 @@ from torch import nn
 from ..loss import IGNORE_INDEX
 
 
+@dataclass(frozen=True)
+class EncoderPort:
+    """What the engine needs of one encoder stage, without naming it: one per encoder stage.
+
+    Everything outside the adapters (the StepPlan, the schedules, balancing, the batch
+    agreement) reaches an encoder only through its port, so a model with more encoders (audio,
+    video) adds ports here, not cases there.
+
+    token_id   the placeholder id whose positions the encoder's rows replace in `input_ids`
+    rows       sample -> boundary rows of each of its items (images, clips), from `input_ids`
+               alone (light samples too, so every rank computes the same plan)
+    cost       rows -> the encoder's work for one item (step/balance.py transformer_cost)
+    select     (sample, item indices) -> the sample's fields for those items
+    inputs     selected samples -> keyword arguments of the encoder stage's forward
+    """
+
+    name: str
+    token_id: int
+    rows: Callable[[dict[str, Any]], list[int]]
+    cost: Callable[[int], int]
+    select: Callable[[dict[str, Any], Sequence[int]], dict[str, Any]]
+    inputs: Callable[[Sequence[dict[str, Any]]], dict[str, torch.Tensor]]
+
+    def count(self, sample: dict[str, Any]) -> int:
+        """Placeholders of this encoder in the sample."""
+        return int((sample["input_ids"] == self.token_id).sum())
+
+
 class StageAdapter:
     """Base class: padding and placeholder bookkeeping shared by every family."""
 
     image_token_id: int
     pad_token_id: int = 0
+    # The encoder stages this family has, as `stages.<name>` in the config (see encoders()).
+    ENCODER_STAGES: tuple[str, ...] = ("vision",)
 
     model: nn.Module
 
     def split(self) -> dict[str, nn.Module]:
+        """{encoder stage name: module, ..., "language": module}, sharing the model's parameters."""
         raise NotImplementedError
+
+    def check_stages(self, cfg) -> None:
+        """The config's encoder stages are exactly this model's (pure: before any collective)."""
+        from ..errors import HeteroConfigError
+
+        from ..config import LANGUAGE, SECTION
+
+        configured = [name for name in cfg.stages if name != LANGUAGE]
+        for name in configured:
+            if name not in self.ENCODER_STAGES:
+                raise HeteroConfigError(
+                    f"{SECTION}.stages.{name}", f"{type(self.model).__name__} has no {name!r} encoder; its encoder "
+                    f"stages are {', '.join(self.ENCODER_STAGES)}: remove it")
+        for name in self.ENCODER_STAGES:
+            if name not in configured:
+                raise HeteroConfigError(f"{SECTION}.stages.{name}",
+                                        f"missing; {type(self.model).__name__} has a {name!r} encoder stage: give its layout")
+
+    def encoders(self) -> dict[str, EncoderPort]:
+        """The encoder stages in the order their rows are exchanged: here one image encoder
+        ("vision"), reached through the image_* / vision_* methods below."""
+        ports = getattr(self, "_ports", None)
+        if ports is None:
+            ports = self._ports = {"vision": EncoderPort("vision", self.image_token_id, self.image_rows,
+                                                         self.image_cost, self.select_images, self.vision_inputs)}
+        return ports
 
     def vision_modules(self) -> list[nn.Module]:
         """The vision stage's modules that tensor parallelism shards (tower, projector)."""
@@ -49,6 +107,7 @@ class StageAdapter:
         from ..tensor_parallel import validate_tensor_parallel
         from ..tensor_parallel.shard import PAD_YOURSELF, _check_head
 
+        self.check_stages(cfg)
         vision, language = cfg.stages["vision"], cfg.stages["language"]
         for module in self.vision_modules():
             validate_tensor_parallel(module, vision.tp, "vision")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from torch import nn
 
@@ -20,34 +22,40 @@ def empty_rows(stage: nn.Module, dummy_inputs: dict[str, torch.Tensor]) -> torch
 
 
 class LanguageStage(nn.Module):
-    """Embeddings + decoder + head of a Hugging Face VLM; image rows replace the placeholders."""
+    """Embeddings + decoder + head of a Hugging Face VLM; each encoder's rows replace its placeholders.
 
-    def __init__(self, language_model: nn.Module, lm_head: nn.Module, image_token_id: int):
+    `token_ids`: the placeholder id of each encoder stage, in the order of the adapter's
+    encoders (models/adapter.py); `rows` in forward comes in the same order.
+    """
+
+    def __init__(self, language_model: nn.Module, lm_head: nn.Module, token_ids: int | Sequence[int]):
         super().__init__()
         self.language_model = language_model
         self.lm_head = lm_head
-        self.image_token_id = image_token_id
+        self.token_ids = (token_ids,) if isinstance(token_ids, int) else tuple(token_ids)
 
     def forward(
         self,
         input_ids: torch.Tensor,
-        image_rows: torch.Tensor,
+        rows: torch.Tensor | Sequence[torch.Tensor],
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-        n_image_tokens: int | None = None,
+        n_placeholders: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """`n_image_tokens`: the placeholder count, when the caller counted it on the host (the
-        engine does); otherwise it is read from `input_ids` (a device sync on a GPU)."""
+        """`rows`: one `[T_e, H]` tensor per encoder (a single tensor for a single encoder).
+        `n_placeholders`: each encoder's placeholder count, when the caller counted it on the
+        host (the engine does); otherwise it is read from `input_ids` (a device sync on a GPU)."""
+        rows = (rows,) if isinstance(rows, torch.Tensor) else tuple(rows)
         embeds = self.language_model.get_input_embeddings()(input_ids)
-        placeholder = input_ids == self.image_token_id
-        n_placeholders = int(placeholder.sum()) if n_image_tokens is None else n_image_tokens
-        if n_placeholders != image_rows.shape[0]:
-            raise ValueError(
-                f"input_ids hold {n_placeholders} image placeholder tokens (id {self.image_token_id}) "
-                f"but {image_rows.shape[0]} image rows arrived"
-            )
-        # Out of place: the rows keep their own autograd path back to the vision stage.
-        embeds = embeds.masked_scatter(placeholder.unsqueeze(-1), image_rows.to(embeds.dtype))
+        for e, (token_id, these) in enumerate(zip(self.token_ids, rows, strict=True)):
+            placeholder = input_ids == token_id
+            n = int(placeholder.sum()) if n_placeholders is None else n_placeholders[e]
+            if n != these.shape[0]:
+                raise ValueError(
+                    f"input_ids hold {n} image placeholder tokens (id {token_id}) but {these.shape[0]} image rows arrived"
+                )
+            # Out of place: the rows keep their own autograd path back to their encoder stage.
+            embeds = embeds.masked_scatter(placeholder.unsqueeze(-1), these.to(embeds.dtype))
         hidden = self.language_model(
             inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids
         ).last_hidden_state

@@ -1,12 +1,13 @@
-"""Colocated schedule: every rank runs every stage; one micro-batch at a time.
+"""Colocated schedule: every rank runs every stage; one language micro-batch at a time.
 
-Per vision micro-batch v (`stages.vision.micro_batches`, default: one per language micro-batch):
-    vision forward on this rank's images of v -> one boundary exchange -> for each language
-    micro-batch m that v feeds: language forward and backward on this rank's share of m, its
-    row gradients kept -> vision backward through the boundary, once, with all of them.
-The boundary's backward runs inside the vision backward, on every rank, in the same order.
-With fewer vision micro-batches the vision activations of gas / v_gas language micro-batches
-stay alive until their vision backward (memory: see the README's token-balancing section).
+For each language micro-batch m, in order:
+    every encoder pass that starts at m: its forward on this rank's items -> its boundary
+    exchange (one per pass; the rows of all the micro-batches it feeds) -> language forward
+    and backward on this rank's share of m, each encoder's row gradients kept -> every encoder
+    pass that ends at m: its backward through the boundary, once, with all of its gradients.
+The boundary's backward runs inside the encoder's backward, on every rank, in the same order.
+With fewer encoder passes than language micro-batches (`stages.<name>.micro_batches`) an
+encoder's activations stay alive until its pass's backward (memory: docs/balancing.md).
 """
 
 from __future__ import annotations
@@ -15,40 +16,43 @@ from typing import Any, Sequence
 
 import torch
 
+from ..step.plan import StepPlan
 from .stage_work import StageWork
 
 
 class ColocatedSchedule(StageWork):
-    def run(self, samples: Sequence[dict[str, Any]], n_labels: int, step: int) -> tuple[float, dict]:
+    def run(self, samples: Sequence[dict[str, Any]], plan: StepPlan, n_labels: int, step: int) -> torch.Tensor | float:
         """All micro-batches of one step up to (not including) the last optimizer step.
 
-        Returns (this rank's sum of token losses, boundary byte counts).
+        Returns this rank's sum of token losses; `self.bytes` counts the boundary bytes.
         """
-        h = self.h
-        bytes_ = {"sent": 0, "total": 0, "lower_bound": 0}
+        language = self.stages.language
+        dp = language.coord.dp
         loss_sum = 0.0
-        for v in range(self.v_gas):
-            inputs = self.boundary_inputs(samples, v)
-            rows = self.vision_forward(samples, v, step)
-            with h.timeline.span(f"boundary.rows[m={v}]", "boundary", step):
-                rows_out = h.boundary.exchange(rows, inputs)
-            fwd = h.boundary.last_forward
-            bytes_["sent"] += fwd.bytes_sent
-            bytes_["total"] += fwd.total_bytes_sent
-            bytes_["lower_bound"] += fwd.lower_bound_bytes
-            # the rows arrive in sample order: language micro-batch after language micro-batch
-            ms = self.language_micro_batches(v)
-            # (one language micro-batch per pass takes all rows: its sequence shard's, when sharded)
-            sizes = [self.language_rows(samples, m) for m in ms] if len(ms) > 1 else [rows_out.shape[0]]
-            pieces = rows_out.detach().split(sizes)
-            grads = []
-            for m, piece in zip(ms, pieces):
-                local, grad = self.language_step(samples, m, piece.detach().requires_grad_(True), n_labels, step)
-                loss_sum += local
-                grads.append(grad)
-                self.micro_step("language", m)
-            # the boundary's backward exchange runs inside this backward
-            self.vision_backward(rows_out, torch.cat(grads), v, step)
-            bytes_["sent"] += h.boundary.last_backward.bytes_sent
-            self.micro_step("vision", v)
-        return loss_sum, bytes_
+        open_passes: dict[str, tuple] = {}  # stage -> (pass, its rows out, pieces per micro-batch, gradients)
+        for m in range(plan.micro_batches):
+            for stage in self.stages.encoders:
+                p = plan.pass_feeding(stage.name, m)
+                if p.feeds.start != m:
+                    continue
+                rows = self.encoder_forward(stage, samples, plan, p.index, step)
+                out = self.send_rows(stage.name, rows, plan, p.index, step, differentiable=True)
+                # the rows arrive in sample order: language micro-batch after language micro-batch
+                # (one micro-batch per pass takes all rows: its sequence shard's, when sharded)
+                sizes = ([plan.rows_of(stage.name, dp, k) for k in p.feeds] if len(p.feeds) > 1
+                         else [out.shape[0]])
+                open_passes[stage.name] = (p, out, out.detach().split(sizes), [])
+            rows_in = [open_passes[s.name][2][m - open_passes[s.name][0].feeds.start].detach().requires_grad_(True)
+                       for s in self.stages.encoders]
+            local, grads = self.language_step(samples, plan, m, rows_in, n_labels, step)
+            loss_sum += local
+            self.micro_step(language, m)
+            for stage, grad in zip(self.stages.encoders, grads):
+                p, out, _, kept = open_passes[stage.name]
+                kept.append(grad)
+                if m == p.feeds.stop - 1:  # the boundary's backward exchange runs inside this backward
+                    self.encoder_backward(stage, out, torch.cat(kept), plan, p.index, step)
+                    self.count_backward(stage.name)
+                    self.micro_step(stage, p.index)
+                    del open_passes[stage.name]
+        return loss_sum

@@ -1,57 +1,59 @@
-"""Disaggregated schedule: vision ranks and language ranks are disjoint and work at the same time.
+"""Disaggregated schedule: encoder ranks and language ranks are disjoint and work at the same time.
 
-Micro-batches flow through a two-stage pipeline. At tick k (k = 0 .. M):
+Micro-batches flow through a two-stage pipeline (every encoder stage, then the language
+stage). At tick k (k = 0 .. M):
 
-    vision ranks                       language ranks
+    encoder ranks                      language ranks
     forward(k)            ||           forward + backward(k-1)       (in parallel)
-    ---------- exchange rows of k (vision -> language) -----------
-    ---------- exchange grads of k-1 (language -> vision) ---------
+    ---------- exchange rows of k (encoders -> language), one exchange per encoder ----
+    ---------- exchange grads of k-1 (language -> encoders), one per encoder ----------
     backward(k-1)                      (next tick: forward + backward(k))
 
-Warm-up is tick 0 (only the vision forward of micro-batch 0), drain is tick M (only the language
-work and vision backward of the last micro-batch): 1F1B for two stages. Every rank of the
-boundary group calls the same two collectives per tick in the same order, whatever its stage,
-so the schedule is deterministic and cannot deadlock; a dead or stuck peer makes the
-collective fail after the process-group timeout instead of hanging.
+Warm-up is tick 0 (only the encoder forwards of micro-batch 0), drain is tick M (only the
+language work and encoder backwards of the last micro-batch): 1F1B for two stages. Every rank
+of the boundary group calls the same collectives per tick in the same order, whatever its
+stage, so the schedule is deterministic and cannot deadlock; a dead or stuck peer makes the
+collective fail after the process-group timeout instead of hanging. (The config gives every
+encoder as many passes as language micro-batches in this placement.)
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+import torch
+
+from ..step.plan import StepPlan
 from .stage_work import StageWork
 
 
 class DisaggregatedSchedule(StageWork):
-    def run(self, samples: Sequence[dict[str, Any]], n_labels: int, step: int) -> tuple[float, dict]:
-        h = self.h
-        is_vision, is_language = "vision" in h.engines, "language" in h.engines
-        bytes_ = {"sent": 0, "total": 0, "lower_bound": 0}
+    def run(self, samples: Sequence[dict[str, Any]], plan: StepPlan, n_labels: int, step: int) -> torch.Tensor | float:
+        language = self.stages.language
+        encoders = self.stages.encoders
+        n = plan.micro_batches
         loss_sum = 0.0
-        inputs = [self.boundary_inputs(samples, m) for m in range(self.gas)]
-        rows, rows_in, grads = {}, {}, {}
-        for k in range(self.gas + 1):
-            if is_vision and k < self.gas:
-                rows[k] = self.vision_forward(samples, k, step)
-            if is_language and k >= 1:
-                local, grads[k - 1] = self.language_step(samples, k - 1, rows_in.pop(k - 1), n_labels, step)
+        rows: dict[tuple[str, int], torch.Tensor] = {}  # (encoder, micro-batch) -> its rows, until its backward
+        rows_in: dict[int, list[torch.Tensor]] = {}
+        grads: dict[int, list[torch.Tensor]] = {}
+        for k in range(n + 1):
+            for stage in encoders:
+                if stage.held and k < n:
+                    rows[stage.name, k] = self.encoder_forward(stage, samples, plan, k, step)
+            if language.held and k >= 1:
+                local, grads[k - 1] = self.language_step(samples, plan, k - 1, rows_in.pop(k - 1), n_labels, step)
                 loss_sum += local
-                self.micro_step("language", k - 1)
-            if k < self.gas:
-                with h.timeline.span(f"boundary.rows[m={k}]", "boundary", step):
-                    out = h.boundary.exchange_rows(rows[k] if is_vision else self.empty_rows(), inputs[k])
-                fwd = h.boundary.last_forward
-                bytes_["sent"] += fwd.bytes_sent
-                bytes_["total"] += fwd.total_bytes_sent
-                bytes_["lower_bound"] += fwd.lower_bound_bytes
-                if is_language:
-                    rows_in[k] = out.requires_grad_(True)
+                self.micro_step(language, k - 1)
+            if k < n:
+                arrived = [self.send_rows(s.name, rows[s.name, k] if s.held else self.empty_rows(), plan, k, step)
+                           for s in encoders]
+                if language.held:
+                    rows_in[k] = [r.requires_grad_(True) for r in arrived]
             if k >= 1:
-                with h.timeline.span(f"boundary.grads[m={k - 1}]", "boundary", step):
-                    grad = h.boundary.exchange_grads(grads.pop(k - 1) if is_language else self.empty_rows(),
-                                                     inputs[k - 1])
-                bytes_["sent"] += h.boundary.last_backward.bytes_sent
-                if is_vision:
-                    self.vision_backward(rows.pop(k - 1), grad, k - 1, step)
-                    self.micro_step("vision", k - 1)
-        return loss_sum, bytes_
+                back = grads.pop(k - 1) if language.held else [self.empty_rows() for _ in encoders]
+                for stage, grad in zip(encoders, back):
+                    grad = self.send_grads(stage.name, grad, plan, k - 1, step)
+                    if stage.held:
+                        self.encoder_backward(stage, rows.pop((stage.name, k - 1)), grad, plan, k - 1, step)
+                        self.micro_step(stage, k - 1)
+        return loss_sum

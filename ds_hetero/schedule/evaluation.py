@@ -22,9 +22,8 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from ..loss import IGNORE_INDEX, label_token_count, token_loss_sum
-from ..step.shares import stage_samples
-from ..topology.mpu import stage_context
+from ..loss import IGNORE_INDEX, label_token_count
+from ..step.plan import StepPlan
 from .stage_work import StageWork
 
 
@@ -33,17 +32,15 @@ def _loss_free_copy(sample: dict[str, Any]) -> dict[str, Any]:
 
 
 class EvaluationSchedule(StageWork):
-    def __init__(self, hetero):
-        super().__init__(hetero)
-        # No backward to accumulate: the vision stage encodes each language micro-batch's images
-        # (assigned as in training, by position or by cost), and one exchange feeds it.
-        self.v_gas = self.gas
-
     def padded(self, samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        size = self.h.config.global_batch_size // self.gas
+        size = self._micro_batch_size()
         samples = list(samples)
         missing = -len(samples) % size
         return samples + [_loss_free_copy(samples[0]) for _ in range(missing)]
+
+    def _micro_batch_size(self) -> int:
+        cfg = self.stages.config
+        return cfg.global_batch_size // cfg.micro_batches
 
     def run(self, samples: Sequence[dict[str, Any]]) -> float:
         """The loss of `samples`, in eval mode (dropout off, as `model.eval()` would), then back to train."""
@@ -51,10 +48,10 @@ class EvaluationSchedule(StageWork):
             raise ValueError("eval_batch: no samples")
         for i, sample in enumerate(samples):  # every rank holds every sample: all raise alike, before any collective
             try:
-                self.h.adapter.check_sample(sample, i)
+                self.adapter.check_sample(sample, i)
             except ValueError as exc:
                 raise ValueError(f"eval_batch: {exc}") from None
-        modules = [engine.module for engine in self.h.engines.values()]
+        modules = self.stages.modules()
         modes = [m.training for m in modules]
         for m in modules:
             m.eval()
@@ -66,39 +63,25 @@ class EvaluationSchedule(StageWork):
 
     @torch.no_grad()
     def _loss(self, samples: Sequence[dict[str, Any]]) -> float:
-        h = self.h
         samples = self.padded(samples)
         n_labels = sum(label_token_count(s["labels"]) for s in samples)  # every rank holds every sample
         if n_labels == 0:
             raise ValueError("eval_batch: the samples have no label tokens (all labels are -100)")
-        size = h.config.global_batch_size // self.gas
+        # No backward to accumulate: every encoder encodes each language micro-batch's items
+        # (assigned as in training, by position or by cost), and one exchange per encoder feeds it.
+        plan = StepPlan(self.stages.config, self.ports, samples, len(samples) // self._micro_batch_size(),
+                        per_micro_batch=True)
+        language = self.stages.language
         # summed on the device, read once with the all-reduce below (no device sync per micro-batch)
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        for m in range(len(samples) // size):
-            inputs = self.boundary_inputs(samples, m)
-            rows = self._vision_rows(samples, m) if "vision" in h.engines else self.empty_rows()
-            rows_in = h.boundary.exchange_rows(rows, inputs)
-            if "language" in h.engines:
-                loss_sum += self._language_loss_sum(samples, m, rows_in)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.stages.device)
+        for m in range(plan.micro_batches):
+            rows_in = []
+            for stage in self.stages.encoders:
+                rows = self.encoder_forward(stage, samples, plan, m) if stage.held else self.empty_rows()
+                rows_in.append(self.send_rows(stage.name, rows, plan, m, step=None))
+            if language.held:
+                loss_sum += self.language_loss_sum(samples, plan, m, rows_in).double()
         # tp rank 0 of every cp shard of every language dp replica holds its share of the sum.
-        lang = h.coords.get("language")
-        total = (loss_sum if lang is not None and lang.tp == 0 else torch.zeros_like(loss_sum)).reshape(1)
-        dist.all_reduce(total, group=h.groups.boundary)
+        total = (loss_sum if language.held and language.coord.tp == 0 else torch.zeros_like(loss_sum)).reshape(1)
+        dist.all_reduce(total, group=self.stages.boundary_group)
         return total.item() / n_labels
-
-    def _vision_rows(self, samples, m: int) -> torch.Tensor:
-        h = self.h
-        images = self.assignment(samples, m).images_of(h.coords["vision"].dp)
-        mine = [h.adapter.select_images(samples[p], ks) for p, ks in images]
-        with stage_context(h.mpus["vision"]):
-            inputs = {k: v.to(self.device) for k, v in h.adapter.vision_inputs(mine).items()}
-            return h.engines["vision"](**inputs)
-
-    def _language_loss_sum(self, samples, m: int, rows_in: torch.Tensor) -> torch.Tensor:
-        h = self.h
-        mine = [samples[p] for p in stage_samples(h.config, "language", h.coords["language"].dp, m)]
-        batch, n_image_tokens, sharded = self.language_batch(mine)
-        with stage_context(h.mpus["language"]):
-            logits = h.engines["language"](batch["input_ids"], rows_in, batch["attention_mask"],
-                                           batch["position_ids"], n_image_tokens=n_image_tokens)
-            return token_loss_sum(logits, batch["labels"], h.lm_head, shifted=sharded).double()

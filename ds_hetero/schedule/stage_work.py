@@ -1,146 +1,139 @@
-"""The pieces of stage work both schedules are made of, for one micro-batch.
+"""The pieces of stage work every schedule is made of, for one pass or micro-batch of a StepPlan.
 
-Scaling (shared by both schedules): DeepSpeed divides a backward's loss by
+Scaling (shared by every schedule): DeepSpeed divides a backward's loss by
 gradient_accumulation_steps and averages gradients over the stage's dp group. To end with the
 gradient of
     L = (sum of token losses of the global batch) / (global label tokens)
-the language loss handed to DeepSpeed is `local_sum / N * dp_language * gas`; the row
-gradients it produces therefore carry a factor dp_language, and the vision surrogate
-`sum(rows * grad)` is scaled by `dp_vision * gas_vision / dp_language` (gas_vision: the vision
-stage's own micro-batches, `stages.vision.micro_batches`; each engine's
-gradient_accumulation_steps is the number of backward calls it gets per step).
+the language loss handed to DeepSpeed is `local_sum / N * plan.language_scale()`; the row
+gradients it produces therefore carry a factor dp_language, and an encoder's surrogate
+`sum(rows * grad)` is scaled by `plan.encoder_scale(stage)` (its dp x passes / dp_language).
 
-The vision stage encodes, per vision micro-batch, the images `balance.encoder_assignment` gives
-its dp rank (by position or balanced by cost); the boundary inputs carry that source placement.
+Each engine's backward enters only through its own `backward()` (the language stage consumes
+detached leaves; an encoder stage back-propagates the surrogate), which DeepSpeed's ZeRO
+stage 0 requires.
 
-Each engine's backward enters only through its own `engine.backward()` (the language stage
-consumes a detached leaf; the vision stage back-propagates the surrogate), which DeepSpeed's
-ZeRO stage 0 requires.
+StageWork takes the narrow things it needs: the StageSet, one boundary communicator per
+encoder stage, the model's adapter (inputs of each stage) and the timeline.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Sequence
+import contextlib
+from typing import Any, Mapping, Sequence
 
 import torch
 
-from ..step.balance import EncoderAssignment, encoder_assignment
-from ..step.shares import stage_samples
-from ..boundary import BoundaryInputs
 from ..boundary.inputs import num_shards
-from ..context_parallel import image_positions, is_sharded, padded_lengths, shard_input_ids, shard_language_batch
+from ..context_parallel import is_sharded, shard_input_ids, shard_language_batch
 from ..loss import token_loss_sum
-from ..topology.mpu import stage_context
+from ..stages.stage_set import Stage, StageSet
+from ..step.plan import StepPlan
+from ..tensor_parallel import VocabParallelLMHead
+from ..timeline import Timeline
 
 
 class StageWork:
-    def __init__(self, hetero):
-        self.h = hetero  # the HeteroEngine: config, adapter, engines, mpus, boundary, coords, timeline
-        cfg = hetero.config
-        self.gas = cfg.micro_batches
-        self.v_gas = cfg.micro_batches_of("vision")  # divides gas: each vision pass feeds gas / v_gas
-        self.v_dp, self.l_dp = cfg.stages["vision"].dp, cfg.stages["language"].dp
+    def __init__(self, stages: StageSet, boundaries: Mapping[str, Any], adapter, timeline: Timeline):
+        self.stages, self.boundaries, self.adapter, self.timeline = stages, boundaries, adapter, timeline
+        self.ports = adapter.encoders()
+        head = stages.language.module.lm_head
+        self.lm_head = head if isinstance(head, VocabParallelLMHead) else None
+        self.bytes = {"sent": 0, "total": 0, "lower_bound": 0}
 
-    @property
-    def device(self) -> torch.device:
-        return self.h.device
+    def _span(self, name: str, category: str, step: int | None):
+        """A timeline span of a training step; evaluation (step None) records none."""
+        return contextlib.nullcontext() if step is None else self.timeline.span(name, category, step)
 
-    def assignment(self, samples: Sequence[dict[str, Any]], v: int) -> EncoderAssignment:
-        """Which vision dp rank encodes which image of vision micro-batch v (pure, every rank)."""
-        return encoder_assignment(self.h.config, self.h.adapter, samples, "vision", v, self.v_gas)
+    def empty_rows(self) -> torch.Tensor:
+        """`[0, H]` in the boundary dtype: what a rank passes for a side of an exchange it is not on."""
+        return torch.zeros(0, self.adapter.hidden_size, dtype=self.stages.dtype, device=self.stages.device)
 
-    def boundary_inputs(self, samples: Sequence[dict[str, Any]], v: int) -> BoundaryInputs:
-        """The boundary of vision micro-batch v: its samples, sent to the language micro-batches they
-        belong to (one exchange covers gas / v_gas of them; a destination's rows come in sample order;
-        with a sharded language sequence, v_gas == gas: config.py refuses anything else)."""
-        cfg, adapter = self.h.config, self.h.adapter
-        a = self.assignment(samples, v)
-        positions = a.samples
-        l_mb, l_size = cfg.global_batch_size // self.gas, cfg.micro_batch_size("language")
-        v_size = cfg.global_batch_size // (self.v_gas * self.v_dp)
-        inputs = BoundaryInputs(
-            token_counts=a.token_counts,
-            src_dp=a.src_dp([i // v_size for i in range(len(positions))]),
-            dst_dp=[(p % l_mb) // l_size for p in positions],
-        )
-        if is_sharded(cfg.language):  # each language rank takes the rows of its sequence shard only
-            mb = [samples[p] for p in positions]
-            inputs = dataclasses.replace(inputs, positions=image_positions(mb, adapter.image_token_id),
-                                         seq_len=padded_lengths(mb, inputs.dst_dp, cfg.language))
-        return inputs
+    # ------------------------------------------------------------------ boundary
+    def send_rows(self, name: str, rows: torch.Tensor, plan: StepPlan, v: int, step: int,
+                  differentiable: bool = False) -> torch.Tensor:
+        """Encoder pass v's rows of stage `name` into the language layout (this rank's share)."""
+        boundary = self.boundaries[name]
+        inputs = plan.encoder_pass(name, v).boundary
+        with self._span(f"boundary.rows[{name},m={v}]", "boundary", step):
+            out = boundary.exchange(rows, inputs) if differentiable else boundary.exchange_rows(rows, inputs)
+        fwd = boundary.last_forward
+        self.bytes["sent"] += fwd.bytes_sent
+        self.bytes["total"] += fwd.total_bytes_sent
+        self.bytes["lower_bound"] += fwd.lower_bound_bytes
+        return out
 
-    def language_micro_batches(self, v: int) -> range:
-        """The language micro-batches vision micro-batch v feeds."""
-        per = self.gas // self.v_gas
-        return range(v * per, (v + 1) * per)
+    def send_grads(self, name: str, grad: torch.Tensor, plan: StepPlan, v: int, step: int) -> torch.Tensor:
+        """The row gradients of encoder pass v back to the ranks that encoded them."""
+        boundary = self.boundaries[name]
+        with self._span(f"boundary.grads[{name},m={v}]", "boundary", step):
+            out = boundary.exchange_grads(grad, plan.encoder_pass(name, v).boundary)
+        self.count_backward(name)
+        return out
 
-    def language_rows(self, samples: Sequence[dict[str, Any]], m: int) -> int:
-        """Boundary rows this rank's language share of micro-batch m consumes."""
-        h = self.h
-        return sum(h.adapter.image_token_count(samples[p])
-                   for p in stage_samples(h.config, "language", h.coords["language"].dp, m))
+    def count_backward(self, name: str) -> None:
+        self.bytes["sent"] += self.boundaries[name].last_backward.bytes_sent
 
-    def empty_rows(self, requires_grad: bool = False) -> torch.Tensor:
-        """`[0, H]` in the boundary dtype: what a rank passes for a side of the exchange it is not on."""
-        return torch.zeros(0, self.h.adapter.hidden_size, dtype=self.h.boundary_dtype, device=self.device,
-                           requires_grad=requires_grad)
+    # ------------------------------------------------------------------ encoders
+    def encoder_forward(self, stage: Stage, samples: Sequence[dict[str, Any]], plan: StepPlan, v: int,
+                        step: int | None = None) -> torch.Tensor:
+        """The rows of the items this rank's dp rank of `stage` encodes in pass v (source order)."""
+        port = self.ports[stage.name]
+        mine = [port.select(samples[p], ks) for p, ks in plan.encoder_items(stage.name, v, stage.coord.dp)]
+        with self._span(f"{stage.name}.forward[m={v}]", "forward", step):
+            inputs = {k: t.to(self.stages.device) for k, t in port.inputs(mine).items()}
+            return stage(**inputs)
 
-    def vision_forward(self, samples, m: int, step: int) -> torch.Tensor:
-        h = self.h
-        images = self.assignment(samples, m).images_of(h.coords["vision"].dp)
-        mine = [h.adapter.select_images(samples[p], ks) for p, ks in images]
-        with h.timeline.span(f"vision.forward[m={m}]", "forward", step), stage_context(h.mpus["vision"]):
-            inputs = {k: v.to(self.device) for k, v in h.adapter.vision_inputs(mine).items()}
-            rows = h.engines["vision"](**inputs)
-        return rows
+    def encoder_backward(self, stage: Stage, rows: torch.Tensor, grad: torch.Tensor, plan: StepPlan, v: int,
+                         step: int) -> None:
+        with self._span(f"{stage.name}.backward[m={v}]", "backward", step):
+            stage.backward((rows * grad.to(rows.dtype)).sum() * plan.encoder_scale(stage.name))
 
-    def language_batch(self, mine: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], int, bool]:
-        """The language stage's inputs on the device: (batch, image placeholders in it, sharded).
+    # ------------------------------------------------------------------ language
+    def language_batch(self, mine: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], tuple[int, ...], bool]:
+        """The language stage's inputs on the device: (batch, placeholders of each encoder, sharded).
 
         With sequence shards (cp, or sp) the batch is this rank's shard and its labels are
         already shifted (context_parallel.sequence).
         """
-        h = self.h
-        layout = h.config.language
+        layout = self.stages.language.layout
         sharded = is_sharded(layout)
-        host = h.adapter.language_inputs(mine, multiple=num_shards(layout))
+        host = self.adapter.language_inputs(mine, multiple=num_shards(layout))
         # counted on the host, so the stage's placeholder check needs no device read
-        ids = shard_input_ids(host["input_ids"], layout, h.rank) if sharded else host["input_ids"]
-        n_image_tokens = int((ids == h.adapter.image_token_id).sum())
-        batch = {k: (v.to(self.device) if v is not None else None) for k, v in host.items()}
+        ids = shard_input_ids(host["input_ids"], layout, self.stages.rank) if sharded else host["input_ids"]
+        counts = tuple(int((ids == port.token_id).sum()) for port in self.ports.values())
+        batch = {k: (t.to(self.stages.device) if t is not None else None) for k, t in host.items()}
         if sharded:  # this rank's sequence shard (the [b, 1, S, S] mask is built on the device)
-            batch = shard_language_batch(batch, layout, h.rank)
-        return batch, n_image_tokens, sharded
+            batch = shard_language_batch(batch, layout, self.stages.rank)
+        return batch, counts, sharded
 
-    def language_step(self, samples, m: int, rows_in: torch.Tensor, n_labels: int, step: int):
-        """Forward and backward of the language stage.
+    def language_loss_sum(self, samples: Sequence[dict[str, Any]], plan: StepPlan, m: int,
+                          rows_in: Sequence[torch.Tensor], step: int | None = None) -> torch.Tensor:
+        """This rank's sum of token losses of micro-batch m (fp32, on the device)."""
+        language = self.stages.language
+        mine = [samples[p] for p in plan.language_samples(language.coord.dp, m)]
+        batch, counts, sharded = self.language_batch(mine)
+        with self._span(f"language.forward[m={m}]", "forward", step):
+            logits = language(batch["input_ids"], tuple(rows_in), batch["attention_mask"], batch["position_ids"],
+                              n_placeholders=counts)
+            return token_loss_sum(logits, batch["labels"], self.lm_head, shifted=sharded)
 
-        Returns (local loss sum, a float64 tensor on the device: the schedule accumulates it and
-        the engine reads it once per step, not once per micro-batch; gradient of rows_in).
+    def language_step(self, samples: Sequence[dict[str, Any]], plan: StepPlan, m: int,
+                      rows_in: Sequence[torch.Tensor], n_labels: int, step: int
+                      ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Forward and backward of the language stage on micro-batch m.
+
+        `rows_in`: one leaf per encoder (requires_grad). Returns (the local loss sum as a float64
+        tensor on the device: the schedule accumulates it and the engine reads it once per step,
+        not once per micro-batch; the gradient of each encoder's rows).
         """
-        h = self.h
-        mine = [samples[p] for p in stage_samples(h.config, "language", h.coords["language"].dp, m)]
-        batch, n_image_tokens, sharded = self.language_batch(mine)
-        engine = h.engines["language"]
-        with stage_context(h.mpus["language"]):
-            with h.timeline.span(f"language.forward[m={m}]", "forward", step):
-                logits = engine(batch["input_ids"], rows_in, batch["attention_mask"], batch["position_ids"],
-                                n_image_tokens=n_image_tokens)
-                local = token_loss_sum(logits, batch["labels"], h.lm_head, shifted=sharded)
-            with h.timeline.span(f"language.backward[m={m}]", "backward", step):
-                engine.backward(local / n_labels * (self.l_dp * self.gas))
-        grad = rows_in.grad if rows_in.grad is not None else torch.zeros_like(rows_in)
-        return local.detach().double(), grad
+        local = self.language_loss_sum(samples, plan, m, rows_in, step)
+        with self._span(f"language.backward[m={m}]", "backward", step):
+            self.stages.language.backward(local / n_labels * plan.language_scale())
+        grads = [r.grad if r.grad is not None else torch.zeros_like(r) for r in rows_in]
+        return local.detach().double(), grads
 
-    def vision_backward(self, rows: torch.Tensor, grad: torch.Tensor, m: int, step: int) -> None:
-        h = self.h
-        with h.timeline.span(f"vision.backward[m={m}]", "backward", step), stage_context(h.mpus["vision"]):
-            h.engines["vision"].backward((rows * grad.to(rows.dtype)).sum() * (self.v_dp * self.v_gas / self.l_dp))
-
-    def micro_step(self, stage: str, m: int) -> None:
+    def micro_step(self, stage: Stage, index: int) -> None:
         """DeepSpeed counts micro-steps in `step()` and updates only at the last one; the last
-        micro-batch's step is the engine's clipped step, taken after the global norm is known."""
-        if m < (self.v_gas if stage == "vision" else self.gas) - 1:
-            with stage_context(self.h.mpus[stage]):
-                self.h.engines[stage].step()
+        pass's step is the engine's clipped step, taken after the global norm is known."""
+        if index < stage.passes - 1:
+            stage.micro_step()

@@ -143,20 +143,29 @@ def assign_images(images: Sequence[Image], position_rank: Sequence[int], dp: int
     return balanced
 
 
+def assign_pass(samples: Sequence[dict[str, Any]], positions: range, dp: int, balance: str, port
+                ) -> EncoderAssignment:
+    """The assignment of one encoder pass over the samples at `positions`, to `dp` ranks.
+
+    `port` is the encoder's EncoderPort (models/adapter.py): `rows(sample)` gives the boundary
+    rows of each of the sample's items (images, audio clips), `cost(rows)` the encoder's work.
+    """
+    per_rank = len(positions) // dp
+    images, position_rank, counts = [], [], []
+    for offset, p in enumerate(positions):
+        rows = port.rows(samples[p])
+        counts.append(sum(rows))
+        for k, n in enumerate(rows):
+            images.append(Image(p, k, n, port.cost(n)))
+            position_rank.append(offset // per_rank)
+    rank = assign_images(images, position_rank, dp, balance)
+    return EncoderAssignment(positions, tuple(images), rank, tuple(counts), dp)
+
+
 def encoder_assignment(cfg, adapter, samples: Sequence[dict[str, Any]], stage: str, micro_batch: int,
                        micro_batches: int | None = None) -> EncoderAssignment:
     """The assignment of encoder micro-batch `micro_batch` of `stage`, the batch cut into
     `micro_batches` (default: the stage's own) consecutive micro-batches; the config's balance."""
     size = cfg.global_batch_size // (micro_batches or cfg.micro_batches_of(stage))
     positions = range(micro_batch * size, (micro_batch + 1) * size)
-    dp = cfg.stages[stage].dp
-    per_rank = size // dp
-    images, position_rank, counts = [], [], []
-    for offset, p in enumerate(positions):
-        rows = adapter.image_rows(samples[p])
-        counts.append(sum(rows))
-        for k, n in enumerate(rows):
-            images.append(Image(p, k, n, adapter.image_cost(n)))
-            position_rank.append(offset // per_rank)
-    rank = assign_images(images, position_rank, dp, cfg.balance)
-    return EncoderAssignment(positions, tuple(images), rank, tuple(counts), dp)
+    return assign_pass(samples, positions, cfg.stages[stage].dp, cfg.balance, adapter.encoders()[stage])

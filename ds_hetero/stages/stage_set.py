@@ -1,0 +1,125 @@
+"""StageSet: what this rank holds of every stage, built once by `initialize` and passed explicitly.
+
+A `Stage` is this rank's view of one stage of the model: its layout and process groups always
+(every rank builds every group, groups.py), and, where the rank runs the stage, its coordinate,
+its StageMPU, its DeepSpeed engine and its module. Its methods enter the stage's context
+themselves (topology/mpu.py `stage_context`: DeepSpeed's process-global mpu must point at the
+stage whose engine is called), so no caller has to remember it.
+
+Schedules, evaluation, checkpoints and the integrations take a StageSet (or one Stage, or one
+group), never the engine. Stages are generic: any number of encoder stages feeding the one
+`language` stage, each with its own layout; nothing here names an encoder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import torch
+from torch import nn
+
+from ..config import LANGUAGE, HeteroConfig
+from ..topology.groups import HeteroGroups, StageGroups
+from ..topology.layout import Coord, StageLayout
+from ..topology.mpu import StageMPU, stage_context
+
+
+@dataclass
+class Stage:
+    """One stage as this rank sees it.
+
+    module    the stage module cut from the model (on the meta device where this rank does not hold it)
+    engine    the stage's DeepSpeedEngine on this rank, None where it does not hold the stage
+    passes    forward/backward passes per optimizer step (its gradient_accumulation_steps)
+    """
+
+    name: str
+    layout: StageLayout
+    groups: StageGroups
+    module: nn.Module
+    passes: int
+    mpu: StageMPU | None = None
+    engine: Any = None
+
+    @property
+    def held(self) -> bool:
+        return self.engine is not None
+
+    @property
+    def coord(self) -> Coord:
+        return self.groups.coord
+
+    @property
+    def first_rank(self) -> int:
+        """The stage's rank 0 (it writes the stage's files and contributes its gradient norm once)."""
+        return self.layout.ranks[0]
+
+    @contextlib.contextmanager
+    def context(self) -> Iterator[None]:
+        with stage_context(self.mpu):
+            yield
+
+    def __call__(self, *args, **kwargs):
+        with stage_context(self.mpu):
+            return self.engine(*args, **kwargs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        with stage_context(self.mpu):
+            self.engine.backward(loss)
+
+    def micro_step(self) -> None:
+        """DeepSpeed's `step()` between micro-batches: it counts the micro-step and updates nothing.
+        The last micro-batch's step is the clipped one (stages/clipping.py)."""
+        with stage_context(self.mpu):
+            self.engine.step()
+
+    @property
+    def optimizer_name(self) -> str:
+        optimizer = self.engine.optimizer
+        return type(getattr(optimizer, "optimizer", optimizer)).__name__
+
+
+@dataclass
+class StageSet:
+    """Every stage of the config, in its order, as this rank sees it; the boundary group spans them."""
+
+    rank: int
+    config: HeteroConfig
+    groups: HeteroGroups
+    stages: Mapping[str, Stage]
+    device: torch.device
+    dtype: torch.dtype  # what the engines compute in: the boundary carries rows in it
+
+    def __getitem__(self, name: str) -> Stage:
+        return self.stages[name]
+
+    def __iter__(self) -> Iterator[Stage]:
+        return iter(self.stages.values())
+
+    def holds(self, name: str) -> bool:
+        return self.stages[name].held
+
+    @property
+    def held(self) -> list[Stage]:
+        """The stages this rank runs, in config order (the order every engine call follows)."""
+        return [s for s in self.stages.values() if s.held]
+
+    @property
+    def language(self) -> Stage:
+        return self.stages[LANGUAGE]
+
+    @property
+    def encoders(self) -> list[Stage]:
+        """Every stage that feeds the language stage through a boundary, in config order."""
+        return [s for name, s in self.stages.items() if name != LANGUAGE]
+
+    @property
+    def boundary_group(self):
+        """The group spanning every stage's ranks: the step's agreement, norms and losses use it."""
+        return self.groups.boundary
+
+    def modules(self) -> list[nn.Module]:
+        """The modules of the held stages (their DeepSpeed engines' modules)."""
+        return [s.engine.module for s in self.held]

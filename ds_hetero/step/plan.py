@@ -1,0 +1,133 @@
+"""StepPlan: everything one step's schedule needs to know, computed once, without communication.
+
+    plan = StepPlan(config, adapter.encoders(), samples)
+
+From the config and the batch alone (light samples will do: only `input_ids` are read) it
+fixes, identically on every rank:
+- the language micro-batches: which samples each language dp rank handles in each of them;
+- per encoder stage, its passes (`stages.<name>.micro_batches`, default one per language
+  micro-batch): the samples of each pass, which encoder dp rank encodes which item
+  (step/balance.py, by position or balanced by cost), and the language micro-batches the
+  pass's rows feed;
+- the boundary inputs of every exchange (boundary/inputs.py), with the sequence positions of
+  the placeholders when the language stage shards the sequence.
+
+The schedules only execute a plan (schedule/). Nothing here names an encoder: the encoder
+stages are whatever `EncoderPort`s the model's adapter declares (models/adapter.py).
+
+Samples are cut as in a single process: the batch into `micro_batches` consecutive language
+micro-batches; inside one, language dp rank d takes the d-th contiguous share. An encoder pass
+covers `micro_batches / passes` consecutive language micro-batches, and its dp rank e encodes
+the items `balance` gives it. Stages with different dp cut the same samples differently, which
+is what the boundary reconciles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ..boundary.inputs import BoundaryInputs
+from ..config import LANGUAGE, HeteroConfig
+from ..context_parallel.sequence import image_positions, is_sharded, padded_lengths
+from .balance import EncoderAssignment, assign_pass
+from .shares import dp_share
+
+
+@dataclass(frozen=True)
+class EncoderPass:
+    """One forward (and backward) of an encoder stage over a slice of the batch."""
+
+    stage: str
+    index: int
+    assignment: EncoderAssignment  # its samples, items, and the dp rank encoding each item
+    boundary: BoundaryInputs  # the exchange that takes its rows to the language stage
+    feeds: range  # the language micro-batches its rows go to, in order
+
+
+class StepPlan:
+    """The plan of one step (or one evaluation batch) over `samples`.
+
+    micro_batches   language micro-batches (default: the config's); evaluation passes more
+                    when it is given more samples, at the training micro-batch size
+    per_micro_batch one encoder pass per language micro-batch (evaluation: no backward to
+                    accumulate), whatever `stages.<name>.micro_batches` says
+    """
+
+    def __init__(self, config: HeteroConfig, ports: Mapping[str, Any], samples: Sequence[dict[str, Any]],
+                 micro_batches: int | None = None, per_micro_batch: bool = False):
+        self.config = config
+        self.micro_batches = micro_batches or config.micro_batches
+        self.micro_batch_size = len(samples) // self.micro_batches  # samples of one language micro-batch
+        if self.micro_batch_size * self.micro_batches != len(samples) or not self.micro_batch_size:
+            raise ValueError(f"{len(samples)} samples do not cut into {self.micro_batches} equal micro-batches")
+        language = config.stages[LANGUAGE]
+        self.language_share = self.micro_batch_size // language.dp  # samples per language dp rank
+        self.passes: dict[str, tuple[EncoderPass, ...]] = {}
+        for name, port in ports.items():
+            n = self.micro_batches if per_micro_batch else config.micro_batches_of(name)
+            self.passes[name] = tuple(self._encoder_pass(name, port, samples, v, n) for v in range(n))
+
+    # ------------------------------------------------------------------ language
+    def language_samples(self, dp: int, m: int) -> range:
+        """Batch positions language dp rank `dp` handles in micro-batch m."""
+        return dp_share(m, self.micro_batch_size, self.config.stages[LANGUAGE].dp, dp)
+
+    def language_positions(self, dp: int) -> set[int]:
+        return {p for m in range(self.micro_batches) for p in self.language_samples(dp, m)}
+
+    def language_scale(self) -> float:
+        """What the language loss sum is multiplied by before `backward` (after dividing by the
+        global label count): DeepSpeed divides by gradient_accumulation_steps and averages over
+        dp, so this makes the gradient that of the single-process loss."""
+        return self.config.stages[LANGUAGE].dp * self.micro_batches
+
+    # ------------------------------------------------------------------ encoders
+    def encoder_pass(self, stage: str, v: int) -> EncoderPass:
+        return self.passes[stage][v]
+
+    def pass_feeding(self, stage: str, m: int) -> EncoderPass:
+        """The pass of `stage` whose rows language micro-batch m takes."""
+        passes = self.passes[stage]
+        return passes[m // (self.micro_batches // len(passes))]
+
+    def encoder_items(self, stage: str, v: int, dp: int) -> list[tuple[int, list[int]]]:
+        """(sample position, its item indices) that dp rank `dp` of `stage` encodes in pass v."""
+        return self.passes[stage][v].assignment.images_of(dp)
+
+    def encoder_positions(self, stage: str, dp: int) -> set[int]:
+        """Positions of the samples whose items dp rank `dp` of `stage` encodes this step."""
+        return {p for v in range(len(self.passes[stage])) for p, _ in self.encoder_items(stage, v, dp)}
+
+    def encoder_scale(self, stage: str) -> float:
+        """The factor of the encoder's surrogate loss `sum(rows * row_grad)`: the row gradients
+        carry the language stage's dp factor (language_scale), the encoder engine divides by its
+        own passes and averages over its own dp."""
+        return self.config.stages[stage].dp * len(self.passes[stage]) / self.config.stages[LANGUAGE].dp
+
+    def _encoder_pass(self, name: str, port, samples, v: int, n: int) -> EncoderPass:
+        cfg = self.config
+        per = self.micro_batches // n
+        size = self.micro_batch_size * per
+        positions = dp_share(v, size, 1, 0)
+        dp = cfg.stages[name].dp
+        a = assign_pass(samples, positions, dp, cfg.balance, port)
+        per_rank = size // dp
+        inputs = BoundaryInputs(
+            token_counts=a.token_counts,
+            src_dp=a.src_dp([i // per_rank for i in range(size)]),
+            dst_dp=[(p % self.micro_batch_size) // self.language_share for p in positions],
+        )
+        language = cfg.stages[LANGUAGE]
+        if is_sharded(language):  # each language rank takes the rows of its sequence shard only
+            mine = [samples[p] for p in positions]
+            inputs = dataclasses.replace(inputs, positions=image_positions(mine, port.token_id),
+                                         seq_len=padded_lengths(mine, inputs.dst_dp, language))
+        return EncoderPass(name, v, a, inputs, range(v * per, (v + 1) * per))
+
+    def rows_of(self, stage: str, dp: int, m: int) -> int:
+        """Boundary rows of `stage` that language dp rank `dp` consumes in micro-batch m."""
+        counts = self.pass_feeding(stage, m).assignment
+        offset = counts.samples.start
+        return sum(counts.token_counts[p - offset] for p in self.language_samples(dp, m))
