@@ -37,9 +37,16 @@ class LanguageStage(nn.Module):
         n_image_tokens: int | None = None,
     ) -> torch.Tensor:
         """`n_image_tokens`: the placeholder count, when the caller counted it on the host (the
-        engine does); otherwise it is read from `input_ids` (a device sync on a GPU)."""
-        embeds = self.language_model.get_input_embeddings()(input_ids)
-        placeholder = input_ids == self.image_token_id
+        engine does); otherwise it is read from `input_ids` (a device sync on a GPU).
+
+        Under sequence parallelism `input_ids` are the tp group's whole (cp) chunk: the
+        vocabulary-parallel embedding looks them up and leaves this rank its sequence chunk, whose
+        ids (`local_ids`) say where the image rows go; `image_rows` are that chunk's rows.
+        """
+        embedding = self.language_model.get_input_embeddings()
+        embeds = embedding(input_ids)
+        local_ids = embedding.local_ids(input_ids) if hasattr(embedding, "local_ids") else input_ids
+        placeholder = local_ids == self.image_token_id
         n_placeholders = int(placeholder.sum()) if n_image_tokens is None else n_image_tokens
         if n_placeholders != image_rows.shape[0]:
             raise ValueError(
