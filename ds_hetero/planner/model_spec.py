@@ -107,9 +107,22 @@ class LanguageSpec:
         head = 0 if self.tied else self.vocab * self.hidden
         return self.vocab * self.hidden + self.layers * self.layer_params() + self.hidden + head
 
+    def vocab_params(self, tp: int = 1) -> int:
+        """The input embedding and the head (one matrix when tied) on one tp rank: both are split on the
+        vocabulary, ceil(vocab / tp) rows each (the last shard padded with zero rows)."""
+        rows = -(-self.vocab // tp)
+        return rows * self.hidden * (1 if self.tied else 2)
+
     def replicated_params(self) -> int:
-        """The input embedding (ds_hetero keeps it whole; only the head is vocabulary-parallel) and the norms."""
-        return self.vocab * self.hidden + (2 * self.layers + 1) * self.hidden
+        """Parameters every tp rank holds whole: the norms."""
+        return (2 * self.layers + 1) * self.hidden
+
+    def params_per_rank(self, tp: int) -> int:
+        """One tp rank's parameters: the layers' split weights / tp, the vocabulary shards, the norms."""
+        if tp == 1:
+            return self.params()
+        split = self.params() - self.vocab_params() - self.replicated_params()
+        return split // tp + self.vocab_params(tp) + self.replicated_params()
 
 
 @dataclass(frozen=True)
@@ -123,7 +136,9 @@ class ModelSpec:
 
     def params_per_rank(self, stage: str, tp: int) -> float:
         """Parameters one tp rank of the stage holds: the split ones / tp plus the replicated ones."""
-        s = self.vision if stage == "vision" else self.language
+        if stage == "language":
+            return self.language.params_per_rank(tp)
+        s = self.vision
         whole = s.replicated_params() if tp > 1 else 0
         return (s.params() - whole) / tp + whole
 
