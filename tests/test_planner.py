@@ -35,14 +35,20 @@ def test_parameter_counts_match_the_models():
 
     checked = 0
     for model, split in ((tiny_llava(), split_llava), (tiny_llava("siglip"), split_llava),
-                         (tiny_qwen2_vl(), split_qwen2_vl)):
+                         (tiny_qwen2_vl(), split_qwen2_vl), (tiny_llava(tie_word_embeddings=True), split_llava),
+                         (tiny_qwen2_vl(tie_word_embeddings=True), split_qwen2_vl)):
         s, stages = model_spec(model.config), split(model)
         v = stages["vision"]
         vparams = v.trainable_parameters() if hasattr(v, "trainable_parameters") else list(v.parameters())
         assert s.vision.params() == sum(p.numel() for p in vparams)
-        assert s.language.params() == sum(p.numel() for p in stages["language"].parameters())
+        assert s.language.params() == sum(p.numel() for p in stages["language"].parameters())  # a tie once
+        tied = model.lm_head.weight is model.get_input_embeddings().weight
+        assert s.language.tied == tied
+        # tp 2: the vocabulary matrices split on rows like the layers' weights (here all even)
+        lm = s.language
+        assert s.params_per_rank("language", 2) == (lm.params() - lm.replicated_params()) // 2 + lm.replicated_params()
         checked += 1
-    assert checked == 3
+    assert checked == 5
 
 
 def test_language_flops_hand_count(spec):

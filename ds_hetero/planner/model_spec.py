@@ -143,7 +143,9 @@ class ModelSpec:
         return (s.params() - whole) / tp + whole
 
 
-def _language(text: Any) -> LanguageSpec:
+def _language(text: Any, cfg: Any) -> LanguageSpec:
+    """`cfg`: the whole model's config; transformers 5 keeps `tie_word_embeddings` there (older
+    checkpoints in the text config)."""
     hidden = _get(text, "hidden_size")
     heads = _get(text, "num_attention_heads")
     model_type = _get(text, "model_type", "")
@@ -151,7 +153,7 @@ def _language(text: Any) -> LanguageSpec:
         hidden=hidden, ffn=_get(text, "intermediate_size"), heads=heads,
         kv_heads=_get(text, "num_key_value_heads") or heads,
         head_dim=_get(text, "head_dim") or hidden // heads, layers=_get(text, "num_hidden_layers"),
-        vocab=_get(text, "vocab_size"), tied=bool(_get(text, "tie_word_embeddings", False)),
+        vocab=_get(text, "vocab_size"), tied=bool(_get(cfg, "tie_word_embeddings", False) or _get(text, "tie_word_embeddings", False)),
         qkv_bias=str(model_type).startswith("qwen2"),
     )
 
@@ -177,7 +179,7 @@ def _llava(cfg: Any) -> ModelSpec:
         # CLIP: conv without bias, CLS, grid + 1 positions, pre-layernorm; SigLIP: conv with bias, grid positions
         embed_params=(_get(v, "num_channels", 3) * _get(v, "patch_size") ** 2 * vh
                       + ((vh + (grid + 1) * vh + 2 * vh) if has_cls else (vh + grid * vh))),
-    ), _language(text))
+    ), _language(text, cfg))
 
 
 def _qwen2_vl(cfg: Any) -> ModelSpec:
@@ -192,7 +194,7 @@ def _qwen2_vl(cfg: Any) -> ModelSpec:
         patch_in=patch_in, tokens_per_image=0, merge=m * m, cls_tokens=0,
         projector=((merged, merged), (merged, _get(v, "hidden_size"))),
         embed_params=patch_in * e,  # a Conv3d without bias; rotary positions have no parameters
-    ), _language(text))
+    ), _language(text, cfg))
 
 
 def model_spec(cfg: Any) -> ModelSpec:

@@ -40,7 +40,7 @@ from .regions import exit_region
 from .vocab import VocabParallelLMHead
 
 
-def _check_plain(embedding: nn.Module, stage: str) -> None:
+def check_plain_embedding(embedding: nn.Module, stage: str) -> None:
     """Only a plain lookup can be split by rows (no scaling, max_norm or sparse gradient)."""
     if type(embedding) is not nn.Embedding or embedding.max_norm is not None or embedding.sparse \
             or embedding.scale_grad_by_freq:
@@ -75,13 +75,18 @@ class VocabParallelEmbedding(nn.Module):
 
     @property
     def embedding_dim(self) -> int:
-        return self.weight.shape[1]
+        return self._shape[1]
+
+    @property
+    def _shape(self) -> tuple[int, ...]:
+        """This rank's shard shape, also while ZeRO 3 holds only a dp partition of it."""
+        return tuple(getattr(self.weight, "ds_shape", self.weight.shape))
 
     @classmethod
     def from_embedding(cls, embedding: nn.Embedding, group, pad_vocab: bool = False, sequence_parallel: bool = False,
                        seq_dim: int = 1, stage: str = "language") -> "VocabParallelEmbedding":
         """Shard an untied `nn.Embedding` (every rank holds the same full weight; no communication)."""
-        _check_plain(embedding, stage)
+        check_plain_embedding(embedding, stage)
         tp, vocab = dist.get_world_size(group), embedding.num_embeddings
         if vocab % tp and not pad_vocab:
             raise HeteroConfigError(
@@ -100,7 +105,7 @@ class VocabParallelEmbedding(nn.Module):
     def tie_to_head(cls, embedding: nn.Embedding, head: VocabParallelLMHead, sequence_parallel: bool = False,
                     seq_dim: int = 1, stage: str = "language") -> "VocabParallelEmbedding":
         """An embedding whose weight *is* `head.weight` (the tied model's one parameter, already sharded)."""
-        _check_plain(embedding, stage)
+        check_plain_embedding(embedding, stage)
         if embedding.num_embeddings != head.vocab_size or embedding.embedding_dim != head.in_features:
             raise HeteroConfigError(
                 f"hetero_parallel.stages.{stage}",
@@ -131,5 +136,5 @@ class VocabParallelEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"{self.vocab_size}, {self.embedding_dim}, rows [{self.vocab_start}, "
-                f"{self.vocab_start + self.weight.shape[0]}), tp={dist.get_world_size(self.group)}, "
+                f"{self.vocab_start + self._shape[0]}), tp={dist.get_world_size(self.group)}, "
                 f"sp={self.sequence_parallel}")

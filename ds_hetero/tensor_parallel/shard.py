@@ -21,7 +21,7 @@ from torch import nn
 
 from ..errors import HeteroConfigError
 from .plans import apply_plans, validate_tensor_parallel
-from .embedding import VocabParallelEmbedding, _check_plain, padded_vocab
+from .embedding import VocabParallelEmbedding, check_plain_embedding, padded_vocab
 from .sequence_parallel import apply_sequence_parallel
 from .vocab import VocabParallelCausalLMLoss, VocabParallelLMHead
 
@@ -60,7 +60,7 @@ def _check_head(model: nn.Module, tp: int, pad_vocab: bool, stage: str, advice: 
     head = model.get_output_embeddings()
     if head is None:
         raise HeteroConfigError(f"hetero_parallel.stages.{stage}", f"{type(model).__name__} has no output head to shard")
-    _check_plain(model.get_input_embeddings(), stage)
+    check_plain_embedding(model.get_input_embeddings(), stage)
     for what, vocab in (("output head", head.out_features),
                         ("input embedding", model.get_input_embeddings().num_embeddings)):
         if vocab % tp and not pad_vocab:
