@@ -63,8 +63,8 @@ def llava_tokens_per_image(model) -> int:
 QWEN_SPECIAL_IDS = dict(image_token_id=299, video_token_id=298, vision_start_token_id=297, vision_end_token_id=296)
 
 
-def tiny_qwen2_vl(seed: int = 0, text_hidden: int = 64, text_layers: int = 2, vision_embed: int = 32, vision_depth: int = 2,
-                  tie_word_embeddings: bool = False):
+def tiny_qwen2_vl(seed: int = 0, text_hidden: int = 64, text_layers: int = 2, vision_embed: int = 32,
+                  vision_depth: int = 2, tie_word_embeddings: bool = False):
     """A Qwen2-VL with a 300-token vocab; a 4x4-patch image (16 px side) gives 4 image tokens.
 
     `tie_word_embeddings`: the output head shares the input embedding's weight (as Qwen2-VL-2B)."""
@@ -81,5 +81,6 @@ def tiny_qwen2_vl(seed: int = 0, text_hidden: int = 64, text_layers: int = 2, vi
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return Qwen2VLForConditionalGeneration(Qwen2VLConfig(text_config=text, vision_config=vision,
-                                                              tie_word_embeddings=tie_word_embeddings, **QWEN_SPECIAL_IDS))
+        cfg = Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=tie_word_embeddings,
+                            **QWEN_SPECIAL_IDS)
+        return Qwen2VLForConditionalGeneration(cfg)

@@ -153,7 +153,8 @@ def _language(text: Any, cfg: Any) -> LanguageSpec:
         hidden=hidden, ffn=_get(text, "intermediate_size"), heads=heads,
         kv_heads=_get(text, "num_key_value_heads") or heads,
         head_dim=_get(text, "head_dim") or hidden // heads, layers=_get(text, "num_hidden_layers"),
-        vocab=_get(text, "vocab_size"), tied=bool(_get(cfg, "tie_word_embeddings", False) or _get(text, "tie_word_embeddings", False)),
+        vocab=_get(text, "vocab_size"),
+        tied=bool(_get(cfg, "tie_word_embeddings", False) or _get(text, "tie_word_embeddings", False)),
         qkv_bias=str(model_type).startswith("qwen2"),
     )
 

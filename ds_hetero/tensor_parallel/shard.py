@@ -65,8 +65,8 @@ def _check_head(model: nn.Module, tp: int, pad_vocab: bool, stage: str, advice: 
                         ("input embedding", model.get_input_embeddings().num_embeddings)):
         if vocab % tp and not pad_vocab:
             raise HeteroConfigError(
-                f"hetero_parallel.stages.{stage}.tp", f"tp={tp} does not divide the vocabulary ({vocab}) of the {what}; "
-                + advice.format(vocab=vocab, tp=tp, padded=padded_vocab(vocab, tp)))
+                f"hetero_parallel.stages.{stage}.tp",
+                f"tp={tp} does not divide the vocabulary ({vocab}) of the {what}; " + advice.format(vocab=vocab, tp=tp, padded=padded_vocab(vocab, tp)))
 
 
 def is_tied(model: nn.Module) -> bool:
@@ -76,7 +76,8 @@ def is_tied(model: nn.Module) -> bool:
 
 
 def shard_embeddings(model: nn.Module, group, sequence_parallel: bool = False, pad_vocab: bool = False,
-                     stage: str = "language", split_input: bool = True) -> tuple[VocabParallelLMHead, VocabParallelEmbedding]:
+                     stage: str = "language", split_input: bool = True
+                     ) -> tuple[VocabParallelLMHead, VocabParallelEmbedding]:
     """Replace the head and the input embedding by their vocabulary shards; a tie stays a tie.
 
     With sequence parallelism the head gathers the decoder's sequence chunks (all-gather). The
@@ -89,7 +90,10 @@ def shard_embeddings(model: nn.Module, group, sequence_parallel: bool = False, p
     embedding = decoder.get_input_embeddings()
     head = VocabParallelLMHead.from_linear(model.get_output_embeddings(), group, pad_vocab=pad_vocab,
                                            sequence_parallel=sequence_parallel, seq_dim=1, stage=stage)
-    if tied:  # one parameter, two uses: autograd sums both gradients into it
+    # Tied: one parameter, two uses, so autograd sums both gradients into it. (With the embedding
+    # and the head on different pipeline chunks this would become two equal copies whose gradients
+    # are summed over an embedding group: docs/embeddings.md; no pipelined language stage yet.)
+    if tied:
         new_embedding = VocabParallelEmbedding.tie_to_head(embedding, head, embedding_sp, 1, stage)
     else:
         new_embedding = VocabParallelEmbedding.from_embedding(embedding, group, pad_vocab, embedding_sp, 1, stage)
