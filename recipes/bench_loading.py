@@ -17,7 +17,8 @@ model is built, after a warm-up of both ways on a tiny model so lazy imports are
 over the RSS at that moment, i.e. what building the model and the engines cost; the model
 bytes the rank holds after initialize; and, for meta+weights, the bytes read from the
 checkpoint per stage (a disaggregated rank reads nothing of the other stage; a tp2 rank reads
-half of every sharded tensor, and the whole replicated embedding).
+half of every sharded tensor, the vocabulary-parallel embedding and head included, and the
+replicated norms whole).
 
 ZeRO stage 0 by default (--zero 1 for ZeRO 1): on CPU, ZeRO 1/2 flatten the held parameters
 into one buffer and keep an fp32 copy of the rank's partition, i.e. up to 3x the held bytes in

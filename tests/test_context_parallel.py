@@ -4,7 +4,7 @@ attention over shards against full-sequence attention (values, gradients, adjoin
 import pytest
 import torch
 
-from ds_hetero.context_parallel import full_attention_mask, padded_lengths, shard_language_batch
+from ds_hetero.context_parallel import full_attention_mask, padded_lengths, shard_input_ids, shard_language_batch
 from ds_hetero.errors import HeteroConfigError
 from ds_hetero.topology.layout import StageLayout
 from ds_hetero.loss import shifted_labels
@@ -26,11 +26,15 @@ def test_shards_cover_the_full_sequence_with_global_positions_and_labels(tp, cp,
     mask[1, 12:] = 0
     batch = {"input_ids": ids, "labels": labels, "attention_mask": mask, "position_ids": None}
     shards = [shard_language_batch(batch, layout, r) for r in range(tp * cp)]
-    # input ids: the rank's chunk c * tp + t under sp, its cp chunk otherwise, in rank order
+    # input ids: every rank its cp chunk (under sp the vocab-parallel embedding scatters the rows
+    # onto the tp sub-chunks); shard_input_ids gives the sub-chunk c * tp + t, in rank order
     order = sorted(range(tp * cp), key=lambda r: (layout.coord(r).cp, layout.coord(r).tp))
-    if sp:
-        assert torch.equal(torch.cat([shards[r]["input_ids"] for r in order], -1), ids)
     cp_heads = [r for r in order if layout.coord(r).tp == 0]
+    assert torch.equal(torch.cat([shards[r]["input_ids"] for r in cp_heads], -1), ids)
+    for r in order:
+        assert torch.equal(shards[r]["input_ids"], shards[cp_heads[layout.coord(r).cp]]["input_ids"])
+    if sp:
+        assert torch.equal(torch.cat([shard_input_ids(ids, layout, r) for r in order], -1), ids)
     # labels: shifted on the full sequence, then cut by cp chunk (the last token of a chunk predicts the next chunk's first)
     assert torch.equal(torch.cat([shards[r]["labels"] for r in cp_heads], -1), shifted_labels(labels))
     assert torch.equal(torch.cat([shards[r]["position_ids"] for r in cp_heads], -1), torch.arange(s).expand(b, s))

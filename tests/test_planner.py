@@ -35,14 +35,20 @@ def test_parameter_counts_match_the_models():
 
     checked = 0
     for model, split in ((tiny_llava(), split_llava), (tiny_llava("siglip"), split_llava),
-                         (tiny_qwen2_vl(), split_qwen2_vl)):
+                         (tiny_qwen2_vl(), split_qwen2_vl), (tiny_llava(tie_word_embeddings=True), split_llava),
+                         (tiny_qwen2_vl(tie_word_embeddings=True), split_qwen2_vl)):
         s, stages = model_spec(model.config), split(model)
         v = stages["vision"]
         vparams = v.trainable_parameters() if hasattr(v, "trainable_parameters") else list(v.parameters())
         assert s.vision.params() == sum(p.numel() for p in vparams)
-        assert s.language.params() == sum(p.numel() for p in stages["language"].parameters())
+        assert s.language.params() == sum(p.numel() for p in stages["language"].parameters())  # a tie once
+        tied = model.lm_head.weight is model.get_input_embeddings().weight
+        assert s.language.tied == tied
+        # tp 2: the vocabulary matrices split on rows like the layers' weights (here all even)
+        lm = s.language
+        assert s.params_per_rank("language", 2) == (lm.params() - lm.replicated_params()) // 2 + lm.replicated_params()
         checked += 1
-    assert checked == 3
+    assert checked == 5
 
 
 def test_language_flops_hand_count(spec):
@@ -80,7 +86,7 @@ def test_collective_bytes_hand_count(spec):
     colls = language_collectives(spec, wl, samples=1, layout=StageChoice(tp=2, dp=2))
     tp = [c for c in colls if c.axis == "tp"]
     act = 32 * 64 * 4
-    assert [(c.kind, c.nbytes, c.count) for c in tp] == [("all_reduce", act, 4 * 2 + 1), ("all_reduce", 32 * 4, 3)]
+    assert [(c.kind, c.nbytes, c.count) for c in tp] == [("all_reduce", act, 4 * 2 + 2), ("all_reduce", 32 * 4, 3)]
     dp = [c for c in colls if c.axis == "dp"]
     held = spec.params_per_rank("language", 2)
     assert [(c.kind, c.nbytes, c.per) for c in dp] == [("reduce_scatter", held * 4, "step"),
@@ -88,7 +94,7 @@ def test_collective_bytes_hand_count(spec):
     # sequence parallelism: each all-reduce becomes an all-gather and a reduce-scatter of the same tensor
     sp = [c for c in language_collectives(spec, wl, 1, StageChoice(tp=2, dp=2, sequence_parallel=True))
           if c.axis == "tp" and c.nbytes == act]
-    assert sorted(c.kind for c in sp) == ["all_gather", "reduce_scatter"] and all(c.count == 9 for c in sp)
+    assert sorted(c.kind for c in sp) == ["all_gather", "reduce_scatter"] and all(c.count == 10 for c in sp)
     # Ulysses cp 2: q, k, v, out all-to-alls forward and backward per layer, over 16 local tokens
     cp = [c for c in language_collectives(spec, wl, 1, StageChoice(tp=1, cp=2, dp=1)) if c.axis == "cp"]
     assert [c.nbytes for c in cp] == [16 * 64 * 4, 16 * 32 * 4, 16 * 32 * 4, 16 * 64 * 4]

@@ -11,12 +11,14 @@ first and then sliced, so every shard sees exactly what the single process sees 
     positions    the full sequence's position ids (Qwen2-VL: M-RoPE from the full sequence), sliced
     mask         the full sequence's causal + padding mask [b, 1, S, S] (attention.py uses it
                  after the all-to-all has gathered the sequence)
-    input ids    sliced: embeddings are computed for the chunk only, and the boundary delivers the
-                 image rows of the chunk only
+    input ids    sliced to the cp chunk: embeddings are computed for the chunk only, and the
+                 boundary delivers the image rows of the rank's shard only
 
 With sequence parallelism the decoder's tp region gathers the tp chunks of one cp chunk, so
 `position_ids` and the labels are sliced to the cp chunk (what attention and the vocab-parallel
-head see) while `input_ids` are sliced to this rank's tp sub-chunk.
+head see), and so are `input_ids`: the vocabulary-parallel embedding looks up the cp chunk's ids
+on every tp rank and reduce-scatters the rows onto the tp sub-chunks (`shard_input_ids` gives a
+rank's sub-chunk, where its image rows go).
 """
 
 from __future__ import annotations
@@ -68,17 +70,19 @@ def shard_language_batch(batch: dict[str, Any], layout: StageLayout, rank: int) 
 
     `batch`: `input_ids`, `attention_mask`, `labels` [b, S] with S a multiple of the shard count,
     and `position_ids` ([b, S], [k, b, S] for M-RoPE, or None for 0..S-1). Returns `input_ids`
-    (the rank's chunk), `labels` (already shifted, the cp chunk), `position_ids` (global values,
-    the cp chunk), `attention_mask` (the full sequence's 4-D mask).
+    (the cp chunk: what the tp group's vocab-parallel embedding takes), `labels` (already
+    shifted, the cp chunk), `position_ids` (global values, the cp chunk), `attention_mask` (the
+    full sequence's 4-D mask).
     """
     ids = batch["input_ids"]
     length = ids.shape[-1]
+    shard_bounds(layout, rank, length)  # raises if the length is not a multiple of the shard count
     c0, c1 = _cp_bounds(layout, rank, length)
     positions = batch.get("position_ids")
     if positions is None:  # what the decoder would count for the full, right-padded sequence
         positions = torch.arange(length, device=ids.device).expand(ids.shape[0], length)
     return {
-        "input_ids": shard_input_ids(ids, layout, rank),
+        "input_ids": ids[..., c0:c1],
         "labels": shifted_labels(batch["labels"])[..., c0:c1],
         "position_ids": positions[..., c0:c1],
         "attention_mask": full_attention_mask(batch["attention_mask"]),

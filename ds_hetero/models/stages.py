@@ -44,11 +44,18 @@ class LanguageStage(nn.Module):
     ) -> torch.Tensor:
         """`rows`: one `[T_e, H]` tensor per encoder (a single tensor for a single encoder).
         `n_placeholders`: each encoder's placeholder count, when the caller counted it on the
-        host (the engine does); otherwise it is read from `input_ids` (a device sync on a GPU)."""
+        host (the engine does); otherwise it is read from `input_ids` (a device sync on a GPU).
+
+        Under sequence parallelism `input_ids` are the tp group's whole (cp) chunk: the
+        vocabulary-parallel embedding looks them up and leaves this rank its sequence chunk, whose
+        ids (`local_ids`) say where the rows go; `rows` are that chunk's rows.
+        """
         rows = (rows,) if isinstance(rows, torch.Tensor) else tuple(rows)
-        embeds = self.language_model.get_input_embeddings()(input_ids)
+        embedding = self.language_model.get_input_embeddings()
+        embeds = embedding(input_ids)
+        local_ids = embedding.local_ids(input_ids) if hasattr(embedding, "local_ids") else input_ids
         for e, (token_id, these) in enumerate(zip(self.token_ids, rows, strict=True)):
-            placeholder = input_ids == token_id
+            placeholder = local_ids == token_id
             n = int(placeholder.sum()) if n_placeholders is None else n_placeholders[e]
             if n != these.shape[0]:
                 raise ValueError(

@@ -24,8 +24,11 @@ def tiny_llava(
     vision_heads: int = 4,
     image_size: int = 32,
     patch_size: int = 8,
+    tie_word_embeddings: bool = False,
 ):
-    """A LLaVA with a CLIP or SigLIP tower; (image_size / patch_size)^2 tokens per image."""
+    """A LLaVA with a CLIP or SigLIP tower; (image_size / patch_size)^2 tokens per image.
+
+    `tie_word_embeddings`: the output head shares the input embedding's weight."""
     from transformers import (CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration,
                               SiglipVisionConfig)
 
@@ -45,7 +48,7 @@ def tiny_llava(
         raise ValueError(f"vision must be 'clip' or 'siglip', got {vision!r}")
     cfg = LlavaConfig(
         vision_config=vision_cfg, text_config=text, image_token_id=vocab - 1,
-        vision_feature_select_strategy=strategy,
+        vision_feature_select_strategy=strategy, tie_word_embeddings=tie_word_embeddings,
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -60,8 +63,11 @@ def llava_tokens_per_image(model) -> int:
 QWEN_SPECIAL_IDS = dict(image_token_id=299, video_token_id=298, vision_start_token_id=297, vision_end_token_id=296)
 
 
-def tiny_qwen2_vl(seed: int = 0, text_hidden: int = 64, text_layers: int = 2, vision_embed: int = 32, vision_depth: int = 2):
-    """A Qwen2-VL with a 300-token vocab; a 4x4-patch image (16 px side) gives 4 image tokens."""
+def tiny_qwen2_vl(seed: int = 0, text_hidden: int = 64, text_layers: int = 2, vision_embed: int = 32,
+                  vision_depth: int = 2, tie_word_embeddings: bool = False):
+    """A Qwen2-VL with a 300-token vocab; a 4x4-patch image (16 px side) gives 4 image tokens.
+
+    `tie_word_embeddings`: the output head shares the input embedding's weight (as Qwen2-VL-2B)."""
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     text = dict(
@@ -75,4 +81,6 @@ def tiny_qwen2_vl(seed: int = 0, text_hidden: int = 64, text_layers: int = 2, vi
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return Qwen2VLForConditionalGeneration(Qwen2VLConfig(text_config=text, vision_config=vision, **QWEN_SPECIAL_IDS))
+        cfg = Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=tie_word_embeddings,
+                            **QWEN_SPECIAL_IDS)
+        return Qwen2VLForConditionalGeneration(cfg)

@@ -6,7 +6,8 @@ full tensor, all_gather gives the full tensor, all_to_all moves one rank's buffe
 Tensor parallelism (ds_hetero's column/row regions, Megatron's split): per attention and per
 MLP block one all-reduce of the block's [tokens, hidden] output in the forward and one of its
 input gradient in the backward; the LLaVA projector / Qwen2-VL merger is one more region; the
-vocabulary-parallel head adds the backward all-reduce of its input gradient and three tiny
+vocabulary-parallel input embedding adds the forward all-reduce of its partial lookups, the
+vocabulary-parallel head the backward all-reduce of its input gradient, and three tiny
 all-reduces of [tokens] for the cross entropy (max, sum of exp, target logit). With sequence
 parallelism each all-reduce becomes an all-gather plus a reduce-scatter of the same full
 tensor (the same bytes on a ring; the activations between blocks are 1/tp).
@@ -64,7 +65,9 @@ def language_collectives(spec: ModelSpec, wl: Workload, samples: int, layout: St
     lm, tp, cp = spec.language, layout.tp, layout.cp
     tokens = samples * wl.seq_len // cp
     act = tokens * lm.hidden * wl.dtype_bytes
-    out = _tp_regions(layout.sequence_parallel, act, tp, 4 * lm.layers + 1)  # blocks fwd + bwd, head bwd
+    # blocks fwd + bwd; the embedding's forward and the head's backward (under sp: the embedding's
+    # reduce-scatter with its backward all-gather, the head's all-gather with its reduce-scatter)
+    out = _tp_regions(layout.sequence_parallel, act, tp, 4 * lm.layers + 2)
     if tp > 1:
         out.append(Collective("tp", "all_reduce", tokens * 4, tp, tp, 3, "micro_batch"))  # cross entropy
     if cp > 1:

@@ -1,7 +1,8 @@
 """Peak memory of one rank: parameters, gradients, optimizer state per ZeRO stage, activations.
 
 Model states per parameter of a stage's tp shard (P = ModelSpec.params_per_rank: split
-parameters / tp + replicated ones), as DeepSpeed
+parameters / tp + replicated ones; the language stage's input embedding and head are split on
+the vocabulary, ceil(vocab / tp) rows each, a tied matrix counted once), as DeepSpeed
 allocates them with Adam (checked against a real engine in tests/test_planner_memory.py):
 
     ZeRO 0   parameters P, gradients P, Adam moments 2P (fp32; the torch optimizer's state)

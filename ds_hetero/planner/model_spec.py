@@ -107,9 +107,22 @@ class LanguageSpec:
         head = 0 if self.tied else self.vocab * self.hidden
         return self.vocab * self.hidden + self.layers * self.layer_params() + self.hidden + head
 
+    def vocab_params(self, tp: int = 1) -> int:
+        """The input embedding and the head (one matrix when tied) on one tp rank: both are split on the
+        vocabulary, ceil(vocab / tp) rows each (the last shard padded with zero rows)."""
+        rows = -(-self.vocab // tp)
+        return rows * self.hidden * (1 if self.tied else 2)
+
     def replicated_params(self) -> int:
-        """The input embedding (ds_hetero keeps it whole; only the head is vocabulary-parallel) and the norms."""
-        return self.vocab * self.hidden + (2 * self.layers + 1) * self.hidden
+        """Parameters every tp rank holds whole: the norms."""
+        return (2 * self.layers + 1) * self.hidden
+
+    def params_per_rank(self, tp: int) -> int:
+        """One tp rank's parameters: the layers' split weights / tp, the vocabulary shards, the norms."""
+        if tp == 1:
+            return self.params()
+        split = self.params() - self.vocab_params() - self.replicated_params()
+        return split // tp + self.vocab_params(tp) + self.replicated_params()
 
 
 @dataclass(frozen=True)
@@ -123,12 +136,16 @@ class ModelSpec:
 
     def params_per_rank(self, stage: str, tp: int) -> float:
         """Parameters one tp rank of the stage holds: the split ones / tp plus the replicated ones."""
-        s = self.vision if stage == "vision" else self.language
+        if stage == "language":
+            return self.language.params_per_rank(tp)
+        s = self.vision
         whole = s.replicated_params() if tp > 1 else 0
         return (s.params() - whole) / tp + whole
 
 
-def _language(text: Any) -> LanguageSpec:
+def _language(text: Any, cfg: Any) -> LanguageSpec:
+    """`cfg`: the whole model's config; transformers 5 keeps `tie_word_embeddings` there (older
+    checkpoints in the text config)."""
     hidden = _get(text, "hidden_size")
     heads = _get(text, "num_attention_heads")
     model_type = _get(text, "model_type", "")
@@ -136,7 +153,8 @@ def _language(text: Any) -> LanguageSpec:
         hidden=hidden, ffn=_get(text, "intermediate_size"), heads=heads,
         kv_heads=_get(text, "num_key_value_heads") or heads,
         head_dim=_get(text, "head_dim") or hidden // heads, layers=_get(text, "num_hidden_layers"),
-        vocab=_get(text, "vocab_size"), tied=bool(_get(text, "tie_word_embeddings", False)),
+        vocab=_get(text, "vocab_size"),
+        tied=bool(_get(cfg, "tie_word_embeddings", False) or _get(text, "tie_word_embeddings", False)),
         qkv_bias=str(model_type).startswith("qwen2"),
     )
 
@@ -162,7 +180,7 @@ def _llava(cfg: Any) -> ModelSpec:
         # CLIP: conv without bias, CLS, grid + 1 positions, pre-layernorm; SigLIP: conv with bias, grid positions
         embed_params=(_get(v, "num_channels", 3) * _get(v, "patch_size") ** 2 * vh
                       + ((vh + (grid + 1) * vh + 2 * vh) if has_cls else (vh + grid * vh))),
-    ), _language(text))
+    ), _language(text, cfg))
 
 
 def _qwen2_vl(cfg: Any) -> ModelSpec:
@@ -177,7 +195,7 @@ def _qwen2_vl(cfg: Any) -> ModelSpec:
         patch_in=patch_in, tokens_per_image=0, merge=m * m, cls_tokens=0,
         projector=((merged, merged), (merged, _get(v, "hidden_size"))),
         embed_params=patch_in * e,  # a Conv3d without bias; rotary positions have no parameters
-    ), _language(text))
+    ), _language(text, cfg))
 
 
 def model_spec(cfg: Any) -> ModelSpec:

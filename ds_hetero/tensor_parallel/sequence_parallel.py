@@ -8,8 +8,10 @@ Per block that is the same traffic as the all-reduces it replaces.
 
 Two more pieces make it exact:
 - the first block's input is split from the replicated embeddings (split_to_region: fwd local
-  chunk, bwd all-gather), and the decoder's output stays S(seq): the vocab-parallel head
-  gathers it (all-gather, bwd reduce-scatter);
+  chunk, bwd all-gather), or, when the caller embeds the ids itself (the ds_hetero language
+  stage), the vocab-parallel embedding reduce-scatters its partial lookups straight onto the
+  chunks (embedding.py); the decoder's output stays S(seq): the vocab-parallel head gathers it
+  (all-gather, bwd reduce-scatter);
 - replicated parameters used on sequence shards (norm weights, row-parallel biases) see only
   their shard's tokens: a gradient hook sums their gradients over tp, so every rank holds the
   full, identical gradient, as without sequence parallelism. They are tagged
@@ -55,17 +57,16 @@ def apply_sequence_parallel(decoder: nn.Module, group, seq_dim: int = 1, split_i
     """Split the sequence before `decoder.layers[0]` and sum replicated grads in layers and final norm.
 
     The decoder's regions must already be sharded with `sequence_parallel=True`.
-    `split_input=False`: the caller embeds only this rank's sequence chunk and hands the decoder
-    that chunk (the ds_hetero language stage, whose boundary delivers per-chunk image rows); then
-    the input embedding, too, sees only its chunk's tokens and its gradient is summed over tp.
+    `split_input=False`: the caller hands the decoder this rank's sequence chunk (the ds_hetero
+    language stage: its vocab-parallel embedding reduce-scatters onto the chunks, and the boundary
+    delivers per-chunk image rows). The embedding's weight is a tp shard whose gradient is exact
+    on each rank (its backward all-gathers the chunks' gradients): no sum over tp for it.
     """
     if dist.get_world_size(group) == 1:
         return
     parts = [decoder.layers, decoder.norm]
     if split_input:
         decoder.layers[0].register_forward_pre_hook(SplitSequenceHook(group, seq_dim), with_kwargs=True)
-    else:
-        parts.append(decoder.get_input_embeddings())
     hook = SumGradOverGroup(group)
     for part in parts:
         for param in part.parameters():
