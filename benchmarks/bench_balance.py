@@ -1,7 +1,7 @@
 """The encoder's straggler: position vs token balancing, one vs several encoder passes, 4 ranks, one run.
 
-    python recipes/bench_balance.py              # Qwen2-VL, 0/64/256/1024 and Zipf-like image tokens
-    python recipes/bench_balance.py --quick      # a quarter of the tokens, fewer steps (~3 min loaded)
+    python benchmarks/bench_balance.py              # Qwen2-VL, 0/64/256/1024 and Zipf-like image tokens
+    python benchmarks/bench_balance.py --quick      # a quarter of the tokens, fewer steps (~3 min loaded)
 
 Image-token counts per sample are skewed (a text-only sample next to one with 1024 image tokens),
 so the vision stage's dp rank that gets the big images by position is the straggler every rank
@@ -34,7 +34,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_layouts import launch  # noqa: E402  (4 fresh gloo processes from a preloaded forkserver)
+from cpu_ranks import launch  # noqa: E402  (4 fresh gloo processes from a preloaded forkserver)
 
 ROWS = {  # name: (vision stage, language stage, vision micro-batches or None, balance)
     "position": ({"dp": 4}, {"dp": 4}, None, "position"),
@@ -79,7 +79,7 @@ def make_model(a):
 
 
 def batches(model, dist: str, a, n: int):
-    from tests.uneven_data import qwen_uneven
+    from ds_hetero.testing.uneven import qwen_uneven
 
     out = []
     for step in range(n):

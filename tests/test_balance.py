@@ -19,9 +19,9 @@ from ds_hetero.config import load_config
 from ds_hetero.errors import HeteroConfigError
 from ds_hetero.models import adapter_for
 from ds_hetero.schedule.stage_work import StageWork
-from tests.engine_parity import build_model
-from tests.test_boundary_plan import check
-from tests.uneven_data import LLAVA_IMAGES, QWEN_GRIDS, llava_uneven, qwen_uneven, rotate
+from ds_hetero.testing.parity import build_model
+from ds_hetero.testing.uneven import LLAVA_IMAGES, QWEN_GRIDS, llava_uneven, qwen_uneven, rotate
+from tests.helpers.plan_simulator import check
 
 
 def _cfg(vision, language, batch=8, micro_batches=2, **section):
