@@ -9,7 +9,7 @@ waits for. Rows (all colocated, vision tp1 dp4 + language tp1 dp4, global batch 
 micro-batches, ZeRO 1, AdamW, clipping 1.0):
 
     position      hetero_parallel.balance "position": each vision rank encodes its samples' images
-    tokens        balance "tokens": images to ranks by cost, LPT (ds_hetero/balance.py)
+    tokens        balance "tokens": images to ranks by cost, LPT (ds_hetero/step/balance.py)
     position 1p   position, the vision stage in one pass per step (stages.vision.micro_batches 1)
     tokens 1p     tokens, one vision pass per step
 

@@ -11,7 +11,8 @@ from layouts_rows import BASELINE, LAYOUTS, SCENARIOS, WORLD, layout_str, mb_of,
 
 
 SHORT = {"vision.forward": "V fwd", "vision.backward": "V bwd", "boundary.rows": "bnd rows",
-         "boundary.grads": "bnd grads", "boundary.combine": "bnd sync", "language.forward": "L fwd", "language.backward": "L bwd",
+         "boundary.grads": "bnd grads", "boundary.combine": "bnd sync", "language.forward": "L fwd",
+         "language.backward": "L bwd",
          "model.forward": "fwd", "model.backward": "bwd", "optimizer": "optim"}
 
 

@@ -1,4 +1,4 @@
-"""The encoder's image assignment (ds_hetero/balance.py), its boundary plans and its config, without processes.
+"""The encoder's image assignment (ds_hetero/step/balance.py), its boundary plans and its config, without processes.
 
 Determinism, the balance bounds of LPT, image granularity, never worse than position; the
 boundary inputs the schedule builds from it route exactly and at the lower bound (simulated with

@@ -97,7 +97,7 @@ def split_sources(rng, inputs, src):
 
 
 def test_samples_split_across_source_replicas_every_layout_pair():
-    # Token-balanced encoders split a sample's images over source replicas (ds_hetero/balance.py):
+    # Token-balanced encoders split a sample's images over source replicas (ds_hetero/step/balance.py):
     # the plan stays exact and at both lower bounds for any runs, on every layout pair.
     rng = random.Random(1)
     cases = split = 0

@@ -57,8 +57,8 @@ def runs(tmp_path_factory):
     from ds_hetero.models.tiny import tiny_llava
 
     tiny_llava("clip", seed=0).save_pretrained(out / "model")
-    driver = _run([f"{BIN}/deepspeed", "--num_gpus", "4", "--master_port", _port(), "tests/helpers/entry_points_driver.py",
-                   str(out)], timeout=900)
+    driver = _run([f"{BIN}/deepspeed", "--num_gpus", "4", "--master_port", _port(),
+                   "tests/helpers/entry_points_driver.py", str(out)], timeout=900)
     ranks = []
     for r in range(4):
         path = out / f"rank{r}.json"

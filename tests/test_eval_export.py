@@ -66,7 +66,8 @@ def _case(rank, tmp, name, family, placement, zero, stages):
         changed[0]["labels"] = lab
         # negative control through the engine: one changed label moves eval_batch's loss too, and
         # to where the reference's moves (not only the reference's own loss)
-        out["eval_control"] = (engine.eval_batch(changed), float(untrained(**hf_inputs(family, untrained, changed)).loss))
+        want_changed = float(untrained(**hf_inputs(family, untrained, changed)).loss)
+        out["eval_control"] = (engine.eval_batch(changed), want_changed)
         bad = [dict(s) for s in held_out]
         bad[3]["labels"] = bad[3]["labels"][:-1]  # shape differs from input_ids: refused before any collective
         try:
