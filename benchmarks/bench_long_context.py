@@ -35,9 +35,11 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "recipes"))  # the main job's peak-memory figure
 from cpu_ranks import launch  # noqa: E402  (one launcher for the benches)
-from train_llava import peak_memory_mb  # noqa: E402
+from train_llava import peak_memory_mb  # noqa: E402  (device peak on an accelerator, max RSS on CPU)
 
 ROWS = {
     "hetero": {"vision": {"tp": 1, "dp": 4}},
