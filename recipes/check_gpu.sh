@@ -5,11 +5,11 @@
 #   recipes/check_gpu.sh --dry-run    # print the commands only (a test runs this on CPU machines)
 #   recipes/check_gpu.sh --gpus N     # pretend N GPUs (with --dry-run: see what N would run)
 #
-# N >= 2: the multi-process tests on NCCL, one process per device (tests/distributed.py reads
+# N >= 2: the multi-process tests on NCCL, one process per device (ds_hetero/testing/launch.py reads
 #         DS_HETERO_TEST_BACKEND): with N >= 4 the parity suites (engine, disaggregated, tensor
 #         parallel, boundary) and the 2-rank ones, with N = 2 or 3 the 2-rank ones; the tests that
 #         kill a rank are left out (their bounds are gloo's: NCCL notices a dead peer only at its
-#         timeout); then bench_boundary.py on NCCL for the layout pairs that fit on N devices.
+#         timeout); then benchmarks/bench_boundary.py on NCCL for the layout pairs that fit on N devices.
 # N == 1: the engine on CUDA at world size 1 (vision tp1 dp1 + language tp1 dp1: fp32 parity
 #         against the HF model and bf16; recipes/check_one_device.py), the main job for a few
 #         steps, and the stage models' step times (check_one_device.py --synchronize).
@@ -53,7 +53,7 @@ if [ "$GPUS" -ge 2 ]; then
   else
     run "$PY" -m pytest -q -k "$KEEP_ALIVE" $TWO_RANK
   fi
-  run "$PY" recipes/bench_boundary.py --backend nccl --max-world "$GPUS" --iters 20
+  run "$PY" benchmarks/bench_boundary.py --backend nccl --max-world "$GPUS" --iters 20
 elif [ "$GPUS" -eq 1 ]; then
   run "$PY" recipes/check_one_device.py --steps 5 --synchronize
   TMP=/tmp/check_gpu_dry_run

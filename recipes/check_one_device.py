@@ -27,7 +27,7 @@ import tempfile
 from datetime import timedelta
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # tests.engine_parity: the parity tests' reference, reused as is
+sys.path.insert(0, ROOT)  # this checkout's ds_hetero (ds_hetero.testing.parity: the parity tests' reference)
 
 LAYOUT = {"vision": {"dp": 1}, "language": {"dp": 1}}
 
@@ -47,7 +47,7 @@ def _init_world_of_one(store: str) -> None:
 
 def _bf16_run(batches, steps, clip, synchronize):
     import ds_hetero
-    from tests.engine_parity import build_model
+    from ds_hetero.testing.parity import build_model
 
     config = {
         "train_batch_size": 4, "zero_optimization": {"stage": 1}, "bf16": {"enabled": True},
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="also write the figures here")
     args = p.parse_args(argv)
 
-    from tests.engine_parity import build_model, make_batches, train_both
+    from ds_hetero.testing.parity import build_model, make_batches, train_both
 
     clip = 0.3
     failures: list[str] = []

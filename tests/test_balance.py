@@ -1,4 +1,4 @@
-"""The encoder's image assignment (ds_hetero/balance.py), its boundary plans and its config, without processes.
+"""The encoder's image assignment (ds_hetero/step/balance.py), its boundary plans and its config, without processes.
 
 Determinism, the balance bounds of LPT, image granularity, never worse than position; the
 boundary inputs the schedule builds from it route exactly and at the lower bound (simulated with
@@ -18,9 +18,9 @@ from ds_hetero.config import load_config
 from ds_hetero.errors import HeteroConfigError
 from ds_hetero.models import adapter_for
 from ds_hetero.step.plan import StepPlan
-from tests.engine_parity import build_model
-from tests.test_boundary_plan import check
-from tests.uneven_data import LLAVA_IMAGES, QWEN_GRIDS, llava_uneven, qwen_uneven, rotate
+from ds_hetero.testing.parity import build_model
+from ds_hetero.testing.uneven import LLAVA_IMAGES, QWEN_GRIDS, llava_uneven, qwen_uneven, rotate
+from tests.helpers.plan_simulator import check
 
 
 def _cfg(vision, language, batch=8, micro_batches=2, **section):

@@ -1,6 +1,6 @@
 """Token-balanced encoders and per-stage encoder micro-batches against the single-process reference.
 
-Highly uneven image tokens (tests/uneven_data.py: a sample with several images, samples without
+Highly uneven image tokens (ds_hetero/testing/uneven.py: a sample with several images, samples without
 any, one sample holding most of the batch's tokens), fp32, 5 steps, clipping active: losses
 1e-5 relative, grad norms 1e-4, every weight 1e-5 relative, boundary bytes == the lower bound of
 the balanced placement. LLaVA and Qwen2-VL, both placements, and in colocated placement one
@@ -11,9 +11,9 @@ different weights. eval_batch on an uneven batch equals the HF model's own loss.
 
 import pytest
 
-from tests.balance_parity import train_uneven
-from tests.distributed import run_distributed
-from tests.test_engine_parity import _check
+from ds_hetero.testing.launch import run_distributed
+from tests.helpers.balance_parity import train_uneven
+from tests.helpers.parity_checks import check_parity
 
 pytestmark = pytest.mark.distributed
 
@@ -39,7 +39,7 @@ def _qwen_suite(rank, world_size):
     runs = {
         # SGD: the update shows the gradient itself (with AdamW the merger bias, a sum of 96 row
         # gradients, landed at 1.1e-5 relative / 1.2e-7 absolute: Adam amplifying rounding, see
-        # tests/engine_parity.py)
+        # ds_hetero/testing/parity.py)
         "qwen2-vl colocated vision dp4 in one pass + language tp2dp2 x 2, zero2 sgd": dict(
             layout={"vision": V4_ONE_PASS, "language": L22}, zero_stage=2),
         "qwen2-vl colocated vision tp2dp2 + language tp1dp4, tokens, zero1 sgd": dict(
@@ -53,7 +53,7 @@ def _qwen_suite(rank, world_size):
 
 def _check_balanced(results, control=None):
     good = [{n: r for n, r in per_rank.items() if n != control} for per_rank in results]
-    _check(good)  # losses, norms, clipping active, every weight, bytes == lower bound
+    check_parity(good)  # losses, norms, clipping active, every weight, bytes == lower bound
     for per_rank in good:
         for name, r in per_rank.items():
             assert r["compared"] > 0, name

@@ -1,4 +1,4 @@
-"""recipes/bench_layouts.py in a tiny configuration: it runs end to end and compares like with like.
+"""benchmarks/bench_layouts.py in a tiny configuration: it runs end to end and compares like with like.
 
 The benchmark's own launcher starts 4 gloo processes per row; here two rows in fresh processes (a
 colocated heterogeneous layout and a disaggregated one pipelining 4 micro-batches), then those
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
 import bench_layouts  # noqa: E402
 

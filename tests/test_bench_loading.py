@@ -1,4 +1,4 @@
-"""recipes/bench_loading.py, disaggregated rows, on a model large enough to see peak memory.
+"""benchmarks/bench_loading.py, disaggregated rows, on a model large enough to see peak memory.
 
 Each rank's peak RSS while the model and engines are built (ZeRO 0, so DeepSpeed adds no copy):
 with the whole model built on every rank, every rank peaks at the whole model or more; with
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
 import bench_loading  # noqa: E402
 

@@ -8,7 +8,7 @@ from a shared seed, takes its source share, exchanges and back-propagates twice:
   2. with the gradient of each logical row Y[g] on every copy of it (consistent replicas), for
      the adjoint identity.
 The parent holds every rank's tensors and checks them against a reference that gathers
-everything (tests/boundary_reference.py computes who needs what from the definitions).
+everything (tests/helpers/boundary_reference.py computes who needs what from the definitions).
 
 Adjoint identity with replicas: a logical row held by k replicas appears k times in a plain
 sum over ranks, so each rank's inner product is weighted by 1/k (k = source tp x cp on the
@@ -24,8 +24,8 @@ import pytest
 
 from ds_hetero import HeteroConfigError, StageLayout
 from ds_hetero.boundary import BoundaryInputs
-from tests.boundary_reference import backward_lower_bound, dst_rows, lower_bound, src_rows
-from tests.distributed import run_distributed
+from tests.helpers.boundary_reference import backward_lower_bound, dst_rows, lower_bound, src_rows
+from ds_hetero.testing.launch import run_distributed
 
 pytestmark = pytest.mark.distributed
 

@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 
-from tests.distributed import run_distributed
+from ds_hetero.testing.launch import run_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -28,7 +28,7 @@ def _engine():
     import ds_hetero
     from ds_hetero.data import ShapesCaptionDataset
     from ds_hetero.models.tiny import tiny_llava
-    from tests.checkpoint_reference import config, make_optimizer
+    from tests.helpers.checkpoint_reference import config, make_optimizer
 
     model = tiny_llava("clip", seed=5)
     data = ShapesCaptionDataset.for_llava(model.config, size=32, seed=0)
@@ -57,7 +57,7 @@ def _resume_all(rank, world_size, dirs):
         out.append((tag, engine.global_steps, engine.train_batch().loss))
     engine.save_checkpoint(dirs[1])  # over a leftover .partial folder
     engine.save_checkpoint(dirs[-1])  # over an unpublished complete global_step2
-    from tests.engine_parity import full_named_parameters
+    from ds_hetero.testing.parity import full_named_parameters
 
     # what `checkpoint convert --to-hf` must write (numpy: a tensor would travel by shared memory,
     # gone once this rank exits)

@@ -1,5 +1,5 @@
 """A checkpoint saved with one layout continues on another (tp, dp, placement, ZeRO 0/1/2)
-exactly like a single-process run from the same full state (tests/checkpoint_reference.py).
+exactly like a single-process run from the same full state (tests/helpers/checkpoint_reference.py).
 
 One 4-rank launch runs the chain (each launch costs tens of seconds on this box):
     A  colocated, vision tp1dp4, language tp2dp2, ZeRO 1: 2 steps, save ckpt_a, 2 more steps
@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from tests.distributed import run_distributed
+from ds_hetero.testing.launch import run_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -32,8 +32,8 @@ def _chain(rank, world_size, tmp):
 
     import ds_hetero
     from ds_hetero.checkpoint import CheckpointError
-    from tests.checkpoint_reference import config, live_full_state, make_optimizer
-    from tests.engine_parity import build_model, full_named_parameters, make_batches
+    from tests.helpers.checkpoint_reference import config, live_full_state, make_optimizer
+    from ds_hetero.testing.parity import build_model, full_named_parameters, make_batches
 
     batches = make_batches("llava", build_model("llava", seed=7), 3 * STEPS, 8)
     first, second, third = batches[:STEPS], batches[STEPS:2 * STEPS], batches[2 * STEPS:]
@@ -102,8 +102,8 @@ def _assert_close(got, want, what):
 
 
 def test_checkpoint_moves_between_layouts(tmp_path):
-    from tests.checkpoint_reference import continue_single_process
-    from tests.engine_parity import build_model, make_batches
+    from tests.helpers.checkpoint_reference import continue_single_process
+    from ds_hetero.testing.parity import build_model, make_batches
 
     results = run_distributed(_chain, world_size=4, timeout=900, tmp=str(tmp_path))
     r0 = results[0]

@@ -9,7 +9,7 @@ with P gradient, P value with R gradient) sums over ranks.
 
 import pytest
 
-from tests.distributed import run_distributed
+from ds_hetero.testing.launch import run_distributed
 
 pytestmark = pytest.mark.distributed
 

@@ -8,7 +8,7 @@ from ds_hetero.context_parallel import full_attention_mask, padded_lengths, shar
 from ds_hetero.errors import HeteroConfigError
 from ds_hetero.topology.layout import StageLayout
 from ds_hetero.loss import shifted_labels
-from tests.distributed import run_distributed
+from ds_hetero.testing.launch import run_distributed
 
 
 def _layout(tp, cp, sp):

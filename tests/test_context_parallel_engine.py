@@ -15,9 +15,9 @@ end with different losses and weights, so the comparison can fail.
 
 import pytest
 
-from tests.distributed import run_distributed
-from tests.engine_parity import train_both
-from tests.test_engine_parity import CLIP, RTOL, _check
+from ds_hetero.testing.launch import run_distributed
+from ds_hetero.testing.parity import train_both
+from tests.helpers.parity_checks import CLIP, RTOL, check_parity
 
 pytestmark = pytest.mark.distributed
 
@@ -93,7 +93,7 @@ def _qwen_suite(rank, world_size):
 
 
 def _check_all(results):
-    _check([per_rank for per_rank, _ in results])
+    check_parity([per_rank for per_rank, _ in results])
     compared = sum(r["compared"] for per_rank, _ in results for r in per_rank.values())
     assert compared > 0
     for _, controls in results:

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from tests.distributed import run_distributed
-from tests.engine_parity import train_both
-from tests.test_engine_parity import CLIP, _check
+from ds_hetero.testing.launch import run_distributed
+from ds_hetero.testing.parity import train_both
+from tests.helpers.parity_checks import CLIP, check_parity
 
 pytestmark = pytest.mark.distributed
 
@@ -34,7 +34,7 @@ def _suite(rank, world_size):
 
 def test_disaggregated_layouts_match_single_process_reference():
     results = run_distributed(_suite, world_size=4, timeout=600)
-    _check(results)
+    check_parity(results)
     first = "llava vision dp2 on 0-1 + language tp2 on 2-3, zero1 sgd"
     # each rank holds exactly its own stage, and compared that stage's weights
     assert [r[first]["stages_held"] for r in results] == [["vision"], ["vision"], ["language"], ["language"]]
@@ -48,7 +48,7 @@ def _die_mid_step(rank, world_size, tmp):
 
     import ds_hetero
     from ds_hetero.models.tiny import tiny_llava
-    from tests.vlm_data import llava_samples
+    from ds_hetero.testing.samples import llava_samples
 
     model = tiny_llava("clip", seed=1)
     config = {

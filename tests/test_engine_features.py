@@ -5,7 +5,7 @@ One 4-rank launch runs all checks in sequence (each launch costs seconds on this
 
 import pytest
 
-from tests.distributed import run_distributed
+from ds_hetero.testing.launch import run_distributed
 
 pytestmark = pytest.mark.distributed
 

@@ -10,14 +10,11 @@ different weights, so the comparison can fail.
 
 import pytest
 
-from tests.distributed import run_distributed
-from tests.engine_parity import LLAVA_TP4, train_both
+from ds_hetero.testing.launch import run_distributed
+from ds_hetero.testing.parity import LLAVA_TP4, train_both
+from tests.helpers.parity_checks import CLIP, check_parity
 
 pytestmark = pytest.mark.distributed
-
-RTOL = 1e-5  # relative, per weight tensor: max|diff| / max|w|
-ATOL = 1e-6  # absolute, on every entry
-CLIP = 0.3
 
 
 def _llava_suite(rank, world_size):
@@ -52,34 +49,9 @@ def _qwen_suite(rank, world_size):
     return {name: train_both(rank, world_size, "qwen2_vl", steps=5, clip=CLIP, **kw) for name, kw in runs.items()}
 
 
-def _check(results):
-    for rank, per_rank in enumerate(results):
-        for name, r in per_rank.items():
-            assert len(r["losses"]) == len(r["ref_losses"]) == len(r["hf_losses"]) > 0, (rank, name)
-            for got, want, hf in zip(r["losses"], r["ref_losses"], r["hf_losses"]):
-                assert abs(got - want) <= RTOL * abs(want), (rank, name, r["losses"], r["ref_losses"])
-                # the reference's loss is the unmodified Hugging Face model's own loss
-                assert abs(want - hf) <= RTOL * abs(hf), (rank, name, r["ref_losses"], r["hf_losses"])
-                assert abs(got - hf) <= RTOL * abs(hf), (rank, name, r["losses"], r["hf_losses"])
-            for got, want in zip(r["norms"], r["ref_norms"]):
-                assert abs(got - want) <= 1e-4 * abs(want), (rank, name, r["norms"], r["ref_norms"])
-            # clipping was active: the norm exceeded the clip on every step
-            assert min(r["ref_norms"]) > CLIP, r["ref_norms"]
-            err, where, abs_err, compared = r["weight_err"]
-            assert compared > 0, (rank, name, "no weight tensor was compared")
-            assert err <= RTOL and abs_err <= ATOL, (rank, name, err, where, abs_err)
-            for total, bound in r["boundary"]:
-                assert total == bound, (name, total, bound)
-            for control in ("per_stage_clip", "per_micro_batch_mean"):
-                if control in r:
-                    rel, _, abs_, compared = r[control]
-                    assert compared > 0, (name, control)
-                    assert rel > 100 * RTOL and abs_ > 100 * ATOL, (name, control, r[control])
-
-
 def test_llava_layouts_match_single_process_reference():
-    _check(run_distributed(_llava_suite, world_size=4, timeout=600))
+    check_parity(run_distributed(_llava_suite, world_size=4, timeout=600))
 
 
 def test_qwen2_vl_variable_image_tokens_match_single_process_reference():
-    _check(run_distributed(_qwen_suite, world_size=4, timeout=600))
+    check_parity(run_distributed(_qwen_suite, world_size=4, timeout=600))

@@ -1,7 +1,7 @@
 """The three entry points under their real launchers give the same training, step by step.
 
 Launches (shared by every test here; each costs tens of seconds on the 2-core box):
-    deepspeed --num_gpus 4 tests/entry_points_driver.py     main job + HF Trainer recipe, both placements,
+    deepspeed --num_gpus 4 tests/helpers/entry_points_driver.py     main job + HF Trainer recipe, both placements,
                                                             Trainer resume / eval / save_model, lr schedule,
                                                             construction-time conflicts
     accelerate launch ... accelerate_colocated.yaml         Accelerate recipe, 4 steps (meta model + weights=)
@@ -57,8 +57,8 @@ def runs(tmp_path_factory):
     from ds_hetero.models.tiny import tiny_llava
 
     tiny_llava("clip", seed=0).save_pretrained(out / "model")
-    driver = _run([f"{BIN}/deepspeed", "--num_gpus", "4", "--master_port", _port(), "tests/entry_points_driver.py",
-                   str(out)], timeout=900)
+    driver = _run([f"{BIN}/deepspeed", "--num_gpus", "4", "--master_port", _port(),
+                   "tests/helpers/entry_points_driver.py", str(out)], timeout=900)
     ranks = []
     for r in range(4):
         path = out / f"rank{r}.json"
@@ -147,7 +147,7 @@ def test_trainer_eval_loss_and_save_model_match_single_process(runs, placement):
     from transformers import AutoModelForImageTextToText
 
     from ds_hetero.data import ShapesCaptionDataset
-    from tests.test_eval_export import hf_inputs
+    from ds_hetero.testing.parity import hf_inputs
 
     history = _summary(runs, placement, "trainer_resumed")["log_history"]
     evals = [h for h in history if "eval_loss" in h]

@@ -5,15 +5,16 @@ LLaVA disaggregated (vision dp2 on ranks 0-1 / language tp2 on ranks 2-3), LLaVA
 under ZeRO-3 (partitioned parameters), Qwen2-VL colocated (vision tp2dp2 / language tp2dp2).
 Each: eval_batch on a full global batch and on a partial one equals the untrained model's own
 `model(**batch).loss`; after one training step, save_pretrained -> from_pretrained gives the
-logits of the trained weights (gathered independently by tests.engine_parity) within 1e-6.
-Negative controls: the untrained model's logits and a loss with one label changed differ.
+logits of the trained weights (gathered independently by ds_hetero.testing.parity) within 1e-6.
+Negative controls: the untrained model's logits differ; one label changed moves both
+engine.eval_batch's loss and the reference's, to the same value.
 """
 
 import copy
 
 import pytest
 
-from tests.distributed import run_distributed
+from ds_hetero.testing.launch import run_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -33,28 +34,13 @@ CASES = {
 }
 
 
-def hf_inputs(family, model, samples):
-    """The padded batch the single-process model takes, labels included."""
-    from ds_hetero.models import adapter_for
-
-    adapter = adapter_for(model)
-    batch, vision = adapter.language_inputs(samples), adapter.vision_inputs(samples)
-    kw = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
-    if family == "llava":
-        kw["pixel_values"] = vision["pixel_values"]
-    elif len(vision["image_grid_thw"]):
-        kw.update(pixel_values=vision["pixel_values"], image_grid_thw=vision["image_grid_thw"],
-                  mm_token_type_ids=(batch["input_ids"] == model.config.image_token_id).int())
-    return kw
-
-
 def _case(rank, tmp, name, family, placement, zero, stages):
     import torch
     import torch.distributed as dist
     from transformers import AutoModelForImageTextToText
 
     import ds_hetero
-    from tests.engine_parity import build_model, full_named_parameters, make_batches
+    from ds_hetero.testing.parity import build_model, full_named_parameters, hf_inputs, make_batches
 
     config = {
         "train_batch_size": 8, "zero_optimization": {"stage": zero}, "zero_allow_untested_optimizer": True,
@@ -78,7 +64,10 @@ def _case(rank, tmp, name, family, placement, zero, stages):
         k = int((lab != -100).nonzero()[1])
         lab[k] = (lab[k] + 1) % 50
         changed[0]["labels"] = lab
-        out["eval_control"] = float(untrained(**hf_inputs(family, untrained, changed)).loss)
+        # negative control through the engine: one changed label moves eval_batch's loss too, and
+        # to where the reference's moves (not only the reference's own loss)
+        want_changed = float(untrained(**hf_inputs(family, untrained, changed)).loss)
+        out["eval_control"] = (engine.eval_batch(changed), want_changed)
         bad = [dict(s) for s in held_out]
         bad[3]["labels"] = bad[3]["labels"][:-1]  # shape differs from input_ids: refused before any collective
         try:
@@ -121,8 +110,11 @@ def test_eval_batch_and_save_pretrained(tmp_path):
         for got, want in per_rank[0]["eval"]:
             assert got == pytest.approx(want, rel=1e-6, abs=0), name
         assert all(r["eval"] == per_rank[0]["eval"] for r in per_rank), f"{name}: eval loss differs across ranks"
-        full_loss = per_rank[0]["eval"][0][1]
-        assert abs(per_rank[0]["eval_control"] - full_loss) > 1e-4  # the check can fail
+        full_got, full_loss = per_rank[0]["eval"][0]
+        control_got, control_want = per_rank[0]["eval_control"]
+        assert abs(control_want - full_loss) > 1e-4 and abs(control_got - full_got) > 1e-4, name  # the check can fail
+        assert control_got == pytest.approx(control_want, rel=1e-6, abs=0), name
+        assert all(r["eval_control"] == per_rank[0]["eval_control"] for r in per_rank), name
         assert all("eval_batch: sample 3" in r.get("bad_sample", "") for r in per_rank), name
         r0 = per_rank[0]
         assert r0["compared"] > 0 and r0["logits_diff"] <= 1e-6, (name, r0["logits_diff"])

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.distributed import run_distributed
+from ds_hetero.testing.launch import run_distributed
 
 pytestmark = pytest.mark.distributed
 

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from tests.distributed import run_distributed
+from ds_hetero.testing.launch import RankFailure, run_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -32,6 +32,18 @@ def _rank_one_hangs(rank, world_size):
     return rank
 
 
+def _echo(rank, world_size, first, second, key=None):
+    import os
+
+    return (rank, first, second, key, os.environ.get("DS_HETERO_HARNESS_PROBE"))
+
+
+def _rank_one_raises_others_return(rank, world_size):
+    if rank == 1:
+        raise RuntimeError("boom on rank one")
+    return rank * 10
+
+
 def test_results_come_back_by_rank():
     assert run_distributed(_all_reduce_rank, world_size=3, timeout=60) == [3.0, 3.0, 3.0]
 
@@ -49,3 +61,15 @@ def test_hanging_rank_is_killed_at_the_deadline():
     with pytest.raises(AssertionError, match=r"ranks \[(0, )?1\] did not finish within 20s"):
         run_distributed(_rank_one_hangs, world_size=2, timeout=20)
     assert time.monotonic() - start < 45
+
+
+def test_positional_args_keywords_and_env_reach_every_rank():
+    got = run_distributed(_echo, world_size=2, timeout=60, args=("a", 2), env={"DS_HETERO_HARNESS_PROBE": "set"},
+                          key="k")
+    assert got == [(0, "a", 2, "k", "set"), (1, "a", 2, "k", "set")]
+
+
+def test_check_false_returns_the_failure_in_the_rank_list():
+    got = run_distributed(_rank_one_raises_others_return, world_size=3, timeout=60, check=False)
+    assert got[0] == 0 and got[2] == 20, got
+    assert isinstance(got[1], RankFailure) and got[1].rank == 1 and "boom on rank one" in got[1].message, got

@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from ds_hetero.weights import WeightsError, load_stages, meta_model, open_weights
 from ds_hetero.weights.shard_slices import shard_slices
 from ds_hetero.tensor_parallel.layers import mark_sharded, shard_tensor
-from tests.engine_parity import build_model
+from ds_hetero.testing.parity import build_model
 
 CPU = torch.device("cpu")
 

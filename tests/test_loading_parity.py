@@ -14,8 +14,8 @@ tolerance.
 
 import pytest
 
-from tests.distributed import run_distributed
-from tests.engine_parity import build_model, full_named_parameters, make_batches
+from ds_hetero.testing.launch import run_distributed
+from ds_hetero.testing.parity import build_model, full_named_parameters, make_batches
 
 pytestmark = pytest.mark.distributed
 

@@ -5,7 +5,7 @@ import torch
 
 from ds_hetero.models import split_llava
 from ds_hetero.models.tiny import tiny_llava
-from tests.vlm_data import collate, llava_samples, token_loss_sum
+from ds_hetero.testing.samples import collate, llava_samples, token_loss_sum
 
 
 @pytest.mark.parametrize("vision", ["clip", "siglip"])

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from ds_hetero.errors import HeteroConfigError
 from ds_hetero.planner.candidate import Candidate, StageChoice
 from ds_hetero.planner.collectives import dp_collectives, language_collectives, vision_collectives
 from ds_hetero.planner.flops import language_work, vision_work
@@ -126,7 +127,10 @@ def test_alpha_beta_model():
 
 def test_model_state_elements_per_zero_stage():
     layout = StageChoice(tp=1, dp=4)
-    assert state_elements(1000, layout, 0) == state_elements(1000, layout, 0)
+    # ZeRO shards over every rank holding the same tp shard: cp x dp ranks count as dp ranks do;
+    # without ZeRO every rank holds everything, whatever the dp degree
+    assert state_elements(1000, StageChoice(tp=1, cp=2, dp=2), 1) == state_elements(1000, layout, 1)
+    assert state_elements(1000, StageChoice(tp=1, dp=1), 0) == state_elements(1000, layout, 0)
     z = {stage: state_elements(1000, layout, stage) for stage in range(4)}
     assert (z[0].params, z[0].grads, z[0].master, z[0].moments) == (1000, 1000, 0, 2000)
     assert (z[1].params, z[1].grads, z[1].master, z[1].moments) == (1000, 1000, 250, 500)
@@ -199,11 +203,20 @@ def test_sequence_sharding_switch_follows_validation(monkeypatch, llava):
             return
         original(cfg, has_client_optimizer)
 
+    def reject_cp(cfg, has_client_optimizer=False):
+        if cfg.language.cp > 1:
+            raise HeteroConfigError("hetero_parallel.stages.language.cp", "refused by this test")
+        original(cfg, has_client_optimizer)
+
     monkeypatch.setattr(engine, "check_engine_support", accept_cp)
     assert sequence_sharding(BASE, adapter)[0] is True
-    assert before[0] is False or before[0] is True  # today's value, whatever the engine supports
+    assert before[0] is True  # the engine's checks accept cp > 1 today (context_parallel/)
     p = _plan(placements=("colocated",))
     assert any(pred.candidate.language.cp == 2 for pred in p.predictions)
+    # the control: checks that refuse cp > 1 take it out of the enumeration
+    monkeypatch.setattr(engine, "check_engine_support", reject_cp)
+    assert sequence_sharding(BASE, adapter)[0] is False
+    assert not any(pred.candidate.language.cp > 1 for pred in _plan(placements=("colocated",)).predictions)
 
 
 def test_ranking_and_predictions(tmp_path):

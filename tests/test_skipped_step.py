@@ -15,7 +15,7 @@ against: before the fix, ZeRO 0 applied the NaN step (the weights changed, later
 
 import pytest
 
-from tests.distributed import run_distributed
+from ds_hetero.testing.launch import run_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -66,7 +66,7 @@ def _one_layout(rank, zero, placement, bf16=False):
 
     import ds_hetero
     from ds_hetero.models.tiny import tiny_llava
-    from tests.vlm_data import llava_samples
+    from ds_hetero.testing.samples import llava_samples
 
     model = tiny_llava("clip", seed=3)
     engine = ds_hetero.initialize(model, _config(zero, placement, bf16))

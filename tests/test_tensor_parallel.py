@@ -7,7 +7,7 @@ gradient (shards gathered back) with the unsharded module on identical inputs (f
 
 import pytest
 
-from tests.distributed import run_distributed
+from ds_hetero.testing.launch import run_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -30,7 +30,7 @@ def _lm_case(build, group, sequence_parallel=False, pad_vocab=False):
     import torch
 
     from ds_hetero.tensor_parallel import shard_language_model
-    from tests.tp_checks import gather_vocab, param_errors, rel_err, twin
+    from tests.helpers.tp_checks import gather_vocab, param_errors, rel_err, twin
 
     ref, model = twin(build)
     shard_language_model(model, group, sequence_parallel=sequence_parallel, pad_vocab=pad_vocab)
@@ -54,7 +54,7 @@ def _vision_case(build_tower, group, projector=True):
     import torch
 
     from ds_hetero.tensor_parallel import shard_projector, shard_vision_tower
-    from tests.tp_checks import llava_projector, param_errors, rel_err, twin
+    from tests.helpers.tp_checks import llava_projector, param_errors, rel_err, twin
 
     (ref_t, tower), (ref_p, proj) = twin(build_tower), twin(llava_projector)
     shard_vision_tower(tower, group)
@@ -75,7 +75,7 @@ def _vision_case(build_tower, group, projector=True):
 def _qwen_vision_case(group):
 
     from ds_hetero.tensor_parallel import shard_vision_tower
-    from tests.tp_checks import param_errors, qwen2_vl, qwen_vision_inputs, rel_err, twin
+    from tests.helpers.tp_checks import param_errors, qwen2_vl, qwen_vision_inputs, rel_err, twin
 
     ref, visual = twin(lambda: qwen2_vl().model.visual)
     shard_vision_tower(visual, group)
@@ -92,13 +92,13 @@ def _qwen_vision_case(group):
 
 def _qwen_text_case(group):
     """The Qwen2-VL language model (Qwen2VLTextModel + lm_head) through the full model, text only."""
-    from tests.tp_checks import qwen2_vl
+    from tests.helpers.tp_checks import qwen2_vl
 
     return _lm_case(qwen2_vl, group)
 
 
 def _families(group):
-    from tests import tp_checks as m
+    from tests.helpers import tp_checks as m
 
     return {
         "llama": lambda: _lm_case(m.llama_lm, group),

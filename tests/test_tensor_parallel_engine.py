@@ -15,7 +15,7 @@ almost invariant to a uniform gradient scale and would hide a wrong clip coeffic
 
 import pytest
 
-from tests.distributed import run_distributed
+from ds_hetero.testing.launch import run_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -41,7 +41,7 @@ def _reference(clip):
     """Single process, whole global batch; returns (losses, pre-clip norms, final params)."""
     import torch
 
-    from tests.tp_checks import llama_lm
+    from tests.helpers.tp_checks import llama_lm
 
     model = llama_lm()
     opt = _optimizer(model.parameters())
@@ -62,7 +62,7 @@ def _engine_run(groups, clip, zero_stage, sequence_parallel=False, untag=False):
 
     from ds_hetero.topology.mpu import StageMPU, stage_context
     from ds_hetero.tensor_parallel import gather_full, shard_language_model
-    from tests.tp_checks import llama_lm
+    from tests.helpers.tp_checks import llama_lm
 
     stage = groups["language"]
     mpu = StageMPU(stage)

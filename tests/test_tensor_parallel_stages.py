@@ -8,7 +8,7 @@ Qwen2-VL: vision tower + merger at tp 2, language model at tp 4. Both on the sam
 import pytest
 
 from ds_hetero import HeteroConfigError
-from tests.distributed import run_distributed
+from ds_hetero.testing.launch import run_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -17,7 +17,7 @@ RTOL = 1e-5
 
 def _full_model_case(build, batch, vision_group, language_group, sequence_parallel):
     from ds_hetero.tensor_parallel import shard_language_model, shard_projector, shard_vision_tower
-    from tests.tp_checks import gather_vocab, rel_err, twin
+    from tests.helpers.tp_checks import gather_vocab, rel_err, twin
 
     ref, model = twin(build)
     inner = model.model
@@ -37,7 +37,7 @@ def _full_model_case(build, batch, vision_group, language_group, sequence_parall
 
 def _stage_param_errors(ref, model, vision_group, language_group):
     """Vision parameters gather over the vision tp group, language ones over the language group."""
-    from tests.tp_checks import param_errors
+    from tests.helpers.tp_checks import param_errors
 
     language = param_errors(ref.model.language_model, model.model.language_model, language_group)
     head = param_errors(ref.lm_head, model.lm_head, language_group)
@@ -68,8 +68,8 @@ def _stage_checks(rank, world_size):
 
     from ds_hetero.topology.groups import build_groups
     from ds_hetero.topology.layout import StageLayout
-    from tests import tp_checks as m
-    from tests.vlm_data import collate, llava_samples
+    from tests.helpers import tp_checks as m
+    from ds_hetero.testing.samples import collate, llava_samples
 
     ranks = (0, 1, 2, 3)
     groups = build_groups({"v4": StageLayout("v4", 4, 1, 1, ranks), "l2": StageLayout("l2", 2, 1, 2, ranks),
@@ -126,7 +126,7 @@ def test_tied_embeddings_are_accepted_at_every_tp(stage_results):
 # ------------------------------------------------------------------ pure checks, no processes
 def test_validation_names_module_and_numbers():
     from ds_hetero.tensor_parallel import validate_tensor_parallel
-    from tests import tp_checks as m
+    from tests.helpers import tp_checks as m
 
     with pytest.raises(HeteroConfigError, match=r"tp=3 does not divide the attention heads \(8\) of LlamaAttention"):
         validate_tensor_parallel(m.llama_lm().model, 3, stage="language")

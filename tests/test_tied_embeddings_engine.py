@@ -25,9 +25,9 @@ import os
 
 import pytest
 
-from tests.distributed import run_distributed
-from tests.engine_parity import train_both
-from tests.test_engine_parity import CLIP, RTOL, _check
+from ds_hetero.testing.launch import run_distributed
+from ds_hetero.testing.parity import train_both
+from tests.helpers.parity_checks import CLIP, RTOL, check_parity
 
 pytestmark = pytest.mark.distributed
 
@@ -124,8 +124,7 @@ def _save_pretrained(rank, tmp):
     from transformers import AutoModelForImageTextToText
 
     import ds_hetero
-    from tests.engine_parity import build_model, full_named_parameters, make_batches
-    from tests.test_eval_export import hf_inputs
+    from ds_hetero.testing.parity import build_model, full_named_parameters, hf_inputs, make_batches
 
     config = {"train_batch_size": 8, "zero_optimization": {"stage": 1}, "zero_allow_untested_optimizer": True,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
@@ -170,8 +169,8 @@ def _reshard(rank, tmp):
     import torch.distributed as dist
 
     import ds_hetero
-    from tests.checkpoint_reference import config, live_full_state, make_optimizer
-    from tests.engine_parity import build_model, make_batches
+    from tests.helpers.checkpoint_reference import config, live_full_state, make_optimizer
+    from ds_hetero.testing.parity import build_model, make_batches
 
     tp2 = dict(layout={"vision": VISION_DP4, "language": {"tp": 2, "dp": 2}}, zero=1)
     tp1 = dict(layout={"vision": VISION_DP4, "language": {"tp": 1, "dp": 4}}, zero=2)
@@ -220,7 +219,7 @@ def _qwen_suite(rank, world_size, tmp):
 
 
 def _check_parity(per_rank):
-    _check(per_rank)
+    check_parity(per_rank)
     for rank, runs in enumerate(per_rank):
         for name, r in runs.items():
             facts = r["embedding"]

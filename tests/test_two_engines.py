@@ -16,7 +16,7 @@ import copy
 
 import pytest
 
-from tests.distributed import run_distributed
+from ds_hetero.testing.launch import run_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -65,7 +65,7 @@ def _train_and_compare(rank, world_size, zero_stage, use_stage_context, batches)
     from ds_hetero.models import split_llava
     from ds_hetero.topology.mpu import StageMPU, stage_context
     from ds_hetero.models.tiny import tiny_llava
-    from tests.vlm_data import collate, label_count, token_loss_sum
+    from ds_hetero.testing.samples import collate, label_count, token_loss_sum
 
     cfg = load_config(_config(zero_stage), world_size)
     groups = build_groups(cfg.stages, rank)
@@ -164,7 +164,7 @@ def _suite(rank, world_size, batches):
 
 def test_two_engines_match_single_process_reference_zero_0_to_3():
     from ds_hetero.models.tiny import tiny_llava
-    from tests.vlm_data import llava_samples
+    from ds_hetero.testing.samples import llava_samples
 
     model = tiny_llava("clip", seed=SEED)
     batches = [llava_samples(model, 8, seed=10 + step) for step in range(STEPS)]

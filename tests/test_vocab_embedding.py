@@ -16,7 +16,7 @@ One 2-rank launch:
 
 import pytest
 
-from tests.distributed import run_distributed
+from ds_hetero.testing.launch import run_distributed
 
 pytestmark = pytest.mark.distributed
 
@@ -84,7 +84,7 @@ def _tied_lm_case(group, sequence_parallel, untie=False):
     import torch
 
     from ds_hetero.tensor_parallel import shard_language_model
-    from tests.tp_checks import gather_vocab, llama_lm, param_errors, rel_err, twin
+    from tests.helpers.tp_checks import gather_vocab, llama_lm, param_errors, rel_err, twin
 
     ref, model = twin(lambda: llama_lm(tie_word_embeddings=True))
     assert ref.lm_head.weight is ref.model.embed_tokens.weight

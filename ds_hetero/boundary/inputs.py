@@ -11,7 +11,7 @@ the micro-batch, i.e. the j-th placeholder position of that sample. Its global i
   ascending index, each sample's rows in token order. That is the projector output `[T_local, H]`.
   A sample goes to one replica whole (`src_dp[i]` an int) or in runs of rows (`src_dp[i]` a
   tuple of `(rows, dp)` pairs in token order: e.g. the images of one sample encoded on different
-  replicas, see ds_hetero/balance.py); either way the rule above fixes the order.
+  replicas, see ds_hetero/step/balance.py); either way the rule above fixes the order.
 * Destination order. A destination rank needs the rows of the samples `dst_dp` assigns to its
   dp replica whose positions fall into its sequence shard: samples in ascending index, then
   ascending position. This is the order of `embeds[local_samples, shard][image_mask]`, so a
@@ -48,7 +48,7 @@ class BoundaryInputs:
     token_counts[i]  image tokens of sample i (0 for a sample without image).
     src_dp[i]        source (vision) dp rank that encodes sample i; or, to split a sample,
                      a tuple of `(rows, dp)` runs in token order whose rows add up to
-                     token_counts[i] (e.g. one run per image, see ds_hetero/balance.py).
+                     token_counts[i] (e.g. one run per image, see ds_hetero/step/balance.py).
     dst_dp[i]        destination (language) dp rank that consumes sample i.
     positions[i]     ascending positions of sample i's image placeholders in its sequence;
                      required when the destination shards the sequence (cp > 1, or sequence

@@ -3,7 +3,7 @@
 `ds-hetero validate --model NAME_OR_PATH` runs the model-level checks (heads, kv heads, MLP
 width, vocabulary against each stage's tp) on such a model: no weights are read or allocated,
 and nothing is downloaded. `ds_hetero.initialize(meta_model(DIR), cfg, weights=DIR)` then fills
-it per stage and per tp shard (ds_hetero/loading/).
+it per stage and per tp shard (ds_hetero/weights/).
 """
 
 from __future__ import annotations

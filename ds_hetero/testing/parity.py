@@ -28,7 +28,7 @@ def build_model(family, seed, **kw):
 
 
 def make_batches(family, model, steps, batch_size, seed=100):
-    from tests.vlm_data import llava_samples, qwen_samples
+    from ds_hetero.testing.samples import llava_samples, qwen_samples
 
     batches = []
     for step in range(steps):
@@ -59,6 +59,21 @@ def reference_forward(family, model, adapter, samples):
                     mm_token_type_ids=(batch["input_ids"] == model.config.image_token_id).int(),
                     labels=batch["labels"])
     return out.logits, batch["labels"], float(out.loss)  # the model's own loss: mean over label tokens
+
+
+def hf_inputs(family, model, samples):
+    """The padded batch the single-process model takes, labels included."""
+    from ds_hetero.models import adapter_for
+
+    adapter = adapter_for(model)
+    batch, vision = adapter.language_inputs(samples), adapter.vision_inputs(samples)
+    kw = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+    if family == "llava":
+        kw["pixel_values"] = vision["pixel_values"]
+    elif len(vision["image_grid_thw"]):
+        kw.update(pixel_values=vision["pixel_values"], image_grid_thw=vision["image_grid_thw"],
+                  mm_token_type_ids=(batch["input_ids"] == model.config.image_token_id).int())
+    return kw
 
 
 def reference_train(family, model, batches, make_optimizer, clip, per_stage_clip=False, per_micro_batch_mean=0):
@@ -161,7 +176,7 @@ def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimi
     """hetero: more `hetero_parallel` keys; make_data(family, model, steps, batch_size) -> batches
     instead of make_batches; inspect(engine, batches) -> more result entries (may patch the engine
     before training: it runs first and its dict is read after)."""
-    import ds_hetero
+    from ds_hetero.entry import initialize
 
     model_kw = model_kw or {}
     lr = 1e-3 if optimizer == "adamw" else 0.5
@@ -189,7 +204,7 @@ def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimi
     reference = copy.deepcopy(model)
     batches = (make_data or make_batches)(family, model, steps, batch_size)
 
-    engine = ds_hetero.initialize(model, config, optimizer=make_optimizer)
+    engine = initialize(model, config, optimizer=make_optimizer)
     extra = inspect(engine, batches) if inspect is not None else {}
     results = [engine.train_batch(samples) for samples in batches]
     got = full_named_parameters(engine)

@@ -1,6 +1,6 @@
 """Benchmark the boundary exchange: BoundaryCommunicator against two baselines, in one run.
 
-    python recipes/bench_boundary.py [--iters 20] [--hidden 1024] [--backend nccl --max-world N]
+    python benchmarks/bench_boundary.py [--iters 20] [--hidden 1024] [--backend nccl --max-world N]
 
 For each layout pair (colocated and disaggregated), every rank moves the vision stage's image-
 token rows [T, H] into the language stage's layout (forward exchange only) three ways:
@@ -31,18 +31,16 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ds_hetero import StageLayout  # noqa: E402
 from ds_hetero.boundary import BoundaryCommunicator, BoundaryInputs  # noqa: E402
+from ds_hetero.testing.launch import run_distributed  # noqa: E402
 from ds_hetero.topology.groups import build_groups  # noqa: E402
 
 # torch 2.13 renamed all_gather_into_tensor; older torch only has the old name.
@@ -260,37 +258,16 @@ def _bench_case(rank, label, src, dst, placement, hidden, iters, seed, device):
         groups.destroy()
 
 
-def _worker(rank, world, store, cases, hidden, iters, queue, backend):
-    torch.set_num_threads(1)
-    device = torch.device("cpu")
-    if backend == "nccl":  # one process per device
-        device = torch.device("cuda", rank)
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
-    try:
-        rows = [_bench_case(rank, *case, hidden, iters, seed=n + 1, device=device) for n, case in enumerate(cases)]
-        if rank == 0:
-            queue.put(rows)
-    finally:
-        dist.destroy_process_group()
+def _rank(rank, world, cases, hidden, iters, backend):
+    """Every case on this rank (the launcher has joined the ranks with `backend`); rank 0's rows."""
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")  # one process per device
+    rows = [_bench_case(rank, *case, hidden, iters, seed=n + 1, device=device) for n, case in enumerate(cases)]
+    return rows if rank == 0 else None
 
 
 def _launch(world, cases, hidden, iters, backend="gloo"):
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=_worker,
-                             args=(r, world, os.path.join(tmp, "store"), cases, hidden, iters, queue, backend))
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        rows = queue.get(timeout=900)
-        for p in procs:
-            p.join(timeout=60)
-        if any(p.exitcode != 0 for p in procs):
-            raise RuntimeError(f"a benchmark rank failed (world {world})")
-    return rows
+    return run_distributed(_rank, world, timeout=900, backend=backend, pg_timeout_s=120,
+                           args=(cases, hidden, iters, backend))[0]
 
 
 def main(argv=None):

@@ -1,7 +1,7 @@
 """Run under `deepspeed --num_gpus 4` by tests/test_entry_points.py: the main job and the HF Trainer
 recipe on the same config, seed and data, in one set of processes (a launch costs tens of seconds).
 
-    deepspeed --num_gpus 4 tests/entry_points_driver.py OUT_DIR
+    deepspeed --num_gpus 4 tests/helpers/entry_points_driver.py OUT_DIR
 
 For each placement: recipes/train_llava.py for 4 steps; recipes/hf_trainer_llava.py for 2 steps
 with a checkpoint (disaggregated: from OUT_DIR/model, a meta model + weights=), then again with resume_from_checkpoint=True for one epoch, i.e. to step 4 (evaluating at step 4,
@@ -16,7 +16,7 @@ import os
 import sys
 import traceback
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 

@@ -1,7 +1,7 @@
 """Peak memory per rank while the engine is built: the whole model on every rank vs meta + weights.
 
-    python recipes/bench_loading.py             # a ~120M-parameter LLaVA (~0.5 GB fp32), ~3 min on 2 cores
-    python recipes/bench_loading.py --quick     # ~30M parameters, ~1.5 min
+    python benchmarks/bench_loading.py             # a ~120M-parameter LLaVA (~0.5 GB fp32), ~3 min on 2 cores
+    python benchmarks/bench_loading.py --quick     # ~30M parameters, ~1.5 min
 
 The model (CLIP tower + projector, Llama LM with a 16k vocabulary) is built once, saved as a
 sharded safetensors checkpoint, and freed. Then four rows, each on 4 fresh gloo processes:
@@ -37,7 +37,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_layouts import WORLD, launch  # noqa: E402  (the same 4-process launcher)
+from cpu_ranks import WORLD, launch  # noqa: E402  (the same 4-process launcher)
 
 DEFAULTS = dict(text_hidden=1024, text_layers=6, text_heads=16, text_kv_heads=8, vocab=16000,
                 vision_hidden=768, vision_layers=4, vision_heads=12, zero=0)

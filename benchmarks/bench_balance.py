@@ -1,7 +1,7 @@
 """The encoder's straggler: position vs token balancing, one vs several encoder passes, 4 ranks, one run.
 
-    python recipes/bench_balance.py              # Qwen2-VL, 0/64/256/1024 and Zipf-like image tokens
-    python recipes/bench_balance.py --quick      # a quarter of the tokens, fewer steps (~3 min loaded)
+    python benchmarks/bench_balance.py              # Qwen2-VL, 0/64/256/1024 and Zipf-like image tokens
+    python benchmarks/bench_balance.py --quick      # a quarter of the tokens, fewer steps (~3 min loaded)
 
 Image-token counts per sample are skewed (a text-only sample next to one with 1024 image tokens),
 so the vision stage's dp rank that gets the big images by position is the straggler every rank
@@ -9,7 +9,7 @@ waits for. Rows (all colocated, vision tp1 dp4 + language tp1 dp4, global batch 
 micro-batches, ZeRO 1, AdamW, clipping 1.0):
 
     position      hetero_parallel.balance "position": each vision rank encodes its samples' images
-    tokens        balance "tokens": images to ranks by cost, LPT (ds_hetero/balance.py)
+    tokens        balance "tokens": images to ranks by cost, LPT (ds_hetero/step/balance.py)
     position 1p   position, the vision stage in one pass per step (stages.vision.micro_batches 1)
     tokens 1p     tokens, one vision pass per step
 
@@ -34,7 +34,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_layouts import launch  # noqa: E402  (4 fresh gloo processes from a preloaded forkserver)
+from cpu_ranks import launch  # noqa: E402  (4 fresh gloo processes from a preloaded forkserver)
 
 ROWS = {  # name: (vision stage, language stage, vision micro-batches or None, balance)
     "position": ({"dp": 4}, {"dp": 4}, None, "position"),
@@ -79,7 +79,7 @@ def make_model(a):
 
 
 def batches(model, dist: str, a, n: int):
-    from tests.uneven_data import qwen_uneven
+    from ds_hetero.testing.uneven import qwen_uneven
 
     out = []
     for step in range(n):

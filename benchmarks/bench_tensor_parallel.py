@@ -1,6 +1,6 @@
 """Vision stage at tp 1, 2 and 4 on 4 CPU ranks: step time and bytes all-reduced per step.
 
-    python recipes/bench_tensor_parallel.py [--steps 6]
+    python benchmarks/bench_tensor_parallel.py [--steps 6]
 
 One run, three layouts of the same 4 ranks (tp x dp = 1x4, 2x2, 4x1), the same global batch of
 images. A step is forward + backward of a CLIP vision tower and the LLaVA projector on this
@@ -14,15 +14,11 @@ oversubscribed, so read the times for their trend, the bytes exactly.
 from __future__ import annotations
 
 import argparse
-import os
-import queue
 import statistics
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 WORLD = 4
 GLOBAL_IMAGES = 16
@@ -97,44 +93,25 @@ def run_layout(rank, tp, groups, steps):
                 tp_bytes=counts[-1].get("tp", 0), dp_bytes=counts[-1].get("dp", 0))
 
 
-def worker(rank, store_path, steps, results):
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=WORLD)
+def worker(rank, world, steps):
     from ds_hetero.topology.groups import build_groups
     from ds_hetero.topology.layout import StageLayout
 
     ranks = tuple(range(WORLD))
     groups = build_groups({f"tp{t}": StageLayout(f"tp{t}", t, 1, WORLD // t, ranks) for t in (1, 2, 4)}, rank)
     rows = [run_layout(rank, tp, groups, steps) for tp in (1, 2, 4)]
-    if rank == 0:
-        results.put(rows)
     dist.barrier()
-    dist.destroy_process_group()
+    return rows
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args()
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=worker, args=(r, os.path.join(tmp, "store"), args.steps, results))
-                 for r in range(WORLD)]
-        for p in procs:
-            p.start()
-        rows = None
-        while rows is None:  # stop as soon as a rank dies instead of waiting on the queue
-            try:
-                rows = results.get(timeout=1.0)
-            except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    for p in procs:
-                        p.kill()
-                    raise SystemExit("a rank failed; see its traceback above")
-        for p in procs:
-            p.join()
+    from ds_hetero.testing.launch import run_distributed
+
+    rows = run_distributed(worker, WORLD, timeout=1800, backend="gloo", pg_timeout_s=600, args=(args.steps,),
+                           env={"DS_ACCELERATOR": "cpu"})[0]
     print(f"vision stage: CLIP tower {VISION} + LLaVA projector -> {TEXT_HIDDEN}; "
           f"{GLOBAL_IMAGES} images per step on {WORLD} CPU ranks (gloo), median of {args.steps} steps")
     print(f"{'tp':>3} {'dp':>3} {'img/rank':>8} {'params/rank':>11} {'step ms':>8} "

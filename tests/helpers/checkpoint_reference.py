@@ -8,7 +8,7 @@ starts from the same weights, Adam moments and step, on the same global batches.
 
 import torch
 
-from tests.engine_parity import build_model, reference_train
+from ds_hetero.testing.parity import build_model, reference_train
 
 LR = 1e-3
 

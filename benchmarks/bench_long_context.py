@@ -1,7 +1,7 @@
 """Long multimodal sequences: the language stage on sequence shards, the encoder in three layouts.
 
-    python recipes/bench_long_context.py            # ~2k-token samples (8 images x 256 tokens + text)
-    python recipes/bench_long_context.py --quick    # ~300-token samples, a few minutes on 2 loaded cores
+    python benchmarks/bench_long_context.py            # ~2k-token samples (8 images x 256 tokens + text)
+    python benchmarks/bench_long_context.py --quick    # ~300-token samples, a few minutes on 2 loaded cores
 
 4 ranks, one LLaVA (CLIP tower, Llama LM, both built from config with seeded weights), the
 language stage always tp2 cp2 with sequence parallelism (each rank holds 1/4 of every sequence
@@ -35,9 +35,11 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_layouts import launch  # noqa: E402  (one launcher for the benches)
-from train_llava import peak_memory_mb  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "recipes"))  # the main job's peak-memory figure
+from cpu_ranks import launch  # noqa: E402  (one launcher for the benches)
+from train_llava import peak_memory_mb  # noqa: E402  (device peak on an accelerator, max RSS on CPU)
 
 ROWS = {
     "hetero": {"vision": {"tp": 1, "dp": 4}},

@@ -1,6 +1,6 @@
 """Token-balanced encoders against the single-process reference, on uneven image tokens.
 
-`train_uneven(...)` is tests/engine_parity.train_both on tests/uneven_data.py batches, with
+`train_uneven(...)` is ds_hetero.testing.parity.train_both on ds_hetero/testing/uneven.py batches, with
 `hetero_parallel.balance` and per-stage encoder micro-batches (in `layout`), reporting also
 each step's encoder imbalance (max/mean cost over the vision dp ranks, from the engine's own
 assignment) under the configured balance and under "position", and how many samples had their
@@ -9,8 +9,8 @@ images encoded on several ranks. `corrupt=True` is the negative control.
 
 import dataclasses
 
-from tests.engine_parity import train_both
-from tests.uneven_data import uneven_batches
+from ds_hetero.testing.parity import train_both
+from ds_hetero.testing.uneven import uneven_batches
 
 
 def _swap_two_images(inputs):
@@ -32,7 +32,7 @@ def _balance_figures(family, corrupt):
     def inspect(engine, batches):
         from ds_hetero.step.balance import encoder_assignment
         from ds_hetero.models import adapter_for
-        from tests.engine_parity import build_model, reference_forward
+        from ds_hetero.testing.parity import build_model, reference_forward
 
         from ds_hetero.step.plan import StepPlan
 

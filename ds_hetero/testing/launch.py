@@ -1,11 +1,12 @@
 """Run a function on N local processes joined by a process group, with a hard timeout.
 
+    from ds_hetero.testing.launch import run_distributed
     results = run_distributed(check_fn, world_size=4, timeout=120, some_arg=1)
 
-`check_fn(rank, world_size, **kwargs)` runs on every rank after the default process group is
-up; its return values come back as a list indexed by rank. A child that raises makes the call
-fail with that child's traceback; a child that hangs or dies is killed at the deadline. No
-process outlives the call.
+`check_fn(rank, world_size, *args, **kwargs)` runs on every rank after the default process
+group is up; its return values come back as a list indexed by rank. A child that raises makes
+the call fail with that child's traceback; a child that hangs or dies is killed at the
+deadline. No process outlives the call. The tests and the benchmarks share this launcher.
 
 Children are forked from a forkserver that has imported torch/deepspeed/transformers once, so
 a launch costs a fraction of a second instead of the several seconds of a fresh interpreter,
@@ -22,10 +23,20 @@ import socket
 import tempfile
 import time
 import traceback
+import warnings
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
 PRELOAD = ["torch", "torch.distributed", "deepspeed", "transformers"]
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """What a rank left instead of a result (with check=False): its traceback, or how it died."""
+
+    rank: int
+    message: str
 
 
 def _context() -> mp.context.BaseContext:
@@ -40,12 +51,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(fn, rank, world_size, store_path, port, backend, pg_timeout_s, kwargs, results):
+def _child(fn, rank, world_size, store_path, port, backend, pg_timeout_s, env, args, kwargs, results):
     try:
         import torch
         import torch.distributed as dist
 
-        torch.set_num_threads(1)  # N ranks share 2 cores; more threads only contend
+        # DeepSpeed 0.19's ZeRO calls the renamed all_gather_into_tensor on every step
+        warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
+        torch.set_num_threads(1)  # N ranks share the cores; more threads only contend
         if backend == "nccl":  # one process per device (recipes/check_gpu.sh)
             torch.cuda.set_device(rank)
         os.environ.update(
@@ -55,6 +68,7 @@ def _child(fn, rank, world_size, store_path, port, backend, pg_timeout_s, kwargs
             LOCAL_SIZE=str(world_size),
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
+            **(env or {}),
         )
         dist.init_process_group(
             backend=backend,
@@ -64,7 +78,7 @@ def _child(fn, rank, world_size, store_path, port, backend, pg_timeout_s, kwargs
             timeout=timedelta(seconds=pg_timeout_s),
         )
         try:
-            value = fn(rank, world_size, **kwargs)
+            value = fn(rank, world_size, *args, **kwargs)
         finally:
             # Leave DeepSpeed's comm wrapper and torch's default group as a fresh process has them.
             if dist.is_initialized():
@@ -81,11 +95,18 @@ def run_distributed(
     backend: str | None = None,
     pg_timeout_s: float = 60.0,
     grace_s: float = 5.0,
+    args: tuple = (),
+    env: dict[str, str] | None = None,
+    check: bool = True,
     **kwargs: Any,
 ) -> list[Any]:
-    """Run `fn(rank, world_size, **kwargs)` on `world_size` processes; return per-rank results.
+    """Run `fn(rank, world_size, *args, **kwargs)` on `world_size` processes; return per-rank results.
 
     `backend`: gloo unless DS_HETERO_TEST_BACKEND says otherwise (nccl on a GPU machine).
+    `env`: more environment variables for every child (set before the process group starts).
+    `check`: a failed rank raises AssertionError with every failed rank's traceback; with
+    check=False its entry in the returned list is a RankFailure instead (tests that kill a rank
+    on purpose read the survivors' results from the same list).
 
     After the first rank fails, the others get `grace_s` seconds to report their own outcome
     before they are killed (tests of failure handling raise it to see the survivors' errors).
@@ -99,7 +120,7 @@ def run_distributed(
         procs = [
             ctx.Process(
                 target=_child,
-                args=(fn, rank, world_size, store_path, port, backend, pg_timeout_s, kwargs, results),
+                args=(fn, rank, world_size, store_path, port, backend, pg_timeout_s, env, args, kwargs, results),
                 daemon=True,
                 name=f"rank{rank}",
             )
@@ -146,6 +167,11 @@ def run_distributed(
             results.close()
     errors = [f"--- rank {r} ---\n{v}" for r, (s, v) in sorted(outcome.items()) if s == "error"]
     missing = [r for r in range(world_size) if r not in outcome]
+    if not check:
+        killed = f"rank {{}} did not finish within {timeout:.0f}s (killed)"
+        return [RankFailure(r, killed.format(r)) if r not in outcome
+                else RankFailure(r, outcome[r][1]) if outcome[r][0] == "error" else outcome[r][1]
+                for r in range(world_size)]
     if errors or missing:
         msg = "\n".join(errors)
         if missing:

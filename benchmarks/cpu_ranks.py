@@ -1,0 +1,18 @@
+"""The benchmarks' launcher: the tests' own (ds_hetero.testing.launch.run_distributed) on 4 CPU ranks.
+
+Each call forks fresh processes from a forkserver that has imported torch, DeepSpeed and
+transformers once, joins them with gloo and returns one result per rank; a rank that fails makes
+the call raise with its traceback.
+"""
+
+from __future__ import annotations
+
+from ds_hetero.testing.launch import run_distributed
+
+WORLD = 4
+
+
+def launch(fn, *args, timeout=1200.0):
+    """fn(rank, WORLD, *args) on WORLD fresh gloo processes; per-rank results."""
+    return run_distributed(fn, WORLD, timeout=timeout, backend="gloo", pg_timeout_s=600, args=args,
+                           env={"DS_ACCELERATOR": "cpu"})
