@@ -1,0 +1,155 @@
+"""Plugin overhead: ds_hetero against plain DeepSpeed at the same layout (dp4), and where the difference goes.
+
+    python benchmarks/bench_overhead.py                 # bench_layouts' default and --quick sizes (~6 min)
+    python benchmarks/bench_overhead.py --sizes quick   # one size only
+
+The same seeded LLaVA (bench_layouts' "balanced" scenario), the same global batches, ZeRO 1,
+AdamW, clipping 1.0, on 4 CPU ranks: "ds_hetero dp4" (vision tp1 dp4 + language tp1 dp4,
+colocated: two stage engines, a boundary that moves nothing) against "plain DS dp4" (one
+`deepspeed.initialize` over the whole model, benchmarks/layouts_plain.py). Both engines live in
+ONE set of processes and step round-robin (A B, B A, ...), so a shared machine's drift hits both
+alike.
+
+Reported per size:
+- wall time per step (the slowest rank, from a common barrier) and the median of the per-round
+  ratios ds_hetero / plain: the overhead a user sees;
+- CPU seconds per step (all ranks, time.process_time): robust to other jobs on the machine, since
+  a rank waiting in a gloo collective sleeps;
+- where ds_hetero's CPU time goes against plain DeepSpeed's, phase by phase (cProfile on CPU time,
+  rank 0): model forward, backward, the boundary exchange, the gradient norm, the optimizer step,
+  the batch agreement and the step plan, and the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the layouts_* modules beside this script
+
+from bench_layouts import parse_args as layouts_args  # noqa: E402
+from cpu_ranks import launch  # noqa: E402
+from layouts_measure import make_engine  # noqa: E402
+from layouts_rows import make_batches  # noqa: E402
+
+ROWS = ("ds_hetero dp4", "plain DS dp4")
+
+# phase -> functions (file suffix, name) whose cumulative CPU time it is, for each engine. Nested
+# entries are subtracted where one phase runs inside another (the boundary's backward exchange
+# runs inside the encoder's backward; the norm inside plain DeepSpeed's step).
+HETERO_PHASES = {
+    "forward (encoder + language + loss)": [("schedule/stage_work.py", "encoder_forward"),
+                                            ("schedule/stage_work.py", "language_loss_sum")],
+    "backward": [("stages/stage_set.py", "backward")],
+    "boundary exchange": [("schedule/stage_work.py", "send_rows"), ("boundary/communicator.py", "_run_backward")],
+    "gradient norm": [("stages/global_step.py", "stage_norms"), ("stages/global_step.py", "combine_norms_and_loss")],
+    "optimizer step": [("stages/global_step.py", "step_all"), ("stages/stage_set.py", "micro_step")],
+    "batch agreement + step plan": [("ds_hetero/engine.py", "_agree_on_batch"), ("step/plan.py", "__init__")],
+}
+PLAIN_PHASES = {
+    "forward (encoder + language + loss)": [("deepspeed/runtime/engine.py", "forward"), ("ds_hetero/loss.py", "token_loss_sum")],
+    "backward": [("deepspeed/runtime/engine.py", "backward")],
+    "boundary exchange": [],
+    "gradient norm": [("deepspeed/runtime/zero/stage_1_and_2.py", "scaled_global_norm")],
+    "optimizer step": [("deepspeed/runtime/engine.py", "step")],
+    "batch agreement + step plan": [("ds_hetero/loss.py", "label_token_count")],
+}
+NESTED = {  # (engine, phase) -> the phase whose time it contains and must not count twice
+    ("hetero", "backward"): [("boundary/communicator.py", "_run_backward")],
+    ("plain", "optimizer step"): [("deepspeed/runtime/zero/stage_1_and_2.py", "scaled_global_norm")],
+}
+
+
+def _cum(stats: pstats.Stats, where: list[tuple[str, str]], steps: int) -> float:
+    """Milliseconds per step inside the named functions (cumulative, each counted once)."""
+    total = 0.0
+    for (filename, _, name), (_, _, _, cumtime, _) in stats.stats.items():
+        if any(filename.endswith(suffix) and name == fn for suffix, fn in where):
+            total += cumtime
+    return 1000 * total / steps
+
+
+def breakdown(stats: pstats.Stats, which: str, steps: int) -> dict[str, float]:
+    phases = HETERO_PHASES if which == "hetero" else PLAIN_PHASES
+    out = {phase: _cum(stats, where, steps) - _cum(stats, NESTED.get((which, phase), []), steps)
+           for phase, where in phases.items()}
+    total = 1000 * stats.total_tt / steps
+    out["other (host work, spans, Python)"] = total - sum(out.values())
+    out["total"] = total
+    return out
+
+
+def run(rank, world, a, steps):
+    """Both engines in this process, stepped round-robin; per-step wall and CPU, rank 0's profiles."""
+    import torch.distributed as dist
+
+    engines = {}
+    for name in ROWS:
+        model, engine = make_engine(name, a)
+        if hasattr(engine, "timeline"):
+            engine.timeline.synchronize = False  # as in training: no device sync per span
+        engines[name] = engine
+    batches = make_batches(model, a, steps + 2)
+    for b in batches[:2]:  # warm-up: DeepSpeed's first steps allocate
+        for engine in engines.values():
+            engine.train_batch(b)
+    profiles = {name: cProfile.Profile(time.process_time) for name in ROWS}
+    rounds = []
+    for i, b in enumerate(batches[2:]):
+        order = ROWS if i % 2 == 0 else ROWS[::-1]
+        rec = {}
+        for name in order:
+            dist.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            profiles[name].enable()
+            engines[name].train_batch(b)
+            profiles[name].disable()
+            rec[name] = (time.perf_counter() - t0, time.process_time() - c0)
+        rounds.append(rec)
+    out = {"rounds": rounds}
+    if rank == 0:
+        out["breakdown"] = {name: breakdown(pstats.Stats(profiles[name]), "hetero" if name == ROWS[0] else "plain",
+                                            steps) for name in ROWS}
+    return out
+
+
+def report(size: str, a: dict, per_rank: list[dict], steps: int) -> None:
+    wall = {n: [max(r["rounds"][i][n][0] for r in per_rank) for i in range(steps)] for n in ROWS}
+    cpu = {n: [sum(r["rounds"][i][n][1] for r in per_rank) for i in range(steps)] for n in ROWS}
+    ratio = [wall[ROWS[0]][i] / wall[ROWS[1]][i] for i in range(steps)]
+    cpu_ratio = [cpu[ROWS[0]][i] / cpu[ROWS[1]][i] for i in range(steps)]
+    print(f"\n== {size} sizes (vision {a['vision_hidden']}x{a['vision_layers']}, language "
+          f"{a['text_hidden']}x{a['text_layers']}, {a['image_size']} px, batch {a['batch']}), {steps} rounds; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{'row':<16}{'wall s/step':>12}{'min':>8}{'CPU s/step':>12}")
+    for n in ROWS:
+        print(f"{n:<16}{statistics.median(wall[n]):>12.3f}{min(wall[n]):>8.3f}{statistics.median(cpu[n]):>12.3f}")
+    print(f"overhead ds_hetero / plain DeepSpeed: wall {statistics.median(ratio):.3f} (median of per-round ratios; "
+          f"fastest steps {min(wall[ROWS[0]]) / min(wall[ROWS[1]]):.3f}), CPU {statistics.median(cpu_ratio):.3f}")
+    hetero, plain = (per_rank[0]["breakdown"][n] for n in ROWS)
+    print(f"\nwhere the CPU time goes, rank 0, ms per step:\n{'phase':<38}{'ds_hetero':>10}{'plain DS':>10}{'diff':>8}")
+    for phase in hetero:
+        print(f"{phase:<38}{hetero[phase]:>10.1f}{plain[phase]:>10.1f}{hetero[phase] - plain[phase]:>+8.1f}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", nargs="+", choices=["default", "quick"], default=["default", "quick"])
+    p.add_argument("--steps", type=int, default=8, help="measured rounds (each steps both engines once)")
+    args = p.parse_args(argv)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    for size in args.sizes:
+        _, runs = layouts_args((["--quick"] if size == "quick" else []) + ["--scenario", "balanced", "--rows", *ROWS])
+        a = runs[0][1]
+        per_rank = launch(run, a, args.steps, timeout=3600.0)
+        report(size, a, per_rank, args.steps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
