@@ -38,6 +38,29 @@ def _suite(rank, world_size, runs):
     return {name: train_both(rank, world_size, "omni", steps=5, clip=CLIP, **RUNS[name]) for name in runs}
 
 
+def _same_size_items(family, model, steps, batch_size):
+    """Every sample: a 4-row image and a 4-row clip (16 frames), in either order, so swapped rows fit."""
+    from tests.omni_data import omni_samples
+
+    pairs = [[("image", (1, 4, 4)), ("audio", 16)], [("audio", 16), ("image", (1, 4, 4))]]
+    return [omni_samples(model, (pairs * batch_size)[:batch_size], text_len=3 + step, seed=300 + step)
+            for step in range(steps)]
+
+
+def _swap_rows(engine, batches):
+    """Deliver the audio rows at the image placeholders and the image rows at the audio ones."""
+    language = engine.stages.language.module
+    language.token_ids = tuple(reversed(language.token_ids))
+    return {}
+
+
+def _control(rank, world_size):
+    layout = RUNS[next(iter(RUNS))]
+    kw = dict(steps=2, clip=CLIP, make_data=_same_size_items, **layout)
+    return {"right": train_both(rank, world_size, "omni", **kw),
+            "swapped": train_both(rank, world_size, "omni", inspect=_swap_rows, **kw)}
+
+
 def _check(results):
     for rank, per_rank in enumerate(results):
         for name, r in per_rank.items():
@@ -61,3 +84,13 @@ def test_omni_colocated_matches_the_single_process_thinker():
 
 def test_omni_disaggregated_and_mixed_match_the_single_process_thinker():
     _check(run_distributed(_suite, world_size=4, timeout=600, runs=list(RUNS)[1:]))
+
+
+def test_omni_audio_rows_at_the_image_positions_fail_the_comparison():
+    for per_rank in run_distributed(_control, world_size=4, timeout=600):
+        right, swapped = per_rank["right"], per_rank["swapped"]
+        for got, hf in zip(right["losses"], right["hf_losses"]):  # the same data, rows in place: parity
+            assert abs(got - hf) <= RTOL * abs(hf), (right["losses"], right["hf_losses"])
+        worst = max(abs(got - hf) / abs(hf) for got, hf in zip(swapped["losses"], swapped["hf_losses"]))
+        assert worst > 100 * RTOL, (swapped["losses"], swapped["hf_losses"])
+        assert swapped["weight_err"][0] > 100 * RTOL, swapped["weight_err"]
