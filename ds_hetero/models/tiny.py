@@ -90,10 +90,12 @@ def tiny_qwen2_5_omni(seed: int = 0, text_hidden: int = 64, text_layers: int = 2
     vocabulary-parallel head needs it)."""
     from transformers import Qwen2_5OmniThinkerConfig, Qwen2_5OmniThinkerForConditionalGeneration
 
+    half = text_hidden // 4 // 2  # rotary pairs per head (4 heads): split over time, height, width
+    section = [half // 4, (half - half // 4) // 2, half - half // 4 - (half - half // 4) // 2]
     text = dict(vocab_size=300, hidden_size=text_hidden, intermediate_size=2 * text_hidden,
                 num_hidden_layers=text_layers, num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
                 tie_word_embeddings=False,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section})
     vision = dict(depth=vision_depth, hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_heads=4,
                   patch_size=4, spatial_merge_size=2, temporal_patch_size=2, in_channels=3, window_size=16,
                   out_hidden_size=text_hidden, fullatt_block_indexes=[vision_depth - 1])
