@@ -24,8 +24,8 @@ RUNS = {
     "colocated vision dp4 + audio tp2dp2 + language tp2dp2 zero1 adamw": dict(
         layout={"vision": {"tp": 1, "dp": 4}, "audio": {"tp": 2, "dp": 2}, "language": {"tp": 2, "dp": 2}},
         zero_stage=1),
-    "colocated vision dp4 one pass, position + audio dp4 balanced + language tp2dp2 zero2 sgd": dict(
-        layout={"vision": {"dp": 4, "micro_batches": 1, "balance": "position"}, "audio": {"dp": 4},
+    "colocated vision tp2dp2 one pass, position + audio dp4 balanced + language tp2dp2 zero2 sgd": dict(
+        layout={"vision": {"tp": 2, "dp": 2, "micro_batches": 1, "balance": "position"}, "audio": {"dp": 4},
                 "language": {"tp": 2, "dp": 2}},
         zero_stage=2, optimizer="sgd", hetero={"balance": "tokens"}),
     "disaggregated vision dp2 [0,1] + audio dp1 [2] + language dp1 [3] zero1 adamw": dict(
