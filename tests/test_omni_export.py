@@ -7,6 +7,9 @@
    (`initialize(meta_model(DIR), ..., weights=DIR)`) in placement "mixed" (vision dp2 on the
    language ranks [0, 1], language tp2, audio tp2 on [2, 3]): eval_batch equals the loaded
    thinker's own loss, on samples with an image only, audio only, both, and neither.
+3. the colocated run's engine checkpoint (save_checkpoint) loads into the mixed layout
+   (load_checkpoint reshards it): after another training step moved the weights, the loss is
+   the saved weights' again.
 """
 
 import copy
@@ -45,6 +48,7 @@ def _suite(rank, world_size, tmp):
     engine = ds_hetero.initialize(model, _config("colocated", COLOCATED))
     engine.train_batch(train)
     engine.save_pretrained(tmp)
+    engine.save_checkpoint(tmp + "-ckpt")
     got = full_named_parameters(engine)
     parts = [None] * world_size
     dist.all_gather_object(parts, got)
@@ -70,6 +74,10 @@ def _suite(rank, world_size, tmp):
     engine = ds_hetero.initialize(meta, _config("mixed", MIXED), weights=tmp)
     out["eval"] = (engine.eval_batch(held_out), want)
     out["held"] = sorted(engine.engines)
+    engine.train_batch(train)  # moves the weights away from the saved ones ...
+    out["moved"] = engine.eval_batch(held_out)
+    engine.load_checkpoint(tmp + "-ckpt")  # ... and the colocated checkpoint, resharded, brings them back
+    out["restored"] = (engine.eval_batch(held_out), engine.global_steps)
     engine.groups.destroy()
     return out
 
@@ -81,3 +89,7 @@ def test_omni_save_pretrained_loads_per_shard_and_evaluates_in_mixed_placement(t
         got, want = r["eval"]
         assert got == pytest.approx(want, rel=1e-5, abs=0), (rank, r)
     assert [r["held"] for r in results] == [["language", "vision"]] * 2 + [["audio"]] * 2
+    for r in results:  # engine checkpoint of the colocated run, loaded into the mixed layout
+        want = r["eval"][1]
+        assert abs(r["moved"] - want) > 1e-4 * abs(want), r
+        assert r["restored"][0] == pytest.approx(want, rel=1e-5, abs=0) and r["restored"][1] == 1, r
