@@ -36,7 +36,8 @@ def rank_map(cfg: HeteroConfig) -> str:
     rows = [
         [name, f"tp{l.tp} cp{l.cp} dp{l.dp}", _ranges(l.ranks), "yes" if l.sequence_parallel else "no",
          str(cfg.micro_batches_of(name)),
-         str(cfg.micro_batch_size(name)) + (" (images by cost)" if cfg.balance == "tokens" and name != "language" else "")]
+         str(cfg.micro_batch_size(name)) + (" (items by cost)" if name != "language" and cfg.balance_of(name) == "tokens"
+                                            else "")]
         for name, l in cfg.stages.items()
     ]
     lines += _table(header, rows)

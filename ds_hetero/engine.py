@@ -74,12 +74,16 @@ class HeteroEngine:
         self.adapter = adapter if adapter is not None else adapter_for(model)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.stages, self.load_report = build_stage_set(model, config, self.adapter, self.rank, optimizer, checkpoint)
+        # One communicator per encoder whose exchanges this rank takes part in (it holds the encoder
+        # or the language stage), over that pair's own group (topology/groups.py).
         self.boundaries = {
             stage.name: BoundaryCommunicator(stage.layout, config.language, self.stages.groups, config.placement,
                                              hidden_size=self.adapter.hidden_size)
-            for stage in self.stages.encoders
+            for stage in self.stages.encoders if self.stages.groups.pair_member(stage.name)
         }
         self.timeline = Timeline()
+        # "mixed" (some encoders colocated with the language stage, some apart) runs the pipelined
+        # schedule: it treats a colocated pair as a pair whose exchange copies rows locally.
         schedule = ColocatedSchedule if config.placement == "colocated" else DisaggregatedSchedule
         self.schedule = schedule(self.stages, self.boundaries, self.adapter, self.timeline)
         self.loader = (
@@ -110,7 +114,7 @@ class HeteroEngine:
         "tokens" an encoder's share depends on the batch's token ids (see `_next_samples`)."""
         needed: set[int] = set()
         for stage in self.stages.held:
-            if stage.name != self.config.language.name and self.config.balance == "tokens":
+            if stage.name != self.config.language.name and self.config.balance_of(stage.name) == "tokens":
                 continue
             for m in range(stage.passes):
                 needed.update(stage_samples(self.config, stage.name, stage.coord.dp, m))
@@ -123,9 +127,9 @@ class HeteroEngine:
             raise ValueError("train_batch() without samples needs training_data at initialize()")
         batch = self.loader.load(self.global_steps, self.needed_positions())
         plan = self._plan(batch)
-        if plan is not None and self.config.balance == "tokens":
+        if plan is not None:
             for stage in self.stages.encoders:
-                if stage.held:
+                if stage.held and self.config.balance_of(stage.name) == "tokens":
                     self.loader.fill(self.global_steps, batch, plan.encoder_positions(stage.name, stage.coord.dp))
         return batch, plan
 

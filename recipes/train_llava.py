@@ -2,6 +2,11 @@
 
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_colocated.json
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_disaggregated.json --trace t.json
+    deepspeed --num_gpus 4 recipes/train_llava.py --model-family omni --deepspeed_config ds_configs/omni_colocated.json
+
+`--model-family omni` trains a tiny Qwen2.5-Omni thinker (vision + audio + language stages) on the
+same captions, shown as an image, described by a synthetic clip, both, or neither
+(ds_hetero/data/omni_shapes.py).
 
 The model is built from config with seeded weights (a CLIP tower + projector and a Llama LM),
 unless `--model PATH` names a Hugging Face safetensors checkpoint directory: then every rank
@@ -39,6 +44,8 @@ def parse_args(argv=None):
     p.add_argument("--model", default=None,
                    help="a LlavaForConditionalGeneration safetensors checkpoint directory, loaded per stage and tp shard")
     p.add_argument("--vision", default="clip", choices=["clip", "siglip"], help="tower of the built-in tiny model")
+    p.add_argument("--model-family", default="llava", choices=["llava", "omni"],
+                   help="the built-in tiny model and its dataset: LLaVA, or the Qwen2.5-Omni thinker (image + audio)")
     p.add_argument("--save", default=None, help="save a checkpoint here at the end")
     p.add_argument("--summary-json", default=None, help="rank 0 writes the summary here as JSON")
     p.add_argument("--trace", default=None,
@@ -55,9 +62,21 @@ def build_model(args):
         from ds_hetero import meta_model
 
         return meta_model(args.model, dtype=torch.float32), args.model
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.models.tiny import tiny_llava, tiny_qwen2_5_omni
 
+    if args.model_family == "omni":
+        return tiny_qwen2_5_omni(seed=args.seed), None
     return tiny_llava(args.vision, seed=args.seed), None
+
+
+def build_dataset(args, model):
+    if args.model_family == "omni" or type(model).__name__.startswith("Qwen2_5Omni"):
+        from ds_hetero.data.omni_shapes import OmniShapesDataset
+
+        return OmniShapesDataset(args.samples, model.config, seed=args.seed, max_shapes=2)
+    from ds_hetero.data import ShapesCaptionDataset
+
+    return ShapesCaptionDataset.for_llava(model.config, size=args.samples, seed=args.seed)
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -74,11 +93,10 @@ def main(argv=None) -> int:
     import torch.distributed as dist
 
     import ds_hetero
-    from ds_hetero.data import ShapesCaptionDataset
 
     torch.manual_seed(args.seed)
     model, weights = build_model(args)
-    dataset = ShapesCaptionDataset.for_llava(model.config, size=args.samples, seed=args.seed)
+    dataset = build_dataset(args, model)
     engine = ds_hetero.initialize(model, args.deepspeed_config, training_data=dataset, weights=weights,
                                   seed=args.seed)  # the data order too, as the Trainer recipe does
     engine.timeline.trace_window = args.trace_window

@@ -166,11 +166,17 @@ class BoundaryCommunicator:
                     "stages", f"layout of {layout.name!r} differs from the one the groups were built for")
         self.rank = groups.stages[src.name].rank
         peers = tuple(sorted(set(src.ranks) | set(dst.ranks)))
-        if tuple(groups.boundary_ranks) != peers:
-            raise HeteroConfigError(
-                "stages", f"the boundary group spans {groups.boundary_ranks}, not exactly the ranks {peers} "
-                f"of {src.name!r} and {dst.name!r}; more than two stages need a group per stage pair")
-        self.group = groups.boundary
+        if self.rank not in peers:
+            raise ValueError(f"rank {self.rank} holds neither {src.name!r} nor {dst.name!r}: it takes no part in "
+                             "their exchanges (build a communicator only on the ranks of the pair)")
+        # The exchange runs over the group of exactly this pair's ranks (build_groups makes one per
+        # encoder stage): with several encoders on different ranks, the union would wait for ranks
+        # that never join this pair's exchanges.
+        try:
+            self.group = groups.spanning(peers)
+        except KeyError as exc:
+            raise HeteroConfigError("stages", f"{exc.args[0]}; the stages {src.name!r} and {dst.name!r} need "
+                                    "one") from None
         # Source replicas hold identical rows; they complete each other's gradients.
         self.replica_group = groups.stages[src.name].model if src.contains(self.rank) else None
         # The plan indexes splits by sorted global rank: the groups must number ranks that way.

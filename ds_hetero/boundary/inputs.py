@@ -38,7 +38,7 @@ from typing import Sequence
 from ..errors import HeteroConfigError
 from ..topology.layout import StageLayout
 
-PLACEMENTS = ("colocated", "disaggregated")
+PLACEMENTS = ("colocated", "disaggregated", "mixed")
 
 
 @dataclass(frozen=True)
@@ -111,13 +111,18 @@ def shard_bounds(dst: StageLayout, rank: int, seq_len: int) -> tuple[int, int]:
 
 # ---------------------------------------------------------------------------- validation
 def check_placement(src: StageLayout, dst: StageLayout, placement: str | None) -> str:
+    """The relation of two stages' ranks: "colocated" (the same) or "disaggregated" (disjoint).
+
+    `placement` "mixed" (each encoder colocated with the language stage or apart from it) or
+    None accepts either; any other value must be the relation itself. Partial overlaps raise.
+    """
     a, b = set(src.ranks), set(dst.ranks)
     actual = "colocated" if a == b else "disaggregated" if not (a & b) else None
     if actual is None:
         raise HeteroConfigError(
             "placement", f"stages {src.name!r} {sorted(a)} and {dst.name!r} {sorted(b)} partly overlap; "
             "use the same ranks (colocated) or disjoint ranks (disaggregated)")
-    if placement is not None and placement != actual:
+    if placement is not None and placement != "mixed" and placement != actual:
         if placement not in PLACEMENTS:
             raise HeteroConfigError("placement", f"{placement!r} is not one of {PLACEMENTS}")
         raise HeteroConfigError("placement", f"{placement!r} given but the stages' ranks are {actual}")

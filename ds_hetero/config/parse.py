@@ -77,6 +77,7 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
     if balance not in BALANCES:
         raise HeteroConfigError(f"{SECTION}.balance", f"got {balance!r}; valid values are {' or '.join(BALANCES)}")
     encoder_mbs = _encoder_micro_batches(specs, micro_batches, placement)
+    encoder_balance = _encoder_balance(specs, balance)
 
     for name, layout in layouts.items():
         mbs = encoder_mbs.get(name, micro_batches)
@@ -99,7 +100,26 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
         timeout_s=float(timeout_s),
         balance=balance,
         encoder_micro_batches=MappingProxyType(encoder_mbs),
+        encoder_balance=MappingProxyType(encoder_balance),
     )
+
+
+def _encoder_balance(specs: dict[str, dict[str, Any]], default: str) -> dict[str, str]:
+    """`stages.<encoder>.balance`: how that encoder's items go to its dp ranks (default: `balance`)."""
+    out = {}
+    for name, spec in specs.items():
+        value = spec.get("balance")
+        if value is None:
+            continue
+        field = f"{SECTION}.stages.{name}.balance"
+        if name == LANGUAGE:
+            raise HeteroConfigError(field, "applies to encoder stages only (the language stage takes its samples "
+                                    "by position); remove it")
+        if value not in BALANCES:
+            raise HeteroConfigError(field, f"got {value!r}; valid values are {' or '.join(BALANCES)}")
+        if value != default:
+            out[name] = value
+    return out
 
 
 def _encoder_micro_batches(specs: dict[str, dict[str, Any]], micro_batches: int, placement: str) -> dict[str, int]:
@@ -122,9 +142,9 @@ def _encoder_micro_batches(specs: dict[str, dict[str, Any]], micro_batches: int,
                     field, f"got {value}; the language stage's micro-batches are {SECTION}.micro_batches "
                     f"({micro_batches}): remove this key or set {SECTION}.micro_batches")
             continue
-        if placement == "disaggregated" and value != micro_batches:
+        if placement in ("disaggregated", "mixed") and value != micro_batches:
             raise HeteroConfigError(
-                field, f"got {value}, but placement \"disaggregated\" pipelines encoder and language "
+                field, f"got {value}, but placement {placement!r} pipelines encoder and language "
                 f"micro-batches one for one (1F1B), so an encoder takes {SECTION}.micro_batches ({micro_batches}) "
                 "passes; remove the key or use placement \"colocated\"")
         lang = specs[LANGUAGE]
@@ -171,6 +191,7 @@ def _stage_specs(section: Mapping[str, Any], placement: str) -> dict[str, dict[s
             "sequence_parallel": raw.get("sequence_parallel", False),
             "ranks": raw.get("ranks"),
             "micro_batches": raw.get("micro_batches"),
+            "balance": raw.get("balance"),
         }
         if not isinstance(spec["sequence_parallel"], bool):
             raise HeteroConfigError(f"{sfield}.sequence_parallel", f"must be true or false, got {spec['sequence_parallel']!r}")

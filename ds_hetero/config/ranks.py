@@ -1,4 +1,5 @@
-"""Which global ranks each stage runs on: colocated (all of them) or disaggregated (disjoint sets)."""
+"""Which global ranks each stage runs on: colocated (all of them), disaggregated (disjoint sets), or
+mixed (each encoder on the language stage's ranks or on ranks of its own)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ def assign_ranks(specs: dict[str, dict[str, Any]], placement: str, world_size: i
             raise HeteroConfigError(f"{field}.{name}.ranks", f"lists {len(ranks)} ranks but {explain(name)}; make them agree")
 
     layouts: dict[str, StageLayout] = {}
+    if placement == "mixed":
+        return _mixed(specs, sizes, world_size, explain)
     if placement == "colocated":
         everyone = tuple(range(world_size))
         for name, spec in specs.items():
@@ -76,6 +79,39 @@ def assign_ranks(specs: dict[str, dict[str, Any]], placement: str, world_size: i
             ranks = spec["ranks"]
         layouts[name] = _layout(name, spec, ranks)
     return layouts
+
+
+def _mixed(specs, sizes, world_size: int, explain) -> dict[str, StageLayout]:
+    """Every stage names its ranks (or spans the world); any two stages' rank sets are the same
+    (colocated, e.g. vision on the language ranks) or disjoint (e.g. audio on ranks of its own);
+    together they cover the world. A partial overlap has no boundary plan: it is refused."""
+    field = f"{SECTION}.stages"
+    everyone = tuple(range(world_size))
+    ranks = {}
+    for name, spec in specs.items():
+        if spec["ranks"] is not None:
+            ranks[name] = tuple(spec["ranks"])
+        elif sizes[name] == world_size:
+            ranks[name] = everyone
+        else:
+            raise HeteroConfigError(
+                f"{field}.{name}.ranks", f"missing; with placement \"mixed\" a stage that does not span all "
+                f"{world_size} ranks ({explain(name)}) lists its ranks: the language stage's ranks to colocate "
+                "with it, or ranks of its own")
+    names = list(specs)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            sa, sb = set(ranks[a]), set(ranks[b])
+            if sa != sb and sa & sb:
+                raise HeteroConfigError(
+                    f"{field}.{b}.ranks",
+                    f"{sorted(sb)} partly overlaps stage {a!r}'s ranks {sorted(sa)} (shared: {sorted(sa & sb)}); with "
+                    "placement \"mixed\" two stages run on the same ranks (colocated) or on disjoint ranks")
+    idle = sorted(set(everyone) - set().union(*map(set, ranks.values())))
+    if idle:
+        raise HeteroConfigError(field, f"ranks {idle} hold no stage; give every rank of the world a stage "
+                                "(or launch fewer ranks)")
+    return {name: _layout(name, spec, ranks[name]) for name, spec in specs.items()}
 
 
 def _layout(name: str, spec: dict[str, Any], ranks: tuple[int, ...]) -> StageLayout:

@@ -6,6 +6,7 @@ from types import MappingProxyType
 
 from .adapter import IGNORE_INDEX, StageAdapter
 from .llava import LlavaAdapter, LlavaLanguageStage, LlavaVisionStage, split_llava
+from .qwen2_5_omni import Qwen2_5OmniAdapter, split_qwen2_5_omni
 from .qwen2_vl import Qwen2VLAdapter, split_qwen2_vl
 
 # Model class name -> adapter. Names, not classes, so a model family's module is only imported
@@ -13,6 +14,7 @@ from .qwen2_vl import Qwen2VLAdapter, split_qwen2_vl
 ADAPTERS = MappingProxyType({
     "LlavaForConditionalGeneration": LlavaAdapter,
     "Qwen2VLForConditionalGeneration": Qwen2VLAdapter,
+    "Qwen2_5OmniThinkerForConditionalGeneration": Qwen2_5OmniAdapter,
 })
 
 
@@ -32,6 +34,6 @@ def adapter_for(model) -> StageAdapter:
 
 
 __all__ = [
-    "ADAPTERS", "IGNORE_INDEX", "LlavaAdapter", "LlavaLanguageStage", "LlavaVisionStage", "Qwen2VLAdapter",
-    "StageAdapter", "adapter_for", "known_encoder_stages", "split_llava", "split_qwen2_vl",
+    "ADAPTERS", "IGNORE_INDEX", "LlavaAdapter", "LlavaLanguageStage", "LlavaVisionStage", "Qwen2VLAdapter", "Qwen2_5OmniAdapter",
+    "StageAdapter", "adapter_for", "known_encoder_stages", "split_llava", "split_qwen2_5_omni", "split_qwen2_vl",
 ]

@@ -92,6 +92,10 @@ class StageAdapter:
         """The vision stage's modules that tensor parallelism shards (tower, projector)."""
         raise NotImplementedError
 
+    def encoder_modules(self) -> dict[str, list[nn.Module]]:
+        """Each encoder stage's modules that tensor parallelism shards over that stage's tp group."""
+        return {"vision": self.vision_modules()}
+
     @property
     def hidden_size(self) -> int:
         """Width of a boundary row: the language model's hidden size."""
@@ -108,9 +112,10 @@ class StageAdapter:
         from ..tensor_parallel.shard import PAD_YOURSELF, _check_head
 
         self.check_stages(cfg)
-        vision, language = cfg.stages["vision"], cfg.stages["language"]
-        for module in self.vision_modules():
-            validate_tensor_parallel(module, vision.tp, "vision")
+        language = cfg.stages["language"]
+        for name, modules in self.encoder_modules().items():
+            for module in modules:
+                validate_tensor_parallel(module, cfg.stages[name].tp, name)
         validate_tensor_parallel(self.model.get_decoder(), language.tp, "language")
         if language.tp > 1:
             _check_head(self.model, language.tp, False, "language", PAD_YOURSELF)
@@ -123,9 +128,10 @@ class StageAdapter:
         from ..context_parallel import apply_sequence_sharded_attention, is_sharded
         from ..tensor_parallel import shard_language_model, shard_vision_tower
 
-        if groups["vision"].is_member and cfg.stages["vision"].tp > 1:
-            for module in self.vision_modules():
-                shard_vision_tower(module, groups["vision"].tp)
+        for name, modules in self.encoder_modules().items():
+            if groups[name].is_member and cfg.stages[name].tp > 1:
+                for module in modules:
+                    shard_vision_tower(module, groups[name].tp, name)  # any encoder: the plans are per class
         language = cfg.stages["language"]
         if groups["language"].is_member and language.tp > 1:
             # The language stage embeds only its own sequence chunk (context_parallel.sequence):

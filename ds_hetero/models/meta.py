@@ -14,7 +14,7 @@ import torch
 
 from ..errors import HeteroConfigError
 
-BUILTIN = ("tiny-llava", "tiny-qwen2-vl")  # ds_hetero/models/tiny.py, with their default sizes
+BUILTIN = ("tiny-llava", "tiny-qwen2-vl", "tiny-qwen2.5-omni")  # ds_hetero/models/tiny.py, default sizes
 
 
 def meta_model(name_or_path, dtype: torch.dtype | None = None) -> torch.nn.Module:
@@ -26,10 +26,11 @@ def meta_model(name_or_path, dtype: torch.dtype | None = None) -> torch.nn.Modul
         with torch.device("meta"):
             return AutoModelForImageTextToText.from_config(name_or_path, **({} if dtype is None else {"dtype": dtype}))
     if name_or_path in BUILTIN:
-        from .tiny import tiny_llava, tiny_qwen2_vl
+        from .tiny import tiny_llava, tiny_qwen2_5_omni, tiny_qwen2_vl
 
+        build = {"tiny-llava": tiny_llava, "tiny-qwen2-vl": tiny_qwen2_vl, "tiny-qwen2.5-omni": tiny_qwen2_5_omni}
         with torch.device("meta"):
-            return tiny_llava() if name_or_path == "tiny-llava" else tiny_qwen2_vl()
+            return build[name_or_path]()
     path = os.fspath(name_or_path)
     if os.path.isfile(path) and os.path.basename(path) == "config.json":
         path = os.path.dirname(path) or "."

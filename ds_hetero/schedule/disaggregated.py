@@ -11,10 +11,13 @@ stage). At tick k (k = 0 .. M):
 
 Warm-up is tick 0 (only the encoder forwards of micro-batch 0), drain is tick M (only the
 language work and encoder backwards of the last micro-batch): 1F1B for two stages. Every rank
-of the boundary group calls the same collectives per tick in the same order, whatever its
-stage, so the schedule is deterministic and cannot deadlock; a dead or stuck peer makes the
+of an encoder's pair group (that encoder's and the language stage's ranks) calls the pair's
+exchanges per tick in the same order, encoders in config order, whatever its stages, so the
+schedule is deterministic and cannot deadlock; a dead or stuck peer makes the
 collective fail after the process-group timeout instead of hanging. (The config gives every
-encoder as many passes as language micro-batches in this placement.)
+encoder as many passes as language micro-batches in this placement.) Placement "mixed" runs
+here too: an encoder colocated with the language stage is a pair whose exchange copies its rows
+locally; its forward of micro-batch k runs before the language work on k-1, on the same ranks.
 """
 
 from __future__ import annotations
@@ -44,14 +47,17 @@ class DisaggregatedSchedule(StageWork):
                 local, grads[k - 1] = self.language_step(samples, plan, k - 1, rows_in.pop(k - 1), n_labels, step)
                 loss_sum += local
                 self.micro_step(language, k - 1)
+            # Only the encoders whose pair group this rank is in (all of them on a language rank),
+            # in config order: each pair's ranks call its exchanges in the same order.
+            paired = [s for s in encoders if s.name in self.boundaries]
             if k < n:
                 arrived = [self.send_rows(s.name, rows[s.name, k] if s.held else self.empty_rows(), plan, k, step)
-                           for s in encoders]
+                           for s in paired]
                 if language.held:
                     rows_in[k] = [r.requires_grad_(True) for r in arrived]
             if k >= 1:
-                back = grads.pop(k - 1) if language.held else [self.empty_rows() for _ in encoders]
-                for stage, grad in zip(encoders, back):
+                back = grads.pop(k - 1) if language.held else [self.empty_rows() for _ in paired]
+                for stage, grad in zip(paired, back, strict=True):
                     grad = self.send_grads(stage.name, grad, plan, k - 1, step)
                     if stage.held:
                         self.encoder_backward(stage, rows.pop((stage.name, k - 1)), grad, plan, k - 1, step)

@@ -77,6 +77,8 @@ class EvaluationSchedule(StageWork):
         for m in range(plan.micro_batches):
             rows_in = []
             for stage in self.stages.encoders:
+                if stage.name not in self.boundaries:  # this rank holds neither side of the pair
+                    continue
                 rows = self.encoder_forward(stage, samples, plan, m) if stage.held else self.empty_rows()
                 rows_in.append(self.send_rows(stage.name, rows, plan, m, step=None))
             if language.held:

@@ -112,8 +112,11 @@ class StageWork:
         language = self.stages.language
         mine = [samples[p] for p in plan.language_samples(language.coord.dp, m)]
         batch, counts, sharded = self.language_batch(mine)
+        # rows_in follow the config's stage order; the language stage takes them in its ports' order
+        by_stage = dict(zip((s.name for s in self.stages.encoders), rows_in, strict=True))
+        rows_in = tuple(by_stage[name] for name in self.ports)
         with self._span(f"language.forward[m={m}]", "forward", step):
-            logits = language(batch["input_ids"], tuple(rows_in), batch["attention_mask"], batch["position_ids"],
+            logits = language(batch["input_ids"], rows_in, batch["attention_mask"], batch["position_ids"],
                               n_placeholders=counts)
             return token_loss_sum(logits, batch["labels"], self.lm_head, shifted=sharded)
 

@@ -26,10 +26,10 @@ def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) 
             "zero_optimization.stage",
             "bf16 with ZeRO stage 0 makes DeepSpeed wrap the optimizer in its BF16_Optimizer, whose "
             "clipping cannot span all stages; use ZeRO stage 1, 2 or 3 with bf16")
-    if cfg.placement == "disaggregated" and zero == 3:
+    if cfg.placement in ("disaggregated", "mixed") and zero == 3:
         raise HeteroConfigError(
             "zero_optimization.stage",
-            "ZeRO stage 3 is not supported with placement \"disaggregated\": DeepSpeed's ZeRO-3 parameter "
+            f"ZeRO stage 3 is not supported with placement {cfg.placement!r}: DeepSpeed's ZeRO-3 parameter "
             "trace check broadcasts over the world group from inside each stage's forward, which the other "
             "stage never joins; use stage 1 or 2 (or placement \"colocated\")")
     from ..models import known_encoder_stages

@@ -112,7 +112,7 @@ class StepPlan:
         size = self.micro_batch_size * per
         positions = dp_share(v, size, 1, 0)
         dp = cfg.stages[name].dp
-        a = assign_pass(samples, positions, dp, cfg.balance, port)
+        a = assign_pass(samples, positions, dp, cfg.balance_of(name), port)
         per_rank = size // dp
         inputs = BoundaryInputs(
             token_counts=a.token_counts,

@@ -70,6 +70,21 @@ PLANS: dict[str, ShardPlan] = {
         column=("qkv",), row=("proj",), heads=_attr_heads, head_attrs=("num_heads",), stride=3),
     _HF + "qwen2_vl.modeling_qwen2_vl:VisionMlp": _FC1_FC2,
     _HF + "qwen2_vl.modeling_qwen2_vl:PatchMerger": ShardPlan(column=("mlp.0",), row=("mlp.2",), entry="mlp"),
+    # Qwen2.5-Omni thinker: its own classes for the Qwen2 decoder, the windowed vision tower
+    # (separate q/k/v; gated MLP; merger) and the audio encoder (Whisper-like: q/k/v column,
+    # out row; the layer's own fc1 column, fc2 row)
+    _HF + "qwen2_5_omni.modeling_qwen2_5_omni:Qwen2_5OmniAttention": ShardPlan(
+        row=("o_proj",), heads=_config_heads, **_QKV_O),
+    _HF + "qwen2_5_omni.modeling_qwen2_5_omni:Qwen2MLP": _GATE_UP_DOWN,
+    _HF + "qwen2_5_omni.modeling_qwen2_5_omni:Qwen2_5OmniVisionAttention": ShardPlan(
+        column=("q", "k", "v"), row=("proj",), heads=_attr_heads, head_attrs=("num_heads",)),
+    _HF + "qwen2_5_omni.modeling_qwen2_5_omni:Qwen2_5OmniMLP": _GATE_UP_DOWN,
+    _HF + "qwen2_5_omni.modeling_qwen2_5_omni:Qwen2_5OmniPatchMerger": ShardPlan(
+        column=("mlp.0",), row=("mlp.2",), entry="mlp"),
+    _HF + "qwen2_5_omni.modeling_qwen2_5_omni:Qwen2_5OmniAudioAttention": ShardPlan(
+        column=("q_proj", "k_proj", "v_proj"), row=("out_proj",), heads=_attr_heads, head_attrs=("num_heads",)),
+    _HF + "qwen2_5_omni.modeling_qwen2_5_omni:Qwen2_5OmniAudioEncoderLayer": ShardPlan(
+        column=("fc1",), row=("fc2",), entry="fc1"),
     # LLaVA projector: linear_1 column, linear_2 row
     _HF + "llava.modeling_llava:LlavaMultiModalProjector": ShardPlan(column=("linear_1",), row=("linear_2",)),
 }

@@ -18,8 +18,10 @@ LLAVA_TP4 = dict(text_heads=4, text_kv_heads=4)  # kv heads divisible by tp 4
 
 
 def build_model(family, seed, **kw):
-    from ds_hetero.models.tiny import tiny_llava, tiny_qwen2_vl
+    from ds_hetero.models.tiny import tiny_llava, tiny_qwen2_5_omni, tiny_qwen2_vl
 
+    if family == "omni":
+        return tiny_qwen2_5_omni(seed=seed, **kw)
     if family == "llava":
         return tiny_llava("clip", seed=seed, **kw)
     if family == "siglip":
@@ -32,7 +34,9 @@ def make_batches(family, model, steps, batch_size, seed=100):
 
     batches = []
     for step in range(steps):
-        if family in ("llava", "siglip"):
+        if family == "omni":
+            samples = omni_batch(model, batch_size, step, seed)
+        elif family in ("llava", "siglip"):
             samples = llava_samples(model, batch_size, seed=seed + step)
             # vary text length so micro-batches (and dp shares) carry different label counts
             for i, s in enumerate(samples):
@@ -46,7 +50,28 @@ def make_batches(family, model, steps, batch_size, seed=100):
     return batches
 
 
+# image only, audio only, both (either order, interleaved), neither; clips of different lengths
+OMNI_ITEMS = [
+    [("image", (1, 4, 4))], [("audio", 20)], [("audio", 13), ("image", (1, 4, 8)), ("audio", 24)], [],
+    [("image", (1, 8, 4)), ("audio", 17)], [("audio", 30)], [("image", (1, 4, 4)), ("image", (1, 4, 4))],
+    [("audio", 16), ("image", (1, 4, 4))], [], [("image", (1, 8, 8))],
+]
+
+
+def omni_batch(model, batch_size, step, seed=100):
+    from ds_hetero.testing.omni_samples import omni_samples
+
+    items = (OMNI_ITEMS * batch_size)[step % 3: step % 3 + batch_size]
+    return omni_samples(model, items, text_len=3 + step % 3, seed=seed + step)
+
+
 def reference_forward(family, model, adapter, samples):
+    if family == "omni":  # the unmodified thinker on the processor's inputs
+        from ds_hetero.testing.omni_samples import hf_inputs
+
+        kwargs = hf_inputs(model, adapter, samples)
+        out = model(**kwargs)
+        return out.logits, kwargs["labels"], float(out.loss)
     batch = adapter.language_inputs(samples)
     vision = adapter.vision_inputs(samples)
     if family in ("llava", "siglip"):
@@ -142,6 +167,7 @@ def full_named_parameters(engine):
 
 def _tp_group_of(engine, name):
     stage = "vision" if ("vision_tower" in name or "multi_modal_projector" in name or ".visual." in name) else "language"
+    stage = "audio" if ".audio_tower." in name else stage
     return engine.groups[stage].tp
 
 

@@ -33,6 +33,10 @@ class GroupCache:
             self._groups[key] = dist.new_group(list(key), **kwargs)
         return self._groups[key]
 
+    def find(self, ranks) -> dist.ProcessGroup | None:
+        """The group already built for exactly these ranks, or None (never creates one: that is collective)."""
+        return self._groups.get(tuple(sorted(ranks)))
+
     def destroy(self) -> None:
         for group in self._groups.values():
             if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
@@ -69,24 +73,47 @@ class StageGroups:
 
 @dataclass(frozen=True)
 class HeteroGroups:
-    """Every stage's groups plus the boundary group spanning the stages."""
+    """Every stage's groups, a group per (encoder, language) pair, and the boundary group.
+
+    boundary   spans every stage's ranks (the union): the step's batch agreement, the gradient
+               norm and the loss all-reduce use it
+    pairs      encoder stage name -> the ranks of that encoder and of the language stage; each
+               encoder's boundary exchange runs over its own pair's group, so a rank that holds
+               neither stage of a pair never joins its exchanges (several encoders on different
+               ranks)
+    """
 
     stages: Mapping[str, StageGroups]
     boundary: dist.ProcessGroup
     boundary_ranks: tuple[int, ...]
     cache: GroupCache
+    pairs: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __getitem__(self, stage: str) -> StageGroups:
         return self.stages[stage]
+
+    def spanning(self, ranks) -> dist.ProcessGroup:
+        """The group built for exactly `ranks` (e.g. one stage pair's); KeyError if none was built."""
+        group = self.cache.find(ranks)
+        if group is None:
+            raise KeyError(f"no process group spans exactly the ranks {tuple(sorted(ranks))}; "
+                           f"build_groups builds one per stage pair {dict(self.pairs)} and the union "
+                           f"{self.boundary_ranks}")
+        return group
+
+    def pair_member(self, encoder: str) -> bool:
+        """Whether this rank takes part in `encoder`'s boundary exchanges."""
+        return self.stages[encoder].rank in self.pairs[encoder]
 
     def destroy(self) -> None:
         self.cache.destroy()
 
 
 def build_groups(
-    layouts: Mapping[str, StageLayout], rank: int, timeout: timedelta | None = None
+    layouts: Mapping[str, StageLayout], rank: int, timeout: timedelta | None = None, language: str = "language"
 ) -> HeteroGroups:
-    """Create every group of every stage, in stage order then GROUP_KINDS order, on all ranks.
+    """Create every group of every stage, in stage order then GROUP_KINDS order, then the union
+    (boundary) group, then one group per (encoder, `language`) pair in stage order, on all ranks.
 
     Must be called by every rank of the world with the same `layouts` (a validated config
     guarantees that), otherwise `new_group` hangs.
@@ -118,4 +145,10 @@ def build_groups(
         )
     boundary_ranks = tuple(sorted(set().union(*(l.ranks for l in layouts.values()))))
     boundary = cache.get(boundary_ranks)
-    return HeteroGroups(stages=stages, boundary=boundary, boundary_ranks=boundary_ranks, cache=cache)
+    pairs = {}
+    if language in layouts:
+        for name, layout in layouts.items():
+            if name != language:  # colocated: the pair's ranks are the union, the same group
+                pairs[name] = tuple(sorted(set(layout.ranks) | set(layouts[language].ranks)))
+                cache.get(pairs[name])
+    return HeteroGroups(stages=stages, boundary=boundary, boundary_ranks=boundary_ranks, cache=cache, pairs=pairs)
