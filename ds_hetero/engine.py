@@ -26,6 +26,7 @@ from .stages import clipping
 from .config import HeteroConfig
 from .topology.groups import build_groups
 from .data.loader import GlobalBatchLoader
+from .data.samples import as_sample_list
 from .weights import load_stages
 from .loss import label_token_count
 from .models import adapter_for
@@ -127,6 +128,9 @@ class HeteroEngine:
             if training_data is not None else None
         )
         self.global_steps = 0
+        # Called as (logits, labels, shifted) after each language micro-batch's loss, when set: client
+        # metrics such as token accuracy from the engine's own loss pass (integrations/token_metrics.py).
+        self.loss_observer = None
 
     # ------------------------------------------------------------------ training
     def needed_positions(self) -> set[int]:
@@ -192,7 +196,8 @@ class HeteroEngine:
         """One optimizer step over the global batch (the same list on every rank)."""
         step = self.global_steps
         start = time.perf_counter()
-        samples = self._next_samples() if samples is None else list(samples)
+        # lists / numpy converted; a collated dict or raw dataset rows refused by name (data/samples.py)
+        samples = self._next_samples() if samples is None else as_sample_list(samples)
 
         try:  # every collective of the step, the batch agreement first, reports through one error
             n_labels = self._agree_on_batch(samples)  # a refused batch raises ValueError on every rank

@@ -128,6 +128,8 @@ class StageWork:
                 logits = engine(batch["input_ids"], rows_in, batch["attention_mask"], batch["position_ids"],
                                 n_image_tokens=n_image_tokens)
                 local = token_loss_sum(logits, batch["labels"], h.lm_head, shifted=sharded)
+                if h.loss_observer is not None:
+                    h.loss_observer(logits.detach(), batch["labels"], sharded)
             with h.timeline.span(f"language.backward[m={m}]", "backward", step):
                 engine.backward(local / n_labels * (self.l_dp * self.gas))
         grad = rows_in.grad if rows_in.grad is not None else torch.zeros_like(rows_in)
