@@ -92,3 +92,28 @@ def trainer_ds_config(args, plugin=None) -> tuple[dict[str, Any], dict[str, Any]
     cfg = restore_derived_keys(filled, original)
     cfg[SECTION] = original[SECTION]  # given inline, the Trainer's filled copy lacks it
     return cfg, original
+
+
+def fill_trainer_auto(config: Mapping[str, Any], world_size: int, per_device_train_batch_size: int | None = None,
+                      gradient_accumulation_steps: int = 1, max_grad_norm: float = 1.0) -> dict[str, Any]:
+    """The values the HF Trainer would put for a Trainer-style "auto" DeepSpeed JSON, for `ds-hetero validate`.
+
+    The Trainer fills `train_batch_size` from per_device_train_batch_size x world size x accumulation
+    and `gradient_clipping` from max_grad_norm (`HfTrainerDeepSpeedConfig.trainer_config_process`);
+    the per-stage batch keys may stay "auto" (ds_hetero derives them) and the others ("auto"
+    optimizer, precision, bucket values) are DeepSpeed's, not checked here.
+    """
+    cfg = copy.deepcopy(dict(config))
+    if cfg.get("train_batch_size") == "auto":
+        if per_device_train_batch_size is None:
+            raise HeteroConfigError(
+                "train_batch_size", '"auto" (the Trainer fills it from TrainingArguments): give the batch to check '
+                "with --per-device-train-batch-size N (the global batch is N x world size)")
+        if gradient_accumulation_steps != 1:
+            raise HeteroConfigError(
+                "gradient_accumulation_steps", f"{gradient_accumulation_steps}: one Trainer step is one ds_hetero "
+                f"optimizer step; accumulate with {SECTION}.micro_batches")
+        cfg["train_batch_size"] = per_device_train_batch_size * world_size
+    if cfg.get("gradient_clipping") == "auto":
+        cfg["gradient_clipping"] = max_grad_norm
+    return cfg
