@@ -113,17 +113,34 @@ def sft_run(out, data, processor):
             "steps": trainer._hetero_rows.steps}
 
 
-def trainer_run(out, data, processor):
+def trainer_run(out, data, processor, inline=False):
+    """A plain Trainer given TRL's collator; `inline`: the DeepSpeed config as a dict without the section,
+    which comes from the file DS_HETERO_PARALLEL names (as with DeepSpeed settings inline in a YAML)."""
     import ds_hetero
     from transformers import TrainingArguments
     from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
 
     from ds_hetero.models.tiny import tiny_llava
 
-    args = _args(TrainingArguments, f"{out}/trainer", remove_unused_columns=False)
+    config = CONFIG
+    if inline:
+        config = {k: v for k, v in CONFIG.items() if k != "hetero_parallel"}
+        path = f"{out}/hetero_parallel.json"
+        if os.environ["RANK"] == "0":
+            with open(path, "w") as f:
+                json.dump({"hetero_parallel": CONFIG["hetero_parallel"]}, f)
+        import torch.distributed as dist
+
+        dist.barrier()
+        os.environ["DS_HETERO_PARALLEL"] = path
+    args = _args(TrainingArguments, f"{out}/trainer", remove_unused_columns=False, deepspeed=config,
+                 max_steps=1 if inline else STEPS)
     trainer = ds_hetero.HeteroTrainer(model=tiny_llava("clip", seed=0), args=args, train_dataset=data,
                                       data_collator=DataCollatorForVisionLanguageModeling(processor))
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        os.environ.pop("DS_HETERO_PARALLEL", None)
     return {"losses": _losses(trainer), "rows_prepared": trainer.rows_prepared}
 
 
@@ -228,6 +245,8 @@ def main(out):
         report["sft"] = sft_run(out, data, processor)
         _fresh_accelerate_state()
         report["trainer"] = trainer_run(out, data, processor)
+        _fresh_accelerate_state()
+        report["inline"] = trainer_run(out, data, processor, inline=True)
         _fresh_accelerate_state()
         report["factory"] = factory_run(out)
         report["errors"] = errors_run(out, data, processor)

@@ -82,6 +82,11 @@ def test_plain_trainer_with_trl_collator(runs):
     assert r0["trainer"]["losses"] == pytest.approx(r0["reference"], rel=REL)
 
 
+def test_inline_section_from_environment(runs):
+    r0 = runs["ranks"][0]  # DeepSpeed config without hetero_parallel + DS_HETERO_PARALLEL naming a file
+    assert r0["inline"]["losses"] == pytest.approx(r0["reference"][:1], rel=REL)
+
+
 def test_llama_factory_like_subclass(runs):
     f = runs["ranks"][0]["factory"]
     assert f["calls"] == ["_get_train_sampler", "create_optimizer", "create_scheduler"]
