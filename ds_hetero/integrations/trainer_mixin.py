@@ -179,9 +179,15 @@ class HeteroTrainerMixin:
             raise ValueError(f"{type(self).__name__}: training requires a train_dataset")
         dataset = self._hetero_dataset(self.train_dataset, "training")
         size = self._global_batch_size()
-        if overrides(self, "_get_train_sampler"):  # the subclass chose the order (e.g. sequential)
+        strategy = getattr(self.args, "train_sampling_strategy", "random")
+        if strategy == "batch_rebalance":  # its sampler gives each rank its own batches
+            raise HeteroConfigError(
+                "train_sampling_strategy", '"batch_rebalance" splits batches by world rank; ds_hetero splits the '
+                'global batch per stage itself: use "random", "sequential" or "group_by_length"')
+        if overrides(self, "_get_train_sampler") or strategy != "random":
+            # the subclass's or TrainingArguments' order (sequential, grouped by length), the same on every rank
             sampler = SamplerBatches(self._get_train_sampler(dataset), size)
-        else:
+        else:  # ds_hetero's seeded order (data_seed or seed): the batches ds_hetero.initialize would draw
             sampler = GlobalBatchSampler(dataset, size, self._data_seed())
         # Not accelerator-prepared: every rank walks the same global batches; each reads its stages' rows
         return GlobalBatchDataLoader(IndexDataset(len(dataset)), batch_sampler=sampler, collate_fn=GlobalBatch)
