@@ -5,6 +5,7 @@
     # DeepSpeed settings inline (no hetero_parallel in the DeepSpeed config): the section from a file
     DS_HETERO_PARALLEL=hetero.yaml deepspeed --num_gpus 4 recipes/trl_sft_vlm.py --deepspeed ds_configs/trainer_zero1.json
 
+`--lora` trains PEFT LoRA adapters (TRL's --use_peft; save_model writes the adapter).
 `--stock` runs the same script with TRL's own SFTTrainer (give it a DeepSpeed config without
 hetero_parallel, e.g. ds_configs/trainer_zero1.json): tests/test_trl_recipe.py checks that both
 give the same losses and token accuracy. As in TRL's example: a `datasets.Dataset` of `messages` +
@@ -41,6 +42,9 @@ class ScriptArguments:
     stock: bool = field(default=False, metadata={"help": "TRL's SFTTrainer as is (a DeepSpeed config without "
                                                          "hetero_parallel)"})
     summary_json: str = field(default=None, metadata={"help": "rank 0 writes the log history here"})
+    lora: bool = field(default=False, metadata={"help": "train LoRA adapters (PEFT, target_modules all-linear) "
+                                                        "in place of the full model, as TRL's --use_peft"})
+    lora_r: int = field(default=8, metadata={"help": "LoRA rank"})
 
 
 # Qwen2-VL has dynamic resolution: images of different sizes give different image-token counts
@@ -60,9 +64,18 @@ def main(argv: list[str] | None = None) -> int:
     processor = tiny_processor(model)
     train_dataset = messages_dataset(script.samples, seed=training_args.seed, image_sizes=IMAGE_SIZES[script.model])
 
+    peft_config = None
+    if script.lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=script.lora_r, lora_alpha=2 * script.lora_r, lora_dropout=0.0,
+                                 target_modules="all-linear")
+
     trainer_cls = SFTTrainer if script.stock else ds_hetero.hetero(SFTTrainer)  # the one line
-    trainer = trainer_cls(model=model, args=training_args, train_dataset=train_dataset, processing_class=processor)
+    trainer = trainer_cls(model=model, args=training_args, train_dataset=train_dataset, processing_class=processor,
+                          peft_config=peft_config)
     trainer.train()
+    trainer.save_model(training_args.output_dir)  # with --lora: the PEFT adapter
     if script.summary_json and trainer.args.process_index == 0:
         with open(script.summary_json, "w") as f:
             json.dump({"log_history": trainer.state.log_history}, f)

@@ -39,6 +39,7 @@ def runs(tmp_path_factory):
     def steps(name):
         return [h for h in json.loads((out / f"{name}.json").read_text())["log_history"] if "loss" in h]
 
+    steps.out = out
     return steps
 
 
@@ -54,6 +55,32 @@ def test_one_line_matches_stock_sft_trainer(runs, model):
         assert h["grad_norm"] == pytest.approx(s["grad_norm"], rel=1e-4)
         assert "hetero/vision/forward_s" in h
     assert stock[-1]["mean_token_accuracy"] > 0 and stock[-1]["loss"] < stock[0]["loss"]  # it trains
+
+
+def test_lora_matches_stock_lora_run_and_saves_a_loadable_adapter(runs):
+    import torch
+    from peft import PeftModel
+
+    from ds_hetero.models.tiny import tiny_llava
+
+    stock, hetero = runs("llava_stock_lora"), runs("llava_hetero_lora")
+    assert len(stock) == len(hetero) == 3
+    for s, h in zip(stock, hetero):
+        assert h["loss"] == pytest.approx(s["loss"], rel=REL)
+        assert h["mean_token_accuracy"] == pytest.approx(s["mean_token_accuracy"], rel=REL, abs=1e-9)
+    assert stock[-1]["loss"] != pytest.approx(runs("llava_stock")[-1]["loss"], rel=1e-3)  # LoRA != full training
+    adapters = {}
+    for kind in ("stock", "hetero"):
+        model = PeftModel.from_pretrained(tiny_llava("clip", seed=0), str(runs.out / f"llava_{kind}_lora"))
+        adapters[kind] = {n: p.detach() for n, p in model.named_parameters() if "lora_" in n}
+    assert len(adapters["hetero"]) == len(adapters["stock"]) > 0
+    initial_b_zero = 0
+    for name, want in adapters["stock"].items():
+        got = adapters["hetero"][name]
+        scale = max(want.abs().max().item(), 1e-2)
+        assert (got - want).abs().max().item() / scale < 1e-5, name
+        initial_b_zero += int("lora_B" in name and want.abs().max().item() > 0)
+    assert initial_b_zero > 0  # B starts at zero: the trained adapters moved
 
 
 def test_negative_control_other_order_other_losses(runs):

@@ -1,7 +1,8 @@
 """Run under `deepspeed --num_gpus 4` by tests/test_trl_recipe.py: recipes/trl_sft_vlm.py with TRL's stock
 SFTTrainer + a plain DeepSpeed JSON, then with `ds_hetero.hetero(SFTTrainer)` + the same JSON with
 hetero_parallel (vision dp4, language tp2 dp2), for the tiny LLaVA and Qwen2-VL, in one launch;
-then the LLaVA one in ds_hetero's seeded data order (the negative control).
+then LLaVA with LoRA (PEFT, all-linear) both ways, and the LLaVA one in ds_hetero's seeded data order
+(the negative control).
 
     deepspeed --num_gpus 4 tests/trl_recipe_driver.py OUT_DIR
 """
@@ -35,6 +36,13 @@ def main(out):
                              "--output_dir", os.path.join(out, name), "--summary_json",
                              os.path.join(out, f"{name}.json"), *COMMON, *(["--stock"] if kind == "stock" else [])])
                 report[name] = "done"
+        for kind, config in (("stock", "trainer_zero1.json"), ("hetero", "trainer_colocated.json")):
+            AcceleratorState._reset_state(reset_partial_state=False)
+            name = f"llava_{kind}_lora"
+            recipe.main(["--model", "llava", "--lora", "--deepspeed", os.path.join(ROOT, "ds_configs", config),
+                         "--output_dir", os.path.join(out, name), "--summary_json", os.path.join(out, f"{name}.json"),
+                         *COMMON, *(["--stock"] if kind == "stock" else [])])
+            report[name] = "done"
         # negative control: ds_hetero's seeded order in place of the sequential one (other batches)
         AcceleratorState._reset_state(reset_partial_state=False)
         args = [a for a in COMMON if a not in ("--train_sampling_strategy", "sequential")]

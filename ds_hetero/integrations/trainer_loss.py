@@ -6,7 +6,8 @@ global label count: the Trainer's and TRL's default "nll" loss) in each stage's 
 name, at construction and on every rank, never silently dropped:
 
     compute_loss_func, label_smoothing_factor, TRL loss_type other than "nll" (e.g. "dft"), MoE
-    auxiliary losses (TRL's aux_loss_enabled), padding-free / packed batches, a PEFT model, and a
+    auxiliary losses (TRL's aux_loss_enabled), padding-free / packed batches, a PEFT method other than
+    LoRA (LoRA layouts are checked by tensor_parallel/lora_checks.py), and a
     `compute_loss` override ds_hetero does not know (declare it loss-neutral with
     `ds_hetero.hetero(MyTrainer, engine_loss=True)`)
 
@@ -62,10 +63,10 @@ def loss_problems(trainer) -> list[str]:
         problems.append("padding_free / packing: the engine pads each stage's share itself and takes one sample per "
                         "row; set padding_free=False and packing=False")
     model = getattr(trainer, "model", None)
-    if model is not None and type(model).__name__.startswith("Peft"):
-        problems.append(f"the model is a {type(model).__name__} (LoRA / PEFT, e.g. from peft_config=): ds_hetero "
-                        f"does not train PEFT adapters yet; train the full model (or freeze parts of it with "
-                        f"requires_grad_(False)) and leave peft_config unset")
+    peft_type = getattr(getattr(model, "peft_config", {}).get("default"), "peft_type", None) \
+        if type(model).__name__.startswith("Peft") else None
+    if peft_type is not None and str(getattr(peft_type, "value", peft_type)) != "LORA":
+        problems.append(f"the model is a PEFT {peft_type} model: ds_hetero trains LoRA adapters only")
     cls = defining_class(trainer, "compute_loss")
     if cls is not None and _qualname(cls) not in KNOWN_LOSSES and not getattr(trainer, "hetero_engine_loss", False):
         problems.append(

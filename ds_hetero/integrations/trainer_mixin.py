@@ -18,7 +18,8 @@ What the mixin overrides (two are private Trainer hooks):
     get_train_dataloader the global batch's dataset indices, the same on every rank: ds_hetero's seeded
                          order (`data_seed` or `seed`), or the subclass's `_get_train_sampler` order
     evaluate             `engine.eval_batch` per global batch, label-token weighted
-    save_model           `engine.save_pretrained` (TP and ZeRO gathered, HF names)
+    save_model           `engine.save_pretrained` (TP and ZeRO gathered, HF names); for a PEFT LoRA model
+                         the adapter PeftModel.from_pretrained loads (peft_adapter.py)
     log                  adds the per-stage metrics, and TRL's token metrics from the engine's loss pass
 A subclass's `create_optimizer` is honoured (trainer_loss.per_stage_optimizer); whatever its
 `compute_loss` would change is refused by name (trainer_loss.check_loss_options).
@@ -37,6 +38,7 @@ from .callback import HeteroCallback
 from ..loss import label_token_count
 from .ds_config import is_derived_mismatch, trainer_ds_config
 from .metrics import StepMetrics
+from .peft_adapter import save_peft_adapter
 from .rank_batch import RankBatch
 from .token_metrics import TokenMetrics
 from .trainer_loss import check_loss_options, overrides, per_stage_optimizer
@@ -240,6 +242,8 @@ class HeteroTrainerMixin:
         if self.hetero is None:  # nothing built yet: the model is still whole
             if self.args.should_save:
                 self.model.save_pretrained(output_dir)
+        elif type(self.model).__name__.startswith("Peft"):  # the adapter, as a stock PEFT run saves it
+            save_peft_adapter(self.hetero.engine, self.model, output_dir)
         else:
             self.hetero.engine.save_pretrained(output_dir)
         if self.args.should_save:
