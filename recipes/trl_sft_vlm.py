@@ -1,9 +1,11 @@
 """TRL's vision-language SFT example (trl/examples/scripts/sft_vlm.py), made heterogeneous with one line.
 
     deepspeed --num_gpus 4 recipes/trl_sft_vlm.py --deepspeed ds_configs/trainer_colocated.json --model llava
-    deepspeed --num_gpus 4 recipes/trl_sft_vlm.py --deepspeed ds_configs/trainer_colocated.json --model qwen2_vl
+    deepspeed --num_gpus 4 recipes/trl_sft_vlm.py --deepspeed ds_configs/trainer_colocated.json \
+        --model qwen2_vl
     # DeepSpeed settings inline (no hetero_parallel in the DeepSpeed config): the section from a file
-    DS_HETERO_PARALLEL=hetero.yaml deepspeed --num_gpus 4 recipes/trl_sft_vlm.py --deepspeed ds_configs/trainer_zero1.json
+    DS_HETERO_PARALLEL=hetero.yaml deepspeed --num_gpus 4 recipes/trl_sft_vlm.py \
+        --deepspeed ds_configs/trainer_zero1.json
 
 `--lora` trains PEFT LoRA adapters (TRL's --use_peft; save_model writes the adapter).
 `--stock` runs the same script with TRL's own SFTTrainer (give it a DeepSpeed config without
@@ -60,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     script, training_args = parser.parse_args_into_dataclasses(args=argv)
     if script.model not in IMAGE_SIZES:
         raise SystemExit(f"--model must be llava or qwen2_vl, got {script.model!r}")
-    model = tiny_llava("clip", seed=script.model_seed) if script.model == "llava" else tiny_qwen2_vl(seed=script.model_seed)
+    if script.model == "llava":
+        model = tiny_llava("clip", seed=script.model_seed)
+    else:
+        model = tiny_qwen2_vl(seed=script.model_seed)
     processor = tiny_processor(model)
     train_dataset = messages_dataset(script.samples, seed=training_args.seed, image_sizes=IMAGE_SIZES[script.model])
 

@@ -5,6 +5,6 @@ from .shapes import (COLOURS, SHAPES, LlavaFormat, Qwen2VLFormat, RawFormat, Sha
 from .samples import as_sample_list, split_collated
 
 __all__ = [
-    "COLOURS", "SHAPES", "LlavaFormat", "Qwen2VLFormat", "RawFormat", "Shape", "ShapesCaptionDataset", "Vocabulary", "as_sample_list",
-    "split_collated",
+    "COLOURS", "SHAPES", "LlavaFormat", "Qwen2VLFormat", "RawFormat", "Shape", "ShapesCaptionDataset", "Vocabulary",
+    "as_sample_list", "split_collated",
 ]

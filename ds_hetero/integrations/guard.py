@@ -69,7 +69,8 @@ def install_deepspeed_guard() -> None:
         if os.environ.get(ENV, "").strip() and not isinstance(kwargs.get("mpu"), StageMPU):
             # the section given inline (integrations/inline.py); ds_hetero's own stage engines pass a StageMPU
             raise HeteroConfigError(ENV, f"{ENV} is set, but deepspeed.initialize was called outside ds_hetero; "
-                                    f"DeepSpeed would train the whole model homogeneously. To train heterogeneously, {FIX}")
+                                    f"DeepSpeed would train the whole model homogeneously. To train "
+                                    f"heterogeneously, {FIX}")
         return original(*args, **kwargs)
 
     initialize._ds_hetero_guard = True

@@ -68,8 +68,9 @@ class RankBatch:
         errors = [(r, e) for r, (_, _, e) in enumerate(gathered) if e is not None]
         if errors:
             rank, first = errors[0]
-            raise ValueError(f"preparing the global batch failed on rank {dist.get_global_rank(engine.groups.boundary, rank)}"
-                             f" (ranks failing: {len(errors)}): {first}")
+            global_rank = dist.get_global_rank(engine.groups.boundary, rank)
+            raise ValueError(f"preparing the global batch failed on rank {global_rank} (ranks failing: "
+                             f"{len(errors)}): {first}")
         if len({d for d, _, _ in gathered}) > 1:
             raise ValueError(
                 "the ranks drew different global batches from the sampler (its order must be the same on every "

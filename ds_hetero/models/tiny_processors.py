@@ -50,12 +50,18 @@ def tiny_llava_processor(model):
 
 def tiny_qwen2_vl_processor(model, min_pixels: int = 64, max_pixels: int = 64 * 64):
     """Qwen2VLProcessor for tiny_qwen2_vl (dynamic resolution: an image's token count follows its size)."""
-    from transformers import Qwen2VLImageProcessorPil, Qwen2VLProcessor
+    from transformers import ProcessorMixin, Qwen2VLImageProcessorPil, Qwen2VLProcessor
 
     class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
-        # Qwen2-VL's video processor needs torchvision; images only here
-        def check_argument_for_proper_class(self, name, arg):
-            return None if arg is None else super().check_argument_for_proper_class(name, arg)
+        """Qwen2VLProcessor without its video processor (which needs torchvision): the attributes are
+        read from this __init__'s signature, so saving and loading see images and tokenizer only."""
+
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            self.image_token, self.video_token = tokenizer.image_token, tokenizer.video_token
+            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+            self.video_processor = None
+            ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
 
     c = model.config
     specials = {"<|image_pad|>": c.image_token_id, "<|video_pad|>": c.video_token_id,
@@ -68,8 +74,8 @@ def tiny_qwen2_vl_processor(model, min_pixels: int = 64, max_pixels: int = 64 * 
     images = Qwen2VLImageProcessorPil(patch_size=v.patch_size, merge_size=v.spatial_merge_size,
                                       temporal_patch_size=v.temporal_patch_size, min_pixels=min_pixels,
                                       max_pixels=max_pixels)
-    return ImageOnlyQwen2VLProcessor(image_processor=images, tokenizer=tokenizer,
-                                     chat_template=TEMPLATE.replace("IMAGE", "<|vision_start|><|image_pad|><|vision_end|>"))
+    template = TEMPLATE.replace("IMAGE", "<|vision_start|><|image_pad|><|vision_end|>")
+    return ImageOnlyQwen2VLProcessor(image_processor=images, tokenizer=tokenizer, chat_template=template)
 
 
 def tiny_processor(model):
