@@ -3,6 +3,8 @@
     import ds_hetero
     engine = ds_hetero.initialize(model, "ds_config.json", training_data=dataset)
     result = engine.train_batch()
+
+    trainer = ds_hetero.hetero(SFTTrainer)(model=model, args=args, ...)   # any HF Trainer class, one line
 """
 
 from .config import HeteroConfig, load_config
@@ -15,8 +17,9 @@ from .result import StepResult
 from .version import __version__
 
 __all__ = [
-    "Coord", "HeteroCallback", "HeteroConfig", "HeteroConfigError", "HeteroEngine", "HeteroTrainer", "StageLayout",
-    "StepResult", "WeightsError", "initialize", "load_config", "meta_model",
+    "Coord", "HeteroCallback", "HeteroConfig", "HeteroConfigError", "HeteroEngine", "HeteroTrainer",
+    "HeteroTrainerMixin", "StageLayout", "StepResult", "WeightsError", "hetero", "initialize", "load_config",
+    "meta_model",
 ]
 
 # A plain deepspeed.initialize given a hetero_parallel config raises instead of silently training
@@ -29,7 +32,7 @@ install_import_patches()
 
 def __getattr__(name):
     # The Trainer entry points import transformers.Trainer (seconds): only when asked for.
-    if name in ("HeteroTrainer", "HeteroCallback"):
+    if name in ("HeteroTrainer", "HeteroCallback", "HeteroTrainerMixin", "hetero"):
         from .integrations import hf_trainer
 
         return getattr(hf_trainer, name)

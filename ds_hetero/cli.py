@@ -1,6 +1,8 @@
 """`ds-hetero` command line: validate a config and show its rank map; plan the layouts.
 
     ds-hetero validate ds_configs/llava_colocated.json --world-size 4 [--model tiny-llava]
+    ds-hetero validate trainer_auto.json --world-size 4 --per-device-train-batch-size 4   ("auto" JSON)
+    ds-hetero validate zero3.json --world-size 4 --hetero-parallel hetero.yaml            (inline section)
     ds-hetero checkpoint info CKPT_DIR          (checkpoint/commands.py)
     ds-hetero checkpoint convert CKPT_DIR --to-hf OUT
     ds-hetero plan --model tiny-llava --world-size 4 --seq-len 512 --image-tokens 256 --global-batch 16
@@ -76,8 +78,14 @@ def _validate(args: argparse.Namespace) -> int:
     from .config import SECTION, read_ds_config
     from .planner.auto import auto_options, is_auto
 
+    from .integrations.ds_config import fill_trainer_auto
+    from .integrations.inline import ENV, with_inline_section
+
     try:
         ds = read_ds_config(args.config)
+        if args.hetero_parallel:  # the section given inline (DS_HETERO_PARALLEL), merged as initialize merges it
+            ds = with_inline_section(ds, {ENV: args.hetero_parallel})
+        ds = fill_trainer_auto(ds, args.world_size, args.per_device_train_batch_size, max_grad_norm=args.max_grad_norm)
         if is_auto(ds.get(SECTION)):  # initialize plans it; check what can be checked without the model
             auto_options(ds[SECTION])
             print(f"{args.config}: hetero_parallel is auto; initialize plans it on rank 0 "
@@ -105,6 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "directory or config.json, or " + " / ".join(BUILTIN) + " (built on the meta device)")
     validate.add_argument("--client-optimizer", action="store_true",
                           help="the job passes initialize(..., optimizer=callable): no \"optimizer\" section needed")
+    validate.add_argument("--per-device-train-batch-size", type=int, default=None, metavar="N",
+                          help='for a Trainer-style JSON with "train_batch_size": "auto": the '
+                          "TrainingArguments value (global batch = N x world size)")
+    validate.add_argument("--max-grad-norm", type=float, default=1.0,
+                          help='for "gradient_clipping": "auto": the TrainingArguments value (default 1.0)')
+    validate.add_argument("--hetero-parallel", default=None, metavar="FILE",
+                          help="the hetero_parallel section from this JSON/YAML file (what DS_HETERO_PARALLEL "
+                          "names), for DeepSpeed configs without it")
     validate.set_defaults(func=_validate)
     from .checkpoint.commands import add_parser as add_checkpoint_parser
 

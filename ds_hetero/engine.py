@@ -23,6 +23,7 @@ from .boundary import BoundaryCommunicator
 from .config import HeteroConfig
 from .data import agreement
 from .data.loader import GlobalBatchLoader
+from .data.samples import as_sample_list
 from .loss import label_token_count
 from .models import adapter_for
 from .result import StepResult
@@ -92,6 +93,17 @@ class HeteroEngine:
         )
         self.global_steps = 0
 
+    @property
+    def loss_observer(self):
+        """Called as (logits, labels, shifted) after each training micro-batch's language loss, when
+        set: client metrics such as token accuracy from the engine's own loss pass
+        (integrations/token_metrics.py)."""
+        return self.schedule.loss_observer
+
+    @loss_observer.setter
+    def loss_observer(self, observer) -> None:
+        self.schedule.loss_observer = observer
+
     # ------------------------------------------------------------------ views for users and integrations
     @property
     def engines(self) -> dict[str, Any]:
@@ -126,14 +138,19 @@ class HeteroEngine:
         if self.loader is None:
             raise ValueError("train_batch() without samples needs training_data at initialize()")
         batch = self.loader.load(self.global_steps, self.needed_positions())
-        plan = self._plan(batch)
+        plan = self.plan_of(batch)
         if plan is not None:
-            for stage in self.stages.encoders:
-                if stage.held and self.config.balance_of(stage.name) == "tokens":
-                    self.loader.fill(self.global_steps, batch, plan.encoder_positions(stage.name, stage.coord.dp))
+            self.loader.fill(self.global_steps, batch, self.balanced_positions(plan))
         return batch, plan
 
-    def _plan(self, samples: Sequence[dict[str, Any]]) -> StepPlan | None:
+    def balanced_positions(self, plan: StepPlan) -> set[int]:
+        """Positions of the samples whose items this rank's token-balanced encoder stages encode
+        this step: known only once the batch's token ids are (the rest of `needed_positions`)."""
+        return {p for stage in self.stages.encoders
+                if stage.held and self.config.balance_of(stage.name) == "tokens"
+                for p in plan.encoder_positions(stage.name, stage.coord.dp)}
+
+    def plan_of(self, samples: Sequence[dict[str, Any]]) -> StepPlan | None:
         """The step's plan; None for a malformed batch (the batch agreement then refuses it on every rank)."""
         try:
             return StepPlan(self.config, self.adapter.encoders(), samples)
@@ -169,7 +186,8 @@ class HeteroEngine:
         """One optimizer step over the global batch (the same list on every rank)."""
         step = self.global_steps
         start = time.perf_counter()
-        samples, plan = self._next_samples() if samples is None else (list(samples), None)
+        # lists / numpy converted; a collated dict or raw dataset rows refused by name (data/samples.py)
+        samples, plan = self._next_samples() if samples is None else (as_sample_list(samples), None)
 
         try:  # every collective of the step, the batch agreement first, reports through one error
             n_labels = self._agree_on_batch(samples)  # a refused batch raises ValueError on every rank

@@ -23,8 +23,15 @@ from .engine import HeteroEngine
 from .models import adapter_for
 from .planner.auto import resolve_auto
 from .stages.checks import check_all
+from .tensor_parallel.lora_checks import check_lora
 from .topology.distributed import ensure_distributed
 from .weights import open_weights
+
+
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face model inside a PEFT `PeftModel` (its LoRA layers injected in place); others as given."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) and type(model).__name__.startswith("Peft") else model
 
 
 def prepare_config(model: torch.nn.Module, config: str | os.PathLike | Mapping[str, Any], adapter=None,
@@ -41,6 +48,7 @@ def prepare_config(model: torch.nn.Module, config: str | os.PathLike | Mapping[s
         world = int(os.environ.get("WORLD_SIZE", "0")) or ensure_distributed(DEFAULT_TIMEOUT_S)[1]
     cfg = parse_config(ds, world)
     check_all(cfg, model, has_client_optimizer)
+    check_lora(model, adapter or adapter_for(model), cfg)  # PEFT LoRA layers (tensor_parallel/lora.py)
     ensure_distributed(cfg.timeout_s)  # the default group waits as long as the stages' groups do
     return cfg
 
@@ -56,6 +64,7 @@ def initialize(
     weights: str | os.PathLike | None = None,
 ) -> HeteroEngine:
     """Build a HeteroEngine (see its docstring for the arguments)."""
+    model = base_model(model)  # a PEFT model trains through its base model, LoRA layers in place
     adapter = adapter_for(model)
     checkpoint = open_weights(model, weights)  # headers only; None for a fully built model
     cfg = prepare_config(model, config, adapter, optimizer is not None)

@@ -2,7 +2,9 @@
 
 from .shapes import (COLOURS, SHAPES, LlavaFormat, Qwen2VLFormat, RawFormat, Shape, ShapesCaptionDataset,
                      Vocabulary)
+from .samples import as_sample_list, split_collated
 
 __all__ = [
     "COLOURS", "SHAPES", "LlavaFormat", "Qwen2VLFormat", "RawFormat", "Shape", "ShapesCaptionDataset", "Vocabulary",
+    "as_sample_list", "split_collated",
 ]

@@ -27,6 +27,7 @@ from ..config import SECTION, read_ds_config
 from ..errors import HeteroConfigError
 from ..result import StepResult
 from .ds_config import require_hetero_section, restore_derived_keys
+from .inline import with_inline_section
 from .metrics import StepMetrics
 
 
@@ -98,9 +99,10 @@ def prepare(accelerator, model, training_data: Any = None,
         raise HeteroConfigError(
             "gradient_accumulation_steps", f"the Accelerator accumulates {accelerator.gradient_accumulation_steps} "
             f"steps, but one train_batch is a whole optimizer step; set it to 1 and use {SECTION}.micro_batches")
-    written = _user_config(plugin)
+    written = with_inline_section(_user_config(plugin))  # DS_HETERO_PARALLEL: the section given inline
     require_hetero_section(written, "ds_hetero.accelerate.prepare")
     config = restore_derived_keys(plugin.deepspeed_config, written)
+    config[SECTION] = written[SECTION]
     engine = initialize(model, config, training_data=training_data, collate_fn=collate_fn, **kwargs)
     accelerator.register_save_state_pre_hook(lambda models, weights, output_dir: engine.save_checkpoint(output_dir))
     accelerator.register_load_state_pre_hook(lambda models, input_dir: engine.load_checkpoint(input_dir))

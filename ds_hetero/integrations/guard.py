@@ -18,12 +18,16 @@ Trainer stops it at construction instead.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 from ..config import SECTION, read_ds_config
 from ..errors import HeteroConfigError
+from ..topology.mpu import StageMPU
+from .inline import ENV
 
-FIX = ("use `ds_hetero.HeteroTrainer` in place of `transformers.Trainer`, "
+FIX = ("make the Trainer class heterogeneous with one line, `ds_hetero.hetero(SFTTrainer)(...)` in place of "
+       "`SFTTrainer(...)` (any Trainer subclass; `ds_hetero.HeteroTrainer` for `transformers.Trainer`), use "
        "`ds_hetero.accelerate.prepare(accelerator, model, ...)` in place of `accelerator.prepare(model, ...)`, "
        "or `ds_hetero.initialize(model, config)` in place of `deepspeed.initialize`")
 
@@ -62,6 +66,11 @@ def install_deepspeed_guard() -> None:
     def initialize(*args, **kwargs):
         if has_hetero_section(_config_of(args, kwargs)):
             raise homogeneous_error("deepspeed.initialize")
+        if os.environ.get(ENV, "").strip() and not isinstance(kwargs.get("mpu"), StageMPU):
+            # the section given inline (integrations/inline.py); ds_hetero's own stage engines pass a StageMPU
+            raise HeteroConfigError(ENV, f"{ENV} is set, but deepspeed.initialize was called outside ds_hetero; "
+                                    f"DeepSpeed would train the whole model homogeneously. To train "
+                                    f"heterogeneously, {FIX}")
         return original(*args, **kwargs)
 
     initialize._ds_hetero_guard = True

@@ -39,6 +39,7 @@ class StageWork:
         head = stages.language.module.lm_head
         self.lm_head = head if isinstance(head, VocabParallelLMHead) else None
         self.bytes = {"sent": 0, "total": 0, "lower_bound": 0}
+        self.loss_observer = None  # (logits, labels, shifted) -> None, called after each language loss
 
     def _span(self, name: str, category: str, step: int | None):
         """A timeline span of a training step; evaluation (step None) records none."""
@@ -118,7 +119,10 @@ class StageWork:
         with self._span(f"language.forward[m={m}]", "forward", step):
             logits = language(batch["input_ids"], rows_in, batch["attention_mask"], batch["position_ids"],
                               n_placeholders=counts)
-            return token_loss_sum(logits, batch["labels"], self.lm_head, shifted=sharded)
+            local = token_loss_sum(logits, batch["labels"], self.lm_head, shifted=sharded)
+            if self.loss_observer is not None:  # e.g. a client's token accuracy from this very pass
+                self.loss_observer(logits.detach(), batch["labels"], sharded)
+            return local
 
     def language_step(self, samples: Sequence[dict[str, Any]], plan: StepPlan, m: int,
                       rows_in: Sequence[torch.Tensor], n_labels: int, step: int

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..errors import HeteroConfigError
 from .layers import ColumnParallelLinear, RowParallelLinear
+from .lora import is_lora_layer, shard_lora_column, shard_lora_row
 from .regions import EnterRegionHook
 
 
@@ -148,11 +149,17 @@ def apply_plans(found, group, sequence_parallel: bool = False, seq_dim: int = 1)
     tp = dist.get_world_size(group)
     for _, module, plan in found:
         for child in plan.column:
-            module.set_submodule(child, ColumnParallelLinear.from_linear(module.get_submodule(child), group,
-                                                                         plan.stride))
+            layer = module.get_submodule(child)
+            if is_lora_layer(layer):  # a PEFT LoRA layer: base and adapter split together (lora.py)
+                shard_lora_column(layer, group, plan.stride)
+                continue
+            module.set_submodule(child, ColumnParallelLinear.from_linear(layer, group, plan.stride))
         for child in plan.row:
-            module.set_submodule(child, RowParallelLinear.from_linear(module.get_submodule(child), group,
-                                                                      sequence_parallel, seq_dim))
+            layer = module.get_submodule(child)
+            if is_lora_layer(layer):
+                shard_lora_row(layer, group, sequence_parallel, seq_dim)
+                continue
+            module.set_submodule(child, RowParallelLinear.from_linear(layer, group, sequence_parallel, seq_dim))
         entry = module.get_submodule(plan.entry) if plan.entry else module
         entry.register_forward_pre_hook(EnterRegionHook(group, sequence_parallel, seq_dim), with_kwargs=True)
         for attr in plan.head_attrs:  # the forward reshapes by these: they must be this rank's counts

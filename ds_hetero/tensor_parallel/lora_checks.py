@@ -1,0 +1,50 @@
+"""The LoRA layers a layout cannot train exactly (see lora.py), refused before any collective."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..errors import HeteroConfigError
+from .lora import is_lora_layer
+from .plans import planned_modules
+
+
+def lora_problems(model: nn.Module, vision_modules: list[nn.Module], vision_tp: int, language_tp: int,
+                  sequence_parallel: bool = False) -> list[str]:
+    """What keeps the model's LoRA layers from training exactly in this layout (pure: no communication)."""
+    planned = {id(module.get_submodule(child)) for _, module, plan in planned_modules(model)
+               for child in (*plan.column, *plan.row)}
+    in_vision = {id(m) for v in vision_modules for m in v.modules()}
+    problems = []
+    for name, m in model.named_modules():
+        if type(m).__name__ == "ModulesToSaveWrapper":
+            problems.append(f"{name}: PEFT modules_to_save is not supported; train the module with LoRA or leave it "
+                            f"frozen")
+        if not is_lora_layer(m):
+            continue
+        stage, tp = ("vision", vision_tp) if id(m) in in_vision else ("language", language_tp)
+        if getattr(m, "lora_variant", None):
+            problems.append(f"{name}: LoRA variants (DoRA, ...) are not supported; use plain LoRA (use_dora=False)")
+        if tp > 1 and id(m) not in planned:
+            problems.append(f"{name}: a LoRA layer on a module tensor parallelism does not shard, in the {stage} stage "
+                            f"with tp={tp}; leave it out of target_modules or use tp=1 there")
+        if tp > 1 and any(getattr(d, "p", 0) for d in m.lora_dropout.values()):
+            problems.append(f"{name}: lora_dropout > 0 with tp={tp} in the {stage} stage (the tp ranks would drop "
+                            f"different entries of the same input); set lora_dropout=0")
+        if stage == "language" and sequence_parallel:
+            problems.append(f"{name}: LoRA with sequence parallelism is not supported; set sequence_parallel=false")
+    return problems
+
+
+def check_lora(model: nn.Module, adapter, cfg) -> None:
+    """Raise the same HeteroConfigError on every rank, before any collective, for LoRA layers this layout
+    cannot train exactly (nothing to check without LoRA layers)."""
+    if not any(is_lora_layer(m) for m in model.modules()):
+        return
+    language = cfg.stages["language"]
+    problems = lora_problems(model, adapter.vision_modules(), cfg.stages["vision"].tp, language.tp,
+                             bool(getattr(language, "sequence_parallel", False)))
+    if problems:
+        more = f"\n  ... and {len(problems) - 8} more" if len(problems) > 8 else ""
+        raise HeteroConfigError("hetero_parallel.stages", "LoRA layers that cannot train exactly in this layout:\n  - "
+                                + "\n  - ".join(problems[:8]) + more)
