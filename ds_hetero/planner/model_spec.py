@@ -128,6 +128,18 @@ class ModelSpec:
         return (s.params() - whole) / tp + whole
 
 
+def chunk_params_per_rank(spec: ModelSpec, tp: int, layers: int, first: bool, last: bool) -> float:
+    """Parameters one tp rank of a language pipeline stage holds: its decoder layers, the input
+    embedding (first stage, whole), the final norm and the vocabulary-parallel head (last stage).
+    With every layer, first and last it equals params_per_rank("language", tp)."""
+    lm = spec.language
+    h = lm.hidden
+    norms = 2 * h if tp > 1 else 0
+    layer = (lm.layer_params() - norms) / tp + norms
+    head = (0 if lm.tied else lm.vocab * h / tp) + h
+    return layers * layer + (lm.vocab * h if first else 0) + (head if last else 0)
+
+
 def _language(text: Any) -> LanguageSpec:
     hidden = _get(text, "hidden_size")
     heads = _get(text, "num_attention_heads")
