@@ -9,7 +9,8 @@ parallelism on or off, full recompute on or off, and the first stage's decoder l
 Heterogeneous candidates with modelled features: the encoder colocated on every rank in its own
 (tp, dp), language (tp, cp, pp, dp) with pp > 1, or pp = 1 with recompute or a language ZeRO
 stage other than the encoder's (ZeRO 3 for the LLM, the config's for the encoder), each with
-fewer encoder passes than language micro-batches. A 1F1B pipeline takes at least pp
+every number of encoder passes dividing the language micro-batches, encoder recompute on or off;
+and the encoder on its own ranks (disaggregated) with a language pipeline or recompute. A 1F1B pipeline takes at least pp
 micro-batches; ZeRO 2/3 are not combined with a pipeline (DeepSpeed's pipeline engine refuses
 them; Megatron pairs its pipeline with a ZeRO-1-like distributed optimizer).
 
@@ -20,6 +21,7 @@ the model's. None of these is runnable today: `Prediction.runnable` is False for
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -115,10 +117,10 @@ def heterogeneous_candidates(space: ModelledSpace, base: Mapping[str, Any], adap
                 for passes in divisors(m):
                     if space.global_batch % (vdp * passes):
                         continue
-                    for rc, lz in _features(space, pp):
+                    for (rc, lz), vrc in itertools.product(_features(space, pp), (False, True)):
                         lang = StageChoice(tp, dp, cp, sp, pp=pp, recompute=rc, zero=lz)
                         vz = space.zero if lz is not None else None
-                        cand = Candidate("colocated", StageChoice(vtp, vdp, zero=vz), lang, m,
+                        cand = Candidate("colocated", StageChoice(vtp, vdp, zero=vz, recompute=vrc), lang, m,
                                          passes if passes != m else None)
                         if cand.modelled_features:
                             out.append(cand)
@@ -131,3 +133,31 @@ def _features(space: ModelledSpace, pp: int) -> Iterator[tuple[bool, int | None]
         yield rc, None
         if pp == 1 and space.zero != 3:
             yield rc, 3
+
+
+def disaggregated_candidates(space: ModelledSpace, base: Mapping[str, Any], adapter, cache: dict,
+                             node_size: int = 0) -> list[Candidate]:
+    """The encoder on its own ranks (the first nv), the language on the rest with a pipeline or recompute;
+    nv of 1, 2, 4, ... up to half the world (whole nodes when the world spans several)."""
+    n, out = space.world_size, []
+    splits = [v for v in (2 ** k for k in range(n.bit_length())) if v <= n // 2]
+    if node_size and n > node_size:
+        splits = [v for v in splits if v % node_size == 0]
+    for nv in splits:
+        sub = ModelledSpace(n - nv, space.global_batch, space.layers, space.max_tp, space.zero, space.micro_batches,
+                            space.max_micro_batches)
+        for tp, cp, pp, dp, sp in _language_layouts(sub, n - nv):
+            for vtp in (t for t in divisors(nv) if t <= space.max_tp):
+                vdp = nv // vtp
+                if not _ok(base, adapter, cache, vtp, tp, cp, sp):
+                    continue
+                for m in _micro_batches(sub, dp, pp):
+                    if space.global_batch % (vdp * m):
+                        continue
+                    for rc, vrc in itertools.product((False, True), (False, True)):
+                        lang = StageChoice(tp, dp, cp, sp, tuple(range(nv, n)), pp=pp, recompute=rc)
+                        vis = StageChoice(vtp, vdp, ranks=tuple(range(nv)), recompute=vrc)
+                        cand = Candidate("disaggregated", vis, lang, m)
+                        if cand.modelled_features:
+                            out.append(cand)
+    return out

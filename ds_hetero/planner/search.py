@@ -18,7 +18,8 @@ from ..models import adapter_for
 from .candidate import Candidate
 from .cost import Prediction
 from .enumerate import SearchSpace, enumerate_candidates
-from .modelled import ModelledSpace, heterogeneous_candidates, megatron_candidates, tune_cut
+from .modelled import (ModelledSpace, disaggregated_candidates, heterogeneous_candidates, megatron_candidates,
+                       tune_cut)
 from .step_model import predict
 from .machine import MachineProfile
 from .model_source import load_hf_config, meta_model
@@ -148,6 +149,10 @@ def _modelled(spec, wl, machine, limit, base, adapter, max_tp, micro_batches, wo
     if "colocated" in placements:
         out += [predict(c, spec, wl, machine, limit, runnable=False)
                 for c in heterogeneous_candidates(ms, base, adapter, cache)]
+    if "disaggregated" in placements:
+        node = machine.devices_per_node if machine.devices_per_node < world else 0
+        out += [predict(c, spec, wl, machine, limit, runnable=False)
+                for c in disaggregated_candidates(ms, base, adapter, cache, node)]
     return out
 
 
