@@ -16,7 +16,7 @@ parallelism, recompute). How many micro-batches a rank holds at once: `peak_memo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .activations import language_activation_bytes, vision_activation_bytes
 from .candidate import Candidate, StageChoice
@@ -101,7 +101,8 @@ def language_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool,
     return RankMemory(states, one * in_flight)
 
 
-def peak_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool) -> dict[str, float]:
+def peak_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, cache: dict | None = None
+                ) -> dict[str, float]:
     """Peak bytes per rank set: {"all": ...} colocated, {"vision": ..., "language": ...} disaggregated.
 
     Language stage s of a 1F1B pipeline holds min(pp - s, micro_batches) micro-batches; a colocated
@@ -109,12 +110,25 @@ def peak_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool) -> 
     a disaggregated encoder is one more pipeline stage ahead of the language's (pp + 1 in flight).
     """
     pp, m = cand.language.pp, cand.micro_batches
-    lang = [language_memory(spec, wl, cand, flash, s, min(pp - s, m)).total for s in range(pp)]
+
+    def memo(key, fn):
+        if cache is None:
+            return fn()
+        if key not in cache:
+            cache[key] = fn()
+        return cache[key]
+
+    lkey = ("memory", replace(cand.language, ranks=()), m, cand.pp_layers)
+    lang = [memo(lkey + (s,), lambda: language_memory(spec, wl, cand, flash, s, min(pp - s, m)).total)
+            for s in range(pp)]
+
+    def vision(in_flight):
+        passes = m if cand.megatron else cand.passes
+        return memo(("memory", replace(cand.vision, ranks=()), passes, in_flight),
+                    lambda: vision_memory(spec, wl, cand, flash, in_flight).total)
+
     if cand.disaggregated:
-        vis = vision_memory(spec, wl, cand, flash, min(pp + 1, cand.passes)).total
-        return {"vision": vis, "language": max(lang)}
+        return {"vision": vision(min(pp + 1, cand.passes)), "language": max(lang)}
     if cand.megatron:  # the encoder runs inside each micro-batch of the first stage: pp in flight
-        vis = vision_memory(spec, wl, cand, flash, min(pp, m)).total
-        return {"all": max([lang[0] + vis] + lang[1:])}
-    vis = vision_memory(spec, wl, cand, flash, encoder_passes_in_flight(cand)).total
-    return {"all": vis + max(lang)}
+        return {"all": max([lang[0] + vision(min(pp, m))] + lang[1:])}
+    return {"all": vision(encoder_passes_in_flight(cand)) + max(lang)}

@@ -54,7 +54,8 @@ def baseline_lines(plan: Plan) -> list[str]:
     meg, meg_even = plan.best_megatron(), plan.best_megatron(even=True)
 
     def name(p):
-        return f"{p.candidate.label()} ({_time(p.step_s)}, {'runnable' if p.runnable else 'modelled only'})"
+        fits = "" if p.fits else ", DOES NOT FIT"
+        return f"{p.candidate.label()} ({_time(p.step_s)}, {'runnable' if p.runnable else 'modelled only'}{fits})"
 
     if best is not None:
         out.append(f"runnable pick: {name(best)}")

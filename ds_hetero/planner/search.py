@@ -126,33 +126,37 @@ def plan(model: Any, world_size: int, seq_len: int, image_tokens: int, global_ba
                         batch_slack=batch_slack)
     candidates, stats = enumerate_candidates(space, base, adapter, has_client_optimizer)
     limit = memory_gb * 1e9 if memory_gb is not None else None
-    preds = [predict(c, spec, wl, machine, limit) for c in candidates]
+    cache: dict = {}
+    preds = [predict(c, spec, wl, machine, limit, cache=cache) for c in candidates]
     stats["runnable"] = len(preds)
     if modelled:
-        preds += _modelled(spec, wl, machine, limit, base, adapter, max_tp, micro_batches, world_size, placements)
+        preds += _modelled(spec, wl, machine, limit, base, adapter, max_tp, micro_batches, world_size, placements,
+                           cache)
     stats["modelled"] = len(preds) - stats["runnable"]
     preds.sort(key=lambda p: (not p.fits, -p.tokens_per_s))
     return Plan(preds, spec, wl, machine, base, stats)
 
 
-def _modelled(spec, wl, machine, limit, base, adapter, max_tp, micro_batches, world, placements
+def _modelled(spec, wl, machine, limit, base, adapter, max_tp, micro_batches, world, placements, times: dict
               ) -> list[Prediction]:
     """Megatron's single layouts (with their cut tuned) and heterogeneous candidates with modelled features."""
     ms = ModelledSpace(world, wl.global_batch, spec.language.layers, max_tp, wl.zero, micro_batches)
     cache: dict = {}
-    meg = [predict(c, spec, wl, machine, limit, runnable=False) for c in megatron_candidates(ms, base, adapter, cache)]
+
+    def priced(cands):
+        return [predict(c, spec, wl, machine, limit, runnable=False, cache=times) for c in cands]
+
+    meg = priced(megatron_candidates(ms, base, adapter, cache))
     meg.sort(key=lambda p: (not p.fits, -p.tokens_per_s))
     tuned = []
     for p in meg[:TUNE_TOP]:  # tune the first stage's layers of the best few even-cut layouts
-        tuned += [predict(c, spec, wl, machine, limit, runnable=False) for c in tune_cut(p.candidate, spec.language.layers)]
+        tuned += priced(tune_cut(p.candidate, spec.language.layers))
     out = meg + tuned
     if "colocated" in placements:
-        out += [predict(c, spec, wl, machine, limit, runnable=False)
-                for c in heterogeneous_candidates(ms, base, adapter, cache)]
+        out += priced(heterogeneous_candidates(ms, base, adapter, cache))
     if "disaggregated" in placements:
         node = machine.devices_per_node if machine.devices_per_node < world else 0
-        out += [predict(c, spec, wl, machine, limit, runnable=False)
-                for c in disaggregated_candidates(ms, base, adapter, cache, node)]
+        out += priced(disaggregated_candidates(ms, base, adapter, cache, node))
     return out
 
 

@@ -76,24 +76,40 @@ def _p2p(cand: Candidate, spec: ModelSpec, wl: Workload, machine: MachineProfile
                                    span=per_stage + 1)
 
 
+def _memo(cache: dict | None, key, fn):
+    """fn() once per key while planning (one Plan's search shares a cache: the stage times of a
+    layout repeat across thousands of candidates)."""
+    if cache is None:
+        return fn()
+    if key not in cache:
+        cache[key] = fn()
+    return cache[key]
+
+
 def predict(cand: Candidate, spec: ModelSpec, wl: Workload, machine: MachineProfile,
-            memory_limit: float | None = None, runnable: bool = True) -> Prediction:
+            memory_limit: float | None = None, runnable: bool = True, cache: dict | None = None) -> Prediction:
+    """`cache`: a dict the caller keeps for one (spec, workload, machine) while ranking many candidates."""
     if cand.global_batch is not None:
         wl = replace(wl, global_batch=cand.global_batch)
+        cache = None  # keys below assume the workload's batch
     m, passes, lang = cand.micro_batches, cand.passes, cand.language
     world = lang.size + (cand.vision.tp * cand.vision.dp if cand.disaggregated else 0)
     cut = cand.pp_layers or even_cut(spec.language.layers, lang.pp)
     chunks, parts = [], []
     p2p = _p2p(cand, spec, wl, machine) if lang.pp > 1 else 0.0
+    lang_key = replace(lang, ranks=())
     for s, layers in enumerate(cut):
-        t, part = stage_times(spec, wl, machine, "language", lang, m, layers, s == 0, s == lang.pp - 1)
+        t, part = _memo(cache, ("language", lang_key, m, layers, s == 0, s == lang.pp - 1),
+                        lambda: stage_times(spec, wl, machine, "language", lang, m, layers, s == 0, s == lang.pp - 1))
+        part = dict(part)
         if p2p:
             t = StageTimes(t.forward + p2p / 2, t.backward + p2p / 2, t.step)
             part["pipeline p2p"] = m * p2p
         chunks.append(t)
         parts.append(part)
     v_passes = m if cand.megatron else passes
-    vt, vpart = stage_times(spec, wl, machine, "vision", cand.vision, v_passes)
+    vt, vpart = _memo(cache, ("vision", replace(cand.vision, ranks=()), v_passes),
+                      lambda: stage_times(spec, wl, machine, "vision", cand.vision, v_passes))
     boundary, boundary_bytes = boundary_seconds(cand, spec, wl, machine)
     syncs = engine_syncs(cand, machine, world)
     if cand.megatron:
@@ -126,8 +142,8 @@ def predict(cand: Candidate, spec: ModelSpec, wl: Workload, machine: MachineProf
             breakdown["language"]["bubble"] = bubble * step
     for stage in breakdown:
         breakdown[stage]["boundary"] = passes * boundary + syncs
-    memory = peak_memory(spec, wl, cand, machine.flash_attention)
-    flops = model_flops_per_step(spec, wl, machine.causal)
+    memory = peak_memory(spec, wl, cand, machine.flash_attention, cache)
+    flops = _memo(cache, "flops", lambda: model_flops_per_step(spec, wl, machine.causal))
     limit = memory_limit if memory_limit is not None else machine.memory_bytes
     return Prediction(
         candidate=cand, step_s=step, tokens_per_s=wl.global_batch * wl.seq_len / step,
