@@ -393,7 +393,10 @@ def profile_step(engine, samples):
 
 
 # ----------------------------------------------------------------------------- launcher
-def _child(fn, rank, store, args, results):
+def _child(fn, rank, store, args, results, world=None):
+    global WORLD
+    if world is not None:  # the parent's world size (a caller may change WORLD before launching)
+        WORLD = world
     try:
         import warnings
 
@@ -415,13 +418,13 @@ def _child(fn, rank, store, args, results):
 
 
 def launch(fn, *args, timeout=1200.0):
-    """fn(rank, WORLD, *args) on 4 fresh processes (forked from a preloaded forkserver); per-rank results."""
+    """fn(rank, WORLD, *args) on WORLD (4) fresh processes (forked from a preloaded forkserver); per-rank results."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="bench_layouts_") as tmp:
-        procs = [ctx.Process(target=_child, args=(fn, r, os.path.join(tmp, "store"), args, results), daemon=True)
-                 for r in range(WORLD)]
+        procs = [ctx.Process(target=_child, args=(fn, r, os.path.join(tmp, "store"), args, results, WORLD),
+                             daemon=True) for r in range(WORLD)]
         for p in procs:
             p.start()
         out, deadline = {}, time.monotonic() + timeout

@@ -138,10 +138,10 @@ def _features(space: ModelledSpace, pp: int) -> Iterator[tuple[bool, int | None]
 def disaggregated_candidates(space: ModelledSpace, base: Mapping[str, Any], adapter, cache: dict,
                              node_size: int = 0) -> list[Candidate]:
     """The encoder on its own ranks (the first nv), the language on the rest with a pipeline or recompute;
-    nv of 1, 2, 4, ... up to half the world (whole nodes when the world spans several)."""
+    nv of 1, 2, 4, ... up to half the world (whole nodes when the world is whole nodes of several)."""
     n, out = space.world_size, []
     splits = [v for v in (2 ** k for k in range(n.bit_length())) if v <= n // 2]
-    if node_size and n > node_size:
+    if node_size and n > node_size and n % node_size == 0:  # whole nodes, as enumerate._rank_splits
         splits = [v for v in splits if v % node_size == 0]
     for nv in splits:
         sub = ModelledSpace(n - nv, space.global_batch, space.layers, space.max_tp, space.zero, space.micro_batches,

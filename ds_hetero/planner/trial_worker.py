@@ -1,5 +1,7 @@
 """One measured trial, run on every rank by the deepspeed launcher (planner/trials.py starts it).
 
+A script the launcher runs by path, hence its absolute imports.
+
     deepspeed --num_gpus 4 ds_hetero/planner/trial_worker.py --model tiny-llava --config cfg.json \
         --seq-len 96 --image-tokens 64 --steps 3 --out result.json
 
@@ -54,15 +56,15 @@ def main(argv=None) -> int:
 
     import torch.distributed as dist
 
-    import ds_hetero
     from ds_hetero.config import read_ds_config
+    from ds_hetero.entry import initialize
     from ds_hetero.planner.trial_data import workload_samples
     from ds_hetero.planner.trials import timed_steps
 
     model, weights = build_model(args.model)
     cfg = read_ds_config(args.config)
     samples = workload_samples(model.config, args.seq_len, args.image_tokens, int(cfg["train_batch_size"]))
-    engine = ds_hetero.initialize(model, cfg, weights=weights)
+    engine = initialize(model, cfg, weights=weights)
     steps = timed_steps(engine, samples, args.steps)
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
