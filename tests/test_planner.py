@@ -230,9 +230,16 @@ def test_plan_cli_writes_a_valid_config(tmp_path, capsys):
                  "--global-batch", "8", "--machine", "h100", "--top", "5", "--write", str(out)]) == 0
     text = capsys.readouterr().out
     assert "TFLOPS/dev" in text and "compute" in text and "wrote" in text
+    # both baselines, labelled, and which rows the engine runs today
+    assert "today's baseline" in text and "Megatron baseline, tuned" in text and "modelled" in text
+    assert "vs the tuned Megatron baseline" in text and "runnable pick" in text
     cfg = json.loads(out.read_text())
     assert cfg["train_batch_size"] == 8 and "hetero_parallel" in cfg
     assert main(["validate", str(out), "--world-size", "4"]) == 0
+    # the encoder's tokens may exceed the sequence (2x2 merge: 64 encoder tokens give the language 16)
+    assert main(["plan", "--model", "tiny-qwen2-vl", "--world-size", "2", "--seq-len", "32", "--encoder-tokens",
+                 "64", "--global-batch", "4", "--no-modelled", "--top", "2"]) == 0
+    assert "image tokens 16 (the encoder sees 64)" in capsys.readouterr().out
     # an image-token count that is no multiple of LLaVA's tokens per image is refused clearly
     assert main(["plan", "--model", "tiny-llava", "--world-size", "4", "--seq-len", "64", "--image-tokens", "10",
                  "--global-batch", "8"]) == 1

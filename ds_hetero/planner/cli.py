@@ -70,6 +70,9 @@ def run_plan(args: argparse.Namespace) -> int:
     print(ranked_table(result, args.top))
     print()
     print(breakdown_table(result, args.breakdown))
+    if not result.runnable:
+        print("plan: no configuration the engine runs today (the rows above are modelled only)", file=sys.stderr)
+        return 1 if (args.trial or args.write) else 0
     chosen = result.best
     if args.trial:
         from .trials import launch_trials, trial_table
