@@ -105,6 +105,8 @@ def main(argv=None):
     ap.add_argument("--machine", default="h100")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--rows", choices=("all", "new", "llava"), default="all")
+    ap.add_argument("--gpus", type=int, nargs="+", help="only the LLaVA points at these GPU counts")
+    ap.add_argument("--models", nargs="+", help="only these LLaVA configs (file names)")
     args = ap.parse_args(argv)
     from ds_hetero.planner import machine_profile
 
@@ -123,7 +125,11 @@ def main(argv=None):
                   file=sys.stderr, flush=True)
     if args.rows in ("all", "llava"):
         for vision, llm, name in LLAVA:
+            if args.models and name not in args.models:
+                continue
             for gpus, seq in POINTS:
+                if args.gpus and gpus not in args.gpus:
+                    continue
                 batch, k = max(8, gpus * 16384 // seq), 1152 * seq // 4096
                 pick, n, _ = search(os.path.join(CONFIGS, name), gpus, seq, batch, machine, image_tokens=k)
                 rows.append(row(vision, llm, gpus, seq, k, k, batch, pick))
