@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..models import adapter_for
-from .candidate import Candidate
 from .cost import Prediction
 from .enumerate import SearchSpace, enumerate_candidates
 from .modelled import (ModelledSpace, disaggregated_candidates, heterogeneous_candidates, megatron_candidates,
