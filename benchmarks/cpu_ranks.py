@@ -9,10 +9,17 @@ from __future__ import annotations
 
 from ds_hetero.testing.launch import run_distributed
 
-WORLD = 4
+WORLD = 4  # ranks of a launch; validate_planner sets 2 for its one-rank-per-core rows
+
+
+def _in_world(rank, world, fn, *args):
+    # A forked rank re-imports this module: give it the parent's WORLD (the plain rows read it).
+    global WORLD
+    WORLD = world
+    return fn(rank, world, *args)
 
 
 def launch(fn, *args, timeout=1200.0):
     """fn(rank, WORLD, *args) on WORLD fresh gloo processes; per-rank results."""
-    return run_distributed(fn, WORLD, timeout=timeout, backend="gloo", pg_timeout_s=600, args=args,
+    return run_distributed(_in_world, WORLD, timeout=timeout, backend="gloo", pg_timeout_s=600, args=(fn, *args),
                            env={"DS_ACCELERATOR": "cpu"})

@@ -7,7 +7,8 @@ import os
 import statistics
 from collections import defaultdict
 
-from layouts_rows import BASELINE, LAYOUTS, SCENARIOS, WORLD, layout_str, mb_of, ranks_str
+import cpu_ranks
+from layouts_rows import BASELINE, LAYOUTS, SCENARIOS, layout_str, mb_of, ranks_str
 
 
 SHORT = {"vision.forward": "V fwd", "vision.backward": "V bwd", "boundary.rows": "bnd rows",
@@ -26,7 +27,7 @@ def print_table(rows, paired, a, scenario=None):
           f"{(a['image_size'] // a['patch_size']) ** 2} image tokens; Llama {a['text_layers']}x{a['text_hidden']}); "
           f"{a['vision_params'] / 1e6:.2f}M vision + {a['text_params'] / 1e6:.2f}M language params; "
           f"global batch {a['batch']}, ZeRO 1, fp32, AdamW")
-    print(f"{WORLD} CPU ranks (gloo, 1 thread each) on {cores} cores; median of {a['steps']} steps after "
+    print(f"{cpu_ranks.WORLD} CPU ranks (gloo, 1 thread each) on {cores} cores; median of {a['steps']} steps after "
           f"{a['warmup']} warm-up, per step the slowest rank; mb = micro-batches (gradient accumulation; "
           f"disaggregated rows pipeline them)")
     head = (f"{'row':<15} {'layout':<26} {'mb':>2} {'step s':>6} {'min-max':>11} {'tok/s':>6} {'tok/s/rank':>10} "
@@ -36,7 +37,7 @@ def print_table(rows, paired, a, scenario=None):
     for r in rows:
         bub = "/".join(f"{100 * b:.0f}" for b in r["bubble"]) if r["bubble"][0] is not None else "-"
         print(f"{r['name']:<15} {layout_str(r['layout']):<26} {r['micro_batches']:>2} {r['step_s']:>6.2f} "
-              f"{r['step_min']:>5.2f}-{r['step_max']:<5.2f} {r['all_tok_s']:>6.0f} {r['all_tok_s'] / WORLD:>10.0f} "
+              f"{r['step_min']:>5.2f}-{r['step_max']:<5.2f} {r['all_tok_s']:>6.0f} {r['all_tok_s'] / cpu_ranks.WORLD:>10.0f} "
               f"{r['label_tok_s']:>11.1f} {base['step_s'] / r['step_s']:>8.2f}x {bub:>15} {r['cpu_s']:>6.2f} "
               f"{r['util']:>5.2f} {r['first_loss']:>8.4f}")
     print("tok/s = all tokens (text + image placeholders) per second, /rank = over the 4 ranks; vs homog. = "
@@ -89,7 +90,7 @@ def print_table(rows, paired, a, scenario=None):
             b = defaultdict(float)
             for prof in r["profile"]:
                 for k, v in prof["buckets"].items():
-                    b[k] += v / WORLD
+                    b[k] += v / cpu_ranks.WORLD
             top = ", ".join(f"{k} {v:.2f}" for k, v in r["profile"][0]["top"][:4])
             print(f"{r['name']:<15} " + "  ".join(f"{k} {v:.2f}" for k, v in sorted(b.items()))
                   + f"   | rank 0 top: {top}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cpu_ranks import WORLD
+import cpu_ranks
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Layout:
     def rank_groups(self) -> list[tuple[str, tuple[int, ...]]]:
         """(label, ranks) of the rank sets that do different work: all ranks, or one set per stage."""
         if not self.disaggregated:
-            return [("all", tuple(range(WORLD)))]
+            return [("all", tuple(range(cpu_ranks.WORLD)))]
         return [("vision", self.vision_ranks), ("language", self.language_ranks)]
 
 
@@ -48,7 +48,7 @@ class Plain:
 
     @property
     def dp(self) -> int:
-        return WORLD // self.autotp
+        return cpu_ranks.WORLD // self.autotp
 
 
 LAYOUTS = {  # row name -> Layout, or Plain for plain DeepSpeed over the whole model
@@ -152,7 +152,7 @@ def layout_of(name, a):
 
 def rank_groups(name):
     layout = LAYOUTS[name]
-    return [("all", tuple(range(WORLD)))] if isinstance(layout, Plain) else layout.rank_groups()
+    return [("all", tuple(range(cpu_ranks.WORLD)))] if isinstance(layout, Plain) else layout.rank_groups()
 
 
 def mb_of(name, a):

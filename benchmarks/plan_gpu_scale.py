@@ -1,18 +1,29 @@
-"""The planner at GPU scale: its pick and predicted gain over the best single-layout configuration.
+"""The planner at GPU scale: its picks against the tuned Megatron baseline and against today's single layout.
 
-    python recipes/plan_gpu_scale.py                    # the README table (H100 profile), ~10 min
-    python recipes/plan_gpu_scale.py --machine h200 --markdown
+    python benchmarks/plan_gpu_scale.py --markdown                  # every row (H100 profile); long
+    python benchmarks/plan_gpu_scale.py --rows new --markdown       # the 70B pp / Megatron-Bridge rows only
 
-Models (configs in ds_configs/planner/, LLaVA structure): a ViT-L/14 at 336 px (0.3B, 576 tokens
+Models (configs in ds_configs/planner/): LLaVA structure, a ViT-L/14 at 336 px (0.3B, 576 tokens
 per image, CLIP) or a 6B ViT (CLIP structure, 4096 wide, 32 layers), with a 7B (Llama-2 shape) or
-a 70B (Llama-2-70B shape, GQA 8) language model. Scale points: GPUs x sequence length; the
-global batch holds ~16k tokens per GPU (at least 8 samples), images are 1152 tokens per 4k of
-sequence. ZeRO 1 and ZeRO 3 are both searched (bf16, AdamW); memory limit = the device's HBM.
+a 70B (Llama-2-70B shape, GQA 8) language model; and Qwen2-VL structure (2x2 spatial merge: the
+encoder sees 4x the image tokens the language model receives), a 6.9B tower (4096 wide, 32
+layers) with a 72B language model (Qwen2-72B shape), and Qwen2-VL's 0.7B tower with a 27B
+language model (5120 wide, 64 layers, GQA 8). LLaVA points: GPUs x sequence length, the global
+batch ~16k tokens per GPU (at least 8 samples), 1152 image tokens per 4k of sequence. ZeRO 1 and
+ZeRO 3 are both searched (bf16, AdamW); memory limit = the device's HBM.
 
-"best single layout" = the best colocated configuration whose vision stage uses the language
-stage's tp x dp split (what one LLM-centric layout gives the encoder); "gain" = its step time
-over the pick's (= tokens/s and TFLOPS/GPU ratio, same work); "best disagg." = the best
-disaggregated configuration and its gain over the same baseline.
+Columns:
+  runnable pick        the best configuration the engine runs today (its checks accept it)
+  best overall         the best of everything the cost model prices, including what the engine
+                       does not run yet (a language pipeline, recompute, per-stage ZeRO)
+  today's baseline     colocated, the encoder on the language's tp x (cp x dp) as plain dp
+  Megatron (tuned)     one (tp, cp, pp, dp) for the whole model, the encoder at the language's
+                       tp on the first pipeline stage, replicated over cp, once per micro-batch;
+                       tp/cp/pp/dp, micro-batches, sequence parallelism, recompute and the first
+                       stage's layers tuned; "even" = the best with an even cut
+  gains                tokens/s of the pick over the baseline (same work per step)
+The Megatron-Bridge row (27B, "TP4 PP2 DP2 + an encoder GPU") compares per GPU: the
+heterogeneous pick on 17 GPUs (the encoder on its own GPU) against Megatron on 16.
 """
 
 from __future__ import annotations
@@ -24,25 +35,35 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = os.path.join(os.path.dirname(HERE), "ds_configs", "planner")
-MODELS = [("ViT-L 0.3B", "7B", "llava_vitl_7b.json"), ("ViT-L 0.3B", "70B", "llava_vitl_70b.json"),
-          ("ViT 6B", "7B", "llava_vit6b_7b.json"), ("ViT 6B", "70B", "llava_vit6b_70b.json")]
+LLAVA = [("ViT-L 0.3B", "7B", "llava_vitl_7b.json"), ("ViT-L 0.3B", "70B", "llava_vitl_70b.json"),
+         ("ViT 6B", "7B", "llava_vit6b_7b.json"), ("ViT 6B", "70B", "llava_vit6b_70b.json")]
 POINTS = [(8, 4096), (64, 16384), (1024, 4096), (1024, 32768)]
+# (vision, LLM, config, GPUs, seq, encoder tokens per sample, batch, GPUs of the Megatron baseline)
+NEW = [("ViT 6.9B (Qwen2-VL)", "72B", "qwen2vl_vit6b_70b.json", 64, 8192, 16384, 128, None),
+       ("ViT 0.7B (Qwen2-VL)", "27B", "qwen2vl_vit06b_27b.json", 16, 4096, 4096, 32, None),
+       ("ViT 0.7B (Qwen2-VL)", "27B", "qwen2vl_vit06b_27b.json", 17, 4096, 4096, 32, 16)]
 
 
-def run_point(path, gpus, seq, machine):
+def search(path, gpus, seq, batch, machine, image_tokens=None, encoder_tokens=None, placements=None):
     from ds_hetero.planner import plan
     from ds_hetero.planner.search import base_config
 
-    batch = max(8, gpus * 16384 // seq)
-    image_tokens = 1152 * seq // 4096
-    preds = []
+    preds, n, spec = [], 0, None
     for zero in (1, 3):
-        p = plan(path, gpus, seq, image_tokens, batch, machine, base=base_config(None, batch, zero, True))
+        p = plan(path, gpus, seq, image_tokens, batch, machine, base=base_config(None, batch, zero, True),
+                 encoder_tokens=encoder_tokens, placements=placements or ("colocated", "disaggregated"))
         preds += [(x, zero) for x in p.predictions]
-    fitting = sorted([x for x in preds if x[0].fits], key=lambda x: x[0].step_s)
-    homog = next((x for x in fitting if x[0].candidate.homogeneous), None)
-    disagg = next((x for x in fitting if x[0].candidate.disaggregated), None)
-    return batch, image_tokens, (fitting[0] if fitting else None), homog, disagg, len(preds)
+        n += len(p.predictions)
+        spec = p.spec
+    fitting = sorted([x for x in preds if x[0].fits], key=lambda x: -x[0].tokens_per_s)
+    pick = {
+        "runnable": next((x for x in fitting if x[0].runnable), None),
+        "overall": fitting[0] if fitting else None,
+        "today": next((x for x in fitting if x[0].candidate.homogeneous and x[0].runnable), None),
+        "megatron": next((x for x in fitting if x[0].candidate.megatron), None),
+        "even": next((x for x in fitting if x[0].candidate.megatron and x[0].candidate.pp_layers is None), None),
+    }
+    return pick, n, spec
 
 
 def fmt(entry):
@@ -52,37 +73,78 @@ def fmt(entry):
     return f"{pred.candidate.label()} Z{zero}", f"{pred.tflops_per_device:.0f}"
 
 
+def gain(a, b, per_gpu=None):
+    """tokens/s of a over b; per_gpu = (GPUs of a, GPUs of b) compares per GPU."""
+    if a is None or b is None:
+        return "-"
+    r = a[0].tokens_per_s / b[0].tokens_per_s
+    if per_gpu:
+        r *= per_gpu[1] / per_gpu[0]
+    return f"{100 * (r - 1):+.1f}%"
+
+
+def row(vision, llm, gpus, seq, k, enc, batch, pick, base=None, base_gpus=None):
+    meg = base["megatron"] if base else pick["megatron"]
+    even = base["even"] if base else pick["even"]
+    today = base["today"] if base else pick["today"]
+    per = (gpus, base_gpus) if base_gpus else None
+    return [vision, llm, str(gpus), f"{seq // 1024}k", f"{k}/{enc}", str(batch), *fmt(pick["runnable"]),
+            *fmt(pick["overall"]), *fmt(today), *fmt(meg), fmt(even)[0],
+            gain(pick["runnable"], meg, per), gain(pick["runnable"], today, per),
+            gain(pick["overall"], meg, per), gain(pick["overall"], even, per), gain(pick["overall"], today, per)]
+
+
+HEAD = ["vision", "LLM", "GPUs", "seq", "img tok LLM/enc", "batch", "runnable pick", "TFLOPS/GPU",
+        "best overall (modelled)", "TFLOPS/GPU", "today's baseline", "TFLOPS/GPU", "Megatron (tuned)",
+        "TFLOPS/GPU", "Megatron (even cut)", "runnable vs Megatron", "runnable vs today",
+        "best vs Megatron", "best vs Megatron even", "best vs today"]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--machine", default="h100")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--rows", choices=("all", "new", "llava"), default="all")
+    ap.add_argument("--gpus", type=int, nargs="+", help="only the LLaVA points at these GPU counts")
+    ap.add_argument("--models", nargs="+", help="only these LLaVA configs (file names)")
     args = ap.parse_args(argv)
     from ds_hetero.planner import machine_profile
 
     machine = machine_profile(args.machine)
-    head = ["vision", "LLM", "GPUs", "seq", "img tok", "batch", "planner pick", "TFLOPS/GPU", "best single layout",
-            "TFLOPS/GPU", "gain", "best disagg.", "gain"]
-    rows = []
-    t0 = time.perf_counter()
-    for vision, llm, name in MODELS:
-        for gpus, seq in POINTS:
-            batch, k, best, homog, disagg, n = run_point(os.path.join(CONFIGS, name), gpus, seq, machine)
-            gain = f"{100 * (homog[0].step_s / best[0].step_s - 1):+.1f}%" if best and homog else "-"
-            dgain = f"{100 * (homog[0].step_s / disagg[0].step_s - 1):+.1f}%" if disagg and homog else "-"
-            rows.append([vision, llm, str(gpus), f"{seq // 1024}k", str(k), str(batch), *fmt(best), *fmt(homog), gain,
-                         fmt(disagg)[0], dgain])
+    rows, t0 = [], time.perf_counter()
+    megatron_at = {}
+    if args.rows in ("all", "new"):
+        for vision, llm, name, gpus, seq, enc, batch, base_gpus in NEW:
+            path = os.path.join(CONFIGS, name)
+            pick, n, spec = search(path, gpus, seq, batch, machine, encoder_tokens=enc)
+            megatron_at[(name, gpus)] = pick
+            base = megatron_at.get((name, base_gpus)) if base_gpus else None
+            k = enc // spec.vision.merge
+            rows.append(row(vision, llm, gpus, seq, k, enc, batch, pick, base, base_gpus))
             print(f"[{time.perf_counter() - t0:5.0f}s] {vision} + {llm}, {gpus} GPUs, {seq}: {n} candidates",
                   file=sys.stderr, flush=True)
+    if args.rows in ("all", "llava"):
+        for vision, llm, name in LLAVA:
+            if args.models and name not in args.models:
+                continue
+            for gpus, seq in POINTS:
+                if args.gpus and gpus not in args.gpus:
+                    continue
+                batch, k = max(8, gpus * 16384 // seq), 1152 * seq // 4096
+                pick, n, _ = search(os.path.join(CONFIGS, name), gpus, seq, batch, machine, image_tokens=k)
+                rows.append(row(vision, llm, gpus, seq, k, k, batch, pick))
+                print(f"[{time.perf_counter() - t0:5.0f}s] {vision} + {llm}, {gpus} GPUs, {seq}: {n} candidates",
+                      file=sys.stderr, flush=True)
     if args.markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
+        print("| " + " | ".join(HEAD) + " |")
+        print("|" + "---|" * len(HEAD))
         for r in rows:
             print("| " + " | ".join(r) + " |")
     else:
-        widths = [max(len(x) for x in col) for col in zip(head, *rows)]
-        for r in [head] + rows:
+        widths = [max(len(x) for x in col) for col in zip(HEAD, *rows)]
+        for r in [HEAD] + rows:
             print("  ".join(x.ljust(w) for x, w in zip(r, widths)))
-    print(f"\nmachine {machine.name}: {machine.source}")
+    print(f"\nmachine {machine.name}: {machine.source}; {time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,15 @@
-"""Does the planner rank layouts as they measure? Predicted vs measured order of one LLaVA on 4 ranks.
+"""Does the planner rank layouts as they measure? Predicted vs measured order of one LLaVA on 4 and 2 ranks.
 
-    python recipes/validate_planner.py                 # both model sizes, ~15 min on a loaded 2-core box
-    python recipes/validate_planner.py --quick         # small models, fewer rounds
-    python recipes/validate_planner.py --scenario balanced --rounds 6
+    python benchmarks/validate_planner.py                 # both model sizes, 4 and 2 ranks; long on a loaded box
+    python benchmarks/validate_planner.py --quick         # small models, fewer rounds
+    python benchmarks/validate_planner.py --scenario balanced --world 2 --rounds 6
+
+2 ranks, one per core (each rank bound to its own core with os.sched_setaffinity, so waiting is
+real, not time-sharing), the rows the engine runs today: colocated vision dp2 + language dp2,
+vision dp2 + language tp2, vision tp2 + language dp2, both stages tp2, disaggregated 1+1 (vision
+on rank 0, language on rank 1, 4 pipelined micro-batches), plain DeepSpeed dp2; plus the
+planner's pick. (Rows with a language pipeline, pp2 with the encoder in the first stage and
+heterogeneous vision dp2 + language pp2, need the engine's pipeline, which it does not have yet.)
 
 For each model size (bench_layouts' scenarios "balanced" and "large-vision"), the rows below run
 through bench_layouts' own machinery: every row's engine in one set of 4 gloo processes, steps
@@ -29,10 +36,45 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_layouts as bl  # noqa: E402
+import cpu_ranks  # noqa: E402
 
 ROWS = ["homogeneous", "homogeneous tp4", "hetero tp2", "hetero tp4", "ds_hetero dp4", "hetero Vtp4",
         "disagg 2+2 tp", "disagg 2+2 dp", "plain DS dp4", "DS AutoTP tp2"]
 PICK = "planner pick"
+ROWS2 = {  # 2-rank rows (the engine runs them today)
+    "2r V dp2 L dp2": ((1, 2), (1, 2), "colocated", None, None, None),
+    "2r V dp2 L tp2": ((1, 2), (2, 1), "colocated", None, None, None),
+    "2r V tp2 L dp2": ((2, 1), (1, 2), "colocated", None, None, None),
+    "2r V tp2 L tp2": ((2, 1), (2, 1), "colocated", None, None, None),
+    "2r disagg 1+1": ((1, 1), (1, 1), "disaggregated", (0,), (1,), 4),
+    "2r plain DS dp2": None,
+}
+
+
+def rows2():
+    out = {}
+    for name, spec in ROWS2.items():
+        out[name] = bl.Plain() if spec is None else bl.Layout(spec[0], spec[1], spec[2], spec[3], spec[4], mb=spec[5])
+    return out
+
+
+def pinned_interleaved(rank, world, names, a):
+    """bench_layouts' interleaved rows with this rank bound to its own core."""
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[rank % len(cores)]})
+    return bl.run_interleaved(rank, world, names, a)
+
+
+def run_pinned(a, names, log=print):
+    """All rows interleaved in one set of processes, one core per rank; per row the slowest rank's step times."""
+    import time
+
+    a = bl.with_param_counts(a)
+    t0 = time.perf_counter()
+    per_rank = bl.launch(pinned_interleaved, names, a)
+    a["interleaved_loss"] = per_rank[0][1]
+    log(f"[{time.perf_counter() - t0:5.1f}s] interleaved rows done (one core per rank)", flush=True)
+    return {n: [max(r[0][n][i] for r in per_rank) for i in range(len(per_rank[0][0][n]))] for n in names}, a
 
 
 def spearman(xs, ys) -> float:
@@ -82,25 +124,23 @@ def layout_of_candidate(c):
 
 def predictions(a, rows, machine):
     """(predicted step seconds per row, the plan over every valid configuration)."""
-    from ds_hetero.config import parse_config
     from ds_hetero.planner import plan
     from ds_hetero.planner.baselines import plain_deepspeed_step
-    from ds_hetero.planner.cost import predict
+    from ds_hetero.planner.step_model import predict
     from ds_hetero.planner.model_spec import model_spec
 
     model = bl.build_model(a)
     spec, wl = model_spec(model.config), workload(a, model)
     base = {k: v for k, v in bl.ds_config(a, bl.LAYOUTS["homogeneous"]).items() if k != "hetero_parallel"}
-    full = plan(model, bl.WORLD, wl.seq_len, wl.image_tokens, wl.global_batch, machine, base=base,
-                micro_batches=(1, 2, 4))
+    full = plan(model, cpu_ranks.WORLD, wl.seq_len, wl.image_tokens, wl.global_batch, machine, base=base,
+                micro_batches=(1, 2, 4), modelled=False)
     out = {}
     for name in rows:
         layout = bl.layout_of(name, a)
         if isinstance(layout, bl.Plain):
-            out[name] = plain_deepspeed_step(spec, wl, machine, bl.WORLD, layout.autotp, a["micro_batches"])
+            out[name] = plain_deepspeed_step(spec, wl, machine, cpu_ranks.WORLD, layout.autotp, a["micro_batches"])
             continue
-        cand = candidate_of(layout, a)
-        out[name] = predict(cand, parse_config(cand.ds_config(base), bl.WORLD), spec, wl, machine).step_s
+        out[name] = predict(candidate_of(layout, a), spec, wl, machine).step_s
     return out, full, wl
 
 
@@ -110,6 +150,7 @@ def main(argv=None):
     p.add_argument("--scenario", nargs="+", default=["balanced", "large-vision"], choices=list(bl.SCENARIOS))
     p.add_argument("--rounds", type=int, help="interleaved rounds (default 6, 3 with --quick)")
     p.add_argument("--recalibrate", action="store_true")
+    p.add_argument("--world", nargs="+", type=int, default=[4, 2], choices=(2, 4))
     args = p.parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from ds_hetero.planner import machine_profile
@@ -117,25 +158,36 @@ def main(argv=None):
     machine = machine_profile("calibrate", refresh=args.recalibrate, log=print)
     print(f"machine: {machine.source}; {machine.compute_units} cores")
     verdicts = []
-    for scenario in args.scenario:
+    for world, scenario in [(w, s) for w in args.world for s in args.scenario]:
+        cpu_ranks.WORLD = world  # the launcher and the plain rows read it when they run
         a = dict(bl.QUICK if args.quick else bl.DEFAULTS)
         sc = bl.SCENARIOS[scenario]
         a.update(sc["quick_sizes"] if args.quick else sc["sizes"])
         a.update(seed=0, profile=False, rounds=args.rounds or (3 if args.quick else 6))
-        rows = list(ROWS)
+        rows = list(ROWS) if world == 4 else list(ROWS2)
+        if world == 2:
+            a["extra_layouts"] = rows2()
         predicted, full, wl = predictions(a, rows, machine)
-        pick = full.best.candidate
+        # bench_layouts rows have (tp, dp) per stage and one encoder pass per micro-batch: the best such
+        pick_pred = full.best_where(lambda c: c.passes == c.micro_batches and c.language.cp == 1
+                                    and not c.language.sequence_parallel) if full.runnable else None
+        pick = (pick_pred or full.best).candidate
         pick_name = next((n for n in rows if not isinstance(bl.layout_of(n, a), bl.Plain)
                           and candidate_of(bl.layout_of(n, a), a) == pick), None)
         if pick_name is None:
-            a["extra_layouts"] = {PICK: layout_of_candidate(pick)}
+            a["extra_layouts"] = dict(a.get("extra_layouts", {}), **{PICK: layout_of_candidate(pick)})
             rows.append(PICK)
             pick_name = PICK
-            predicted[PICK] = full.best.step_s
-        print(f"\n== {scenario}: {sc['about']}; seq {wl.seq_len}, {wl.image_tokens} image tokens, batch "
+            predicted[PICK] = (pick_pred or full.best).step_s
+        print(f"\n== {world} ranks, {scenario}: {sc['about']}; seq {wl.seq_len}, {wl.image_tokens} image tokens, batch "
               f"{wl.global_batch}; planner's pick over {len(full.predictions)} valid configurations: "
               f"{pick.label()} (row {pick_name!r})", flush=True)
-        _, paired, a = bl.run_benchmark(a, rows, interleaved=True, fresh=[], log=print)
+        print(f"load average before: {os.getloadavg()}", flush=True)
+        if world == 2:
+            paired, a = run_pinned(a, rows)
+        else:
+            _, paired, a = bl.run_benchmark(a, rows, interleaved=True, fresh=[], log=print)
+        print(f"load average after: {os.getloadavg()}", flush=True)
         measured = {n: statistics.median(ts) for n, ts in paired.items()}
         names = [n for n in rows if n in measured]
         pr = sorted(names, key=lambda n: predicted[n])
@@ -152,7 +204,7 @@ def main(argv=None):
         print(f"Spearman rank correlation {rho:.2f} (target >= 0.8); planner's pick {pick_name!r} measured "
               f"{measured[pick_name]:.3f} s = {within:.2f}x the best measured ({mr[0]!r}, {best:.3f} s); "
               f"{'within' if within <= 1.10 else 'NOT within'} 10%; first-step loss equal on every row: {same_loss}")
-        verdicts.append((scenario, rho, within))
+        verdicts.append((f"{world} ranks {scenario}", rho, within))
     print("\nsummary: " + "; ".join(f"{s}: rho {r:.2f}, pick {w:.2f}x best" for s, r, w in verdicts))
 
 

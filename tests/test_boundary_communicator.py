@@ -62,6 +62,16 @@ def _one_case(rank, src, dst, placement, inp, seed):
     from ds_hetero.topology.groups import build_groups
 
     groups = build_groups({"vision": src, "language": dst}, rank)
+    import torch.distributed as dist
+
+    calls = [0]
+    real = dist.all_to_all_single
+
+    def counted(*args, **kwargs):  # how many all-to-alls this rank issues (0 when no row moves)
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    dist.all_to_all_single = counted
     try:
         if rank not in groups.boundary_ranks:
             return None
@@ -92,8 +102,9 @@ def _one_case(rank, src, dst, placement, inp, seed):
         return dict({k: v.detach().numpy() for k, v in arrays.items()}, mine=mine, need=need,
                     fwd_sent=fwd.bytes_sent, fwd_recv=fwd.bytes_received,
                     total=fwd.total_bytes_sent, bound=fwd.lower_bound_bytes, bwd_sent=bwd.bytes_sent,
-                    bwd_total=bwd.total_bytes_sent, bwd_bound=bwd.lower_bound_bytes)
+                    bwd_total=bwd.total_bytes_sent, bwd_bound=bwd.lower_bound_bytes, calls=calls[0])
     finally:
+        dist.all_to_all_single = real
         groups.destroy()
 
 
@@ -145,6 +156,11 @@ def check_case(results, src, dst, placement, inp):
     bwd = sum(results[r]["bwd_sent"] for r in ranks)
     assert bwd == results[ranks[0]]["bwd_total"] == results[ranks[0]]["bwd_bound"] \
         == backward_lower_bound(src, dst, inp) * row_bytes
+    # An exchange that moves no row on any rank is skipped on every rank (from the plan alone).
+    if sent == 0 and bwd == 0:
+        assert all(results[r]["calls"] == 0 for r in ranks), "an all-to-all with nothing to send was issued"
+    else:
+        assert all(results[r]["calls"] > 0 for r in ranks), "a rank skipped an exchange the others ran"
     if placement == "disaggregated":
         assert all(results[r]["fwd_recv"] == 0 for r in src.ranks), "a source rank received rows"
         assert all(results[r]["fwd_sent"] == 0 for r in dst.ranks), "a destination rank sent rows"

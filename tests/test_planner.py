@@ -142,6 +142,7 @@ def test_model_state_elements_per_zero_stage():
 def _plan(**kw):
     from ds_hetero.planner import machine_profile, plan
 
+    kw.setdefault("modelled", False)
     return plan("tiny-llava", kw.pop("world", 4), kw.pop("seq_len", 96), kw.pop("image_tokens", 16),
                 kw.pop("global_batch", 16), machine_profile("cpu"), base=kw.pop("base", BASE), **kw)
 
@@ -155,21 +156,29 @@ def test_enumeration_count_and_every_row_valid(tmp_path, llava):
     cp 4): colocated language (tp,cp,dp) 1,2,2 / 1,4,1 / 2,1,2 sp / 2,2,1 / 2,2,1 sp against vision dp 4,
     2, 1, micro-batches the powers of two up to 16 / max(dp): vision dp4 5 x 3, dp2 5 x 4, dp1 2 x 4 +
     3 x 5 = 58; disaggregated 2+2, language cp2 or tp2 sp (dp 1), vision dp2 (4 mb) or tp2 (5 mb): 18.
-    Total 37 + 76 = 113."""
+    Total 37 + 76 = 113 with one encoder pass per micro-batch.
+    Fewer encoder passes (colocated, unsharded language only: the config refuses them with cp or sp),
+    p a proper divisor of mb with 16 divisible by vision dp x p: vision dp 4 or 2 or 1 at mb 1/2/4 give
+    0 + 1 + 2, at mb 8 (vision dp 2 or 1) 3 more: pairs (4,4) (4,2) (2,4) (1,4) 3 each, (2,2) (1,2) 6
+    each = 24; and (4,2) at mb 8, whose one-pass-per-micro-batch form is refused (vision dp 4 x 8 > 16),
+    with 1, 2 or 4 passes: 3 more, 27. Total 140."""
     from ds_hetero.cli import main
     from ds_hetero.errors import HeteroConfigError
     from ds_hetero.planner.validity import check_candidate
     from ds_hetero.models import adapter_for
 
     p = _plan()
+    assert all(x.runnable for x in p.predictions)
+    fewer = [c for c in p.predictions if c.candidate.passes < c.candidate.micro_batches]
     sharded = [c for c in p.predictions if c.candidate.language.cp > 1 or c.candidate.language.sequence_parallel]
-    unsharded = [c for c in p.predictions if c not in sharded]
-    assert len(unsharded) == 37 and len(sharded) == 76
+    unsharded = [c for c in p.predictions if c not in sharded and c not in fewer]
+    assert len(unsharded) == 37 and len(sharded) == 76 and len(fewer) == 27
+    assert not any(c in sharded or c.candidate.disaggregated for c in fewer)
     assert sum(not c.candidate.disaggregated for c in unsharded) == 20
     assert sum(not c.candidate.disaggregated for c in sharded) == 58
-    assert p.stats["rejected"] == p.stats["generated"] - 113 > 0
+    assert p.stats["rejected"] == p.stats["generated"] - 140 > 0
     labels = {pred.candidate.label() for pred in p.predictions}
-    assert len(labels) == 113
+    assert len(labels) == 140
     for i, pred in enumerate(p.predictions):  # every row: `ds-hetero validate` accepts its DS JSON
         path = tmp_path / f"c{i}.json"
         path.write_text(json.dumps(pred.candidate.ds_config(p.base)))
@@ -184,7 +193,7 @@ def test_enumeration_count_and_every_row_valid(tmp_path, llava):
 def test_a_sequence_length_the_shards_do_not_divide_is_planned_padded():
     """The engine pads a sequence to a multiple of the language shards; so does the boundary cost."""
     p = _plan(seq_len=81)
-    assert len(p.predictions) == 113
+    assert len(p.predictions) == 140
     assert any(x.candidate.language.cp == 2 and x.boundary_bytes > 0 for x in p.predictions)
 
 
@@ -240,9 +249,16 @@ def test_plan_cli_writes_a_valid_config(tmp_path, capsys):
                  "--global-batch", "8", "--machine", "h100", "--top", "5", "--write", str(out)]) == 0
     text = capsys.readouterr().out
     assert "TFLOPS/dev" in text and "compute" in text and "wrote" in text
+    # both baselines, labelled, and which rows the engine runs today
+    assert "today's baseline" in text and "Megatron baseline, tuned" in text and "modelled" in text
+    assert "vs the tuned Megatron baseline" in text and "runnable pick" in text
     cfg = json.loads(out.read_text())
     assert cfg["train_batch_size"] == 8 and "hetero_parallel" in cfg
     assert main(["validate", str(out), "--world-size", "4"]) == 0
+    # the encoder's tokens may exceed the sequence (2x2 merge: 64 encoder tokens give the language 16)
+    assert main(["plan", "--model", "tiny-qwen2-vl", "--world-size", "2", "--seq-len", "32", "--encoder-tokens",
+                 "64", "--global-batch", "4", "--no-modelled", "--top", "2"]) == 0
+    assert "image tokens 16 (the encoder sees 64)" in capsys.readouterr().out
     # an image-token count that is no multiple of LLaVA's tokens per image is refused clearly
     assert main(["plan", "--model", "tiny-llava", "--world-size", "4", "--seq-len", "64", "--image-tokens", "10",
                  "--global-batch", "8"]) == 1

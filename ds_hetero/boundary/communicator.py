@@ -96,10 +96,15 @@ class _Moves:
                    idx(d.local_src), idx(d.local_dst), d.n_out)
 
 
-def _all_to_all(x: torch.Tensor, moves: _Moves, out: torch.Tensor, group) -> tuple[int, int]:
-    """Send x[send_index] by splits, write what arrives to out[recv_dest]; returns rows (sent, received)."""
+def _all_to_all(x: torch.Tensor, moves: _Moves, out: torch.Tensor, group, moves_rows: bool = True
+                ) -> tuple[int, int]:
+    """Send x[send_index] by splits, write what arrives to out[recv_dest]; returns rows (sent, received).
+
+    `moves_rows` False: the plan sends nothing on any rank (every row is a local copy), which every
+    rank knows from the same plan, so all of them skip the call alike.
+    """
     sent, received = sum(moves.send_splits), sum(moves.recv_splits)
-    if dist.get_world_size(group) > 1:  # a rank never sends to itself, so one rank has nothing to move
+    if moves_rows and dist.get_world_size(group) > 1:  # a rank never sends to itself: one rank moves nothing
         send = x.index_select(0, moves.send_index)  # a fresh contiguous buffer, as gloo requires
         recv = x.new_empty((received, x.shape[1]))
         dist.all_to_all_single(recv, send, output_split_sizes=moves.recv_splits,
@@ -108,12 +113,12 @@ def _all_to_all(x: torch.Tensor, moves: _Moves, out: torch.Tensor, group) -> tup
     return sent, received
 
 
-def _apply(x: torch.Tensor, moves: _Moves, group) -> tuple[torch.Tensor, int, int]:
+def _apply(x: torch.Tensor, moves: _Moves, group, moves_rows: bool = True) -> tuple[torch.Tensor, int, int]:
     """Local copies plus one all-to-all: a new [n_out, H] tensor."""
     out = x.new_empty((moves.n_out, x.shape[1]))
     if moves.local_dst.numel():
         out.index_copy_(0, moves.local_dst, x.index_select(0, moves.local_src))
-    sent, received = _all_to_all(x, moves, out, group)
+    sent, received = _all_to_all(x, moves, out, group, moves_rows)
     return out, sent, received
 
 
@@ -127,6 +132,10 @@ class _Route:
     backward: _Moves
     completion: _Moves | None
     digest: int  # of (layouts, placement, inputs): ranks check they run the same plan
+    # Whether any rank sends anything in the forward / backward (exchange or completion): from
+    # the plan's lower bounds, which its rows sent equal, so every rank decides alike.
+    forward_moves: bool = True
+    backward_moves: bool = True
 
 
 class _BoundaryExchange(torch.autograd.Function):
@@ -220,13 +229,13 @@ class BoundaryCommunicator:
 
     # ------------------------------------------------------------------ running
     def _run_forward(self, rows: torch.Tensor, route: _Route) -> torch.Tensor:
-        out, sent, received = _apply(rows.contiguous(), route.forward, self.group)
+        out, sent, received = _apply(rows.contiguous(), route.forward, self.group, route.forward_moves)
         self.last_forward = self._stats(rows, sent, received, route)
         return out
 
     def _run_backward(self, grad_out: torch.Tensor, route: _Route) -> torch.Tensor:
-        grad_in, sent, received = _apply(grad_out.contiguous(), route.backward, self.group)
-        if route.completion is not None:
+        grad_in, sent, received = _apply(grad_out.contiguous(), route.backward, self.group, route.backward_moves)
+        if route.completion is not None and route.backward_moves:
             s, r = _all_to_all(grad_in, route.completion, grad_in, self.replica_group)
             sent, received = sent + s, received + r
         self.last_backward = self._stats(grad_out, sent, received, route, backward=True)
@@ -260,8 +269,9 @@ class BoundaryCommunicator:
         if route is None:
             rp = entry["rank_plan"]
             completion = _Moves.of(rp.completion, device) if rp.completion is not None else None
-            route = _Route(entry["plan"], rp, _Moves.of(rp.forward, device),
-                           _Moves.of(rp.backward, device), completion, entry["digest"])
+            plan = entry["plan"]
+            route = _Route(plan, rp, _Moves.of(rp.forward, device), _Moves.of(rp.backward, device), completion,
+                           entry["digest"], plan.lower_bound_rows() > 0, plan.backward_lower_bound_rows() > 0)
             entry["routes"][device] = route
         return route
 

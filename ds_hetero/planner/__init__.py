@@ -8,14 +8,17 @@
 Pieces, one concept per file: model_spec (shapes from the HF config), workload, flops (GEMMs
 per stage and rank), collectives (bytes of every collective per layout), machine (profiles and
 the alpha-beta model), calibrate (measure this machine), boundary_cost (the boundary's own
-plan), memory (per rank and ZeRO stage), pipeline (colocated and 1F1B step), cost (a
-candidate's prediction), candidate, validity (the checks of validate/initialize), enumerate,
-search (rank), report (tables), auto (`"hetero_parallel": "auto"`).
+plan), activations (per micro-batch), memory (per rank, ZeRO stage, micro-batches in flight),
+pipeline / pipeline_pp (colocated, 1F1B, first_stage steps), cost (a stage's times), step_model
+(a candidate's prediction), candidate, validity (the checks of validate/initialize), enumerate
+(runnable candidates), modelled (pipeline, recompute, per-stage ZeRO, the Megatron baseline),
+search (rank), report (tables), trials (measured re-ranking), auto (`"hetero_parallel": "auto"`).
 """
 
 from .calibrate import machine_profile
 from .candidate import Candidate, StageChoice
-from .cost import Prediction, predict
+from .cost import Prediction
+from .step_model import predict
 from .search import Plan, plan
 
 __all__ = ["Candidate", "Plan", "Prediction", "StageChoice", "machine_profile", "plan", "predict"]

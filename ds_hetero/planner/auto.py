@@ -5,6 +5,10 @@
                         "memory_gb": 16, "placement": "colocated", "micro_batches": [1, 2],
                         "max_tp": 8, "timeout_s": 300}
 
+`"trial": K` runs the top K runnable candidates for `trial_steps` steps (default 3) inside these
+processes before training and trains with the fastest measured (planner/trials.py); the ranks
+agree on the pick from the max-reduced times, so it needs no further broadcast.
+
 Every key but "auto" is optional: seq_len defaults to the model's longest position
 (max_position_embeddings capped at 4096), image_tokens to one image (LLaVA; Qwen2-VL needs it),
 machine to "cpu" without a GPU and to the profile named after the GPU otherwise (h100, h200,
@@ -22,7 +26,7 @@ from ..config import SECTION, read_ds_config
 from ..errors import HeteroConfigError
 
 AUTO_KEYS = ("auto", "seq_len", "image_tokens", "machine", "memory_gb", "placement", "micro_batches", "max_tp",
-             "timeout_s")
+             "timeout_s", "trial", "trial_steps")
 
 
 def is_auto(section: Any) -> bool:
@@ -35,10 +39,13 @@ def auto_options(section: Any) -> dict[str, Any]:
     unknown = sorted(set(opts) - set(AUTO_KEYS))
     if unknown:
         raise HeteroConfigError(f"{SECTION}.{unknown[0]}", f"unknown key with auto; valid keys are {', '.join(AUTO_KEYS)}")
-    for key in ("seq_len", "image_tokens", "max_tp"):
+    for key in ("seq_len", "image_tokens", "max_tp", "trial", "trial_steps"):
         v = opts.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "image_tokens" else 1)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if key in ("image_tokens", "trial")
+                                                                                      else 1)):
             raise HeteroConfigError(f"{SECTION}.{key}", f"must be a positive integer, got {v!r}")
+    if opts.get("trial_steps") is not None and opts["trial_steps"] < 2:
+        raise HeteroConfigError(f"{SECTION}.trial_steps", "must be at least 2 (the first step is not timed)")
     mb = opts.get("micro_batches")
     if mb is not None:
         opts["micro_batches"] = tuple(mb) if isinstance(mb, (list, tuple)) else (mb,)
@@ -81,7 +88,7 @@ def plan_config(model, ds: Mapping[str, Any], world_size: int, adapter=None, has
                       memory_gb=opts.get("memory_gb"), max_tp=opts.get("max_tp"),
                       placements=(opts["placement"],) if opts.get("placement") else ("colocated", "disaggregated"),
                       micro_batches=opts.get("micro_batches"), adapter=adapter,
-                      has_client_optimizer=has_client_optimizer)
+                      has_client_optimizer=has_client_optimizer, modelled=False)
     except ValueError as exc:
         if isinstance(exc, HeteroConfigError):
             raise
@@ -91,6 +98,35 @@ def plan_config(model, ds: Mapping[str, Any], world_size: int, adapter=None, has
                                          f"(rejections by field: {result.stats['reasons']})")
     extra = {"timeout_s": opts["timeout_s"]} if "timeout_s" in opts else None
     return result.ds_config(extra_section=extra), result
+
+
+def _trial_payload(result, opts: Mapping[str, Any]) -> list[tuple[dict, str]]:
+    from .trials import top_runnable
+
+    extra = {"timeout_s": opts["timeout_s"]} if "timeout_s" in opts else None
+    return [(result.ds_config(p, extra), p.candidate.label()) for p in top_runnable(result, opts["trial"])]
+
+
+def _run_trials(model, payload, opts, rank: int) -> tuple[dict, str]:
+    """Every rank: the trials of rank 0's candidates; the fastest measured (the same on every rank)."""
+    from .trial_data import workload_samples
+    from .trials import trials_in_process
+
+    configs = [c for c, _ in payload["trials"]]
+    samples = workload_samples(model.config, payload["seq_len"], payload["image_tokens"],
+                               int(configs[0]["train_batch_size"]))
+    if next(model.parameters()).is_meta:
+        raise HeteroConfigError(f"{SECTION}.trial", "in-process trials need the model's weights; this model is on "
+                                                    "the meta device (weights=...): remove trial")
+    times = trials_in_process(model, configs, samples, opts.get("trial_steps", 3))
+    best = min(range(len(times)), key=lambda i: times[i])
+    if rank == 0:
+        from deepspeed.utils import logger
+
+        for (_, label), t in zip(payload["trials"], times):
+            logger.info(f"ds_hetero: auto trial {label}: {t:.4f} s/step")
+    label = payload["trials"][best][1]
+    return configs[best], f"{label} (fastest of {len(times)} trials: {times[best]:.4g} s/step)"
 
 
 def resolve_auto(model, config, adapter=None, has_client_optimizer: bool = False, timeout_s: float | None = None):
@@ -118,7 +154,11 @@ def resolve_auto(model, config, adapter=None, has_client_optimizer: bool = False
             best = result.best
             payload[0] = ("ok", chosen, f"{best.candidate.label()} (predicted {best.step_s:.3g} s/step, "
                                         f"{best.tokens_per_s:.0f} tokens/s on {result.machine.name}; "
-                                        f"{len(result.predictions)} valid layouts)")
+                                        f"{len(result.runnable)} runnable layouts)")
+            if opts.get("trial"):
+                wl = result.workload
+                payload[0] = ("trial", {"trials": _trial_payload(result, opts), "seq_len": wl.seq_len,
+                                        "image_tokens": wl.image_tokens}, "")
         except HeteroConfigError as exc:
             payload[0] = ("error", exc.field, str(exc).split(": ", 1)[-1])
     device = None
@@ -130,6 +170,8 @@ def resolve_auto(model, config, adapter=None, has_client_optimizer: bool = False
     status, a, b = payload[0]
     if status == "error":
         raise HeteroConfigError(a, b)
+    if status == "trial":
+        a, b = _run_trials(model, a, opts, rank)
     if rank == 0:
         from deepspeed.utils import logger
 

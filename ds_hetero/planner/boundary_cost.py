@@ -25,14 +25,31 @@ MAX_ROWS = 2_048  # rows of one planned micro-batch before the tokens are scaled
 
 
 def boundary_rows(cfg: HeteroConfig, image_tokens: int, seq_len: int) -> tuple[int, int]:
-    """(forward rows sent, backward rows sent) in one micro-batch, all ranks together."""
+    """(forward rows sent, backward rows sent) in one exchange (one encoder pass), all ranks together.
+
+    An encoder pass feeds micro_batches / passes language micro-batches (schedule/stage_work.py):
+    its samples go to the language dp rank of their position inside their micro-batch."""
     src, dst = cfg.stages["vision"], cfg.language
-    return _rows(src, dst, cfg.placement, cfg.global_batch_size // cfg.micro_batches,
-                 cfg.micro_batch_size("vision"), cfg.micro_batch_size("language"), image_tokens, seq_len)
+    passes = cfg.micro_batches_of("vision")
+    return _rows(src, dst, cfg.placement, cfg.global_batch_size // passes, cfg.micro_batch_size("vision"),
+                 cfg.global_batch_size // cfg.micro_batches, cfg.micro_batch_size("language"), image_tokens, seq_len)
+
+
+def modelled_rows(cand, samples: int, image_tokens: int) -> tuple[int, int]:
+    """(forward, backward) rows of one exchange for a placement the boundary plan does not cover yet
+    (a language pipeline: the rows go to its first stage). Every row is priced as moved: to each
+    language tp replica (one rank with sequence parallelism), its gradient back to each of the
+    encoder's tp replicas; the local copies a colocated rank may hold (at most 1 / pp of them) are
+    ignored. first_stage moves nothing: the encoder's rows are on the ranks that need them."""
+    if cand.megatron or not image_tokens:
+        return 0, 0
+    rows = samples * image_tokens
+    copies = 1 if cand.language.sequence_parallel else cand.language.tp
+    return rows * copies, rows * cand.vision.tp
 
 
 @lru_cache(maxsize=4096)
-def _rows(src, dst, placement, samples, v_size, l_size, k, seq_len):
+def _rows(src, dst, placement, samples, v_size, l_mb, l_size, k, seq_len):
     if k == 0 or samples == 0:
         return 0, 0
     shards = num_shards(dst)
@@ -52,7 +69,7 @@ def _rows(src, dst, placement, samples, v_size, l_size, k, seq_len):
     inputs = BoundaryInputs(
         token_counts=[k_g] * samples,
         src_dp=[i // v_size for i in range(samples)],
-        dst_dp=[i // l_size for i in range(samples)],
+        dst_dp=[(i % l_mb) // l_size for i in range(samples)],
         positions=[list(range(1, 1 + k_g))] * samples if sharded else None,
         seq_len=s_g if sharded else None,
     )

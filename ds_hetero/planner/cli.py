@@ -14,7 +14,9 @@ def add_plan_parser(sub) -> None:
                    help="an HF config.json, a checkpoint directory, or tiny-llava / tiny-qwen2-vl")
     p.add_argument("--world-size", type=int, required=True)
     p.add_argument("--seq-len", type=int, required=True, help="language tokens per sample, image tokens included")
-    p.add_argument("--image-tokens", type=int, required=True, help="image tokens per sample")
+    p.add_argument("--image-tokens", type=int, help="image tokens per sample the language model receives")
+    p.add_argument("--encoder-tokens", type=int,
+                   help="instead of --image-tokens: tokens per sample the encoder sees (before its spatial merge)")
     p.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step")
     p.add_argument("--machine", default="cpu", help="h100, h200, a100, cpu or calibrate (measure this machine)")
     p.add_argument("--recalibrate", action="store_true", help="with --machine calibrate: measure again")
@@ -26,6 +28,15 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--max-tp", type=int, help="largest tp to consider (default: devices per node)")
     p.add_argument("--top", type=int, default=10)
     p.add_argument("--breakdown", type=int, default=3, help="rows of the per-stage breakdown")
+    p.add_argument("--no-modelled", action="store_true",
+                   help="only configurations the engine runs today (no pipeline / recompute / per-stage ZeRO / "
+                        "Megatron baseline candidates)")
+    p.add_argument("--batch-slack", type=float, default=0.0,
+                   help="a disaggregated split may round the global batch down by this fraction (e.g. 0.1)")
+    p.add_argument("--trial", type=int, default=0, metavar="K",
+                   help="run the top K runnable candidates for a few steps with the deepspeed launcher on this "
+                        "machine and re-rank them by measured step time (tiny-* models or a checkpoint)")
+    p.add_argument("--trial-steps", type=int, default=3, help="steps per trial (the first is not timed)")
     p.add_argument("--write", help="write the top pick as a DeepSpeed JSON here")
     p.set_defaults(func=run_plan)
 
@@ -47,7 +58,9 @@ def run_plan(args: argparse.Namespace) -> int:
         result = plan(args.model, args.world_size, args.seq_len, args.image_tokens, args.global_batch, machine,
                       base=base, memory_gb=args.memory_gb, max_tp=args.max_tp,
                       placements=(args.placement,) if args.placement else ("colocated", "disaggregated"),
-                      micro_batches=tuple(args.micro_batches) if args.micro_batches else None)
+                      micro_batches=tuple(args.micro_batches) if args.micro_batches else None,
+                      modelled=not args.no_modelled, batch_slack=args.batch_slack,
+                      encoder_tokens=args.encoder_tokens)
     except (HeteroConfigError, ValueError) as exc:
         print(f"plan: {exc}", file=sys.stderr)
         return 1
@@ -57,8 +70,24 @@ def run_plan(args: argparse.Namespace) -> int:
     print(ranked_table(result, args.top))
     print()
     print(breakdown_table(result, args.breakdown))
+    if not result.runnable:
+        print("plan: no configuration the engine runs today (the rows above are modelled only)", file=sys.stderr)
+        return 1 if (args.trial or args.write) else 0
+    chosen = result.best
+    if args.trial:
+        from .trials import launch_trials, trial_table
+
+        try:
+            trials = launch_trials(args.model, result, args.trial, args.world_size, steps=args.trial_steps,
+                                   log=lambda m: print(m, file=sys.stderr, flush=True))
+        except (HeteroConfigError, ValueError, RuntimeError) as exc:
+            print(f"plan: trials failed: {exc}", file=sys.stderr)
+            return 1
+        print()
+        print(trial_table(trials))
+        chosen = trials[0].prediction
     if args.write:
-        write_config(args.write, result.ds_config())
-        print(f"\nwrote {args.write}: {result.best.candidate.label()} "
+        write_config(args.write, result.ds_config(chosen))
+        print(f"\nwrote {args.write}: {chosen.candidate.label()} "
               f"(check: ds-hetero validate {args.write} --world-size {args.world_size})")
     return 0

@@ -61,21 +61,30 @@ def vision_collectives(spec: ModelSpec, wl: Workload, samples: int, layout: Stag
     return out + dp_collectives(spec.params_per_rank("vision", tp), wl, layout)
 
 
-def language_collectives(spec: ModelSpec, wl: Workload, samples: int, layout: StageChoice) -> list[Collective]:
+def language_collectives(spec: ModelSpec, wl: Workload, samples: int, layout: StageChoice,
+                         layers: int | None = None, head: bool = True, params: float | None = None,
+                         first: bool = True) -> list[Collective]:
+    """`layers`, `head`, `params`, `first`: a pipeline stage's decoder layers, whether it holds the
+    head, the parameters one of its tp ranks holds, and whether it holds the embedding (defaults:
+    the whole language model)."""
     lm, tp, cp = spec.language, layout.tp, layout.cp
+    n = lm.layers if layers is None else layers
     tokens = samples * wl.seq_len // cp
     act = tokens * lm.hidden * wl.dtype_bytes
-    # blocks fwd + bwd; the embedding's forward and the head's backward (under sp: the embedding's
-    # reduce-scatter with its backward all-gather, the head's all-gather with its reduce-scatter)
-    out = _tp_regions(layout.sequence_parallel, act, tp, 4 * lm.layers + 2)
-    if tp > 1:
+    # blocks fwd + bwd; the head's backward (last stage) and the vocabulary-parallel embedding's
+    # forward (first stage; under sp its reduce-scatter with its backward all-gather, the head's
+    # all-gather with its reduce-scatter)
+    out = _tp_regions(layout.sequence_parallel, act, tp, 4 * n + int(head) + int(first))
+    if tp > 1 and head:
         out.append(Collective("tp", "all_reduce", tokens * 4, tp, tp, 3, "micro_batch"))  # cross entropy
     if cp > 1:
         q = tokens * lm.heads * lm.head_dim // tp * wl.dtype_bytes
         kv = tokens * lm.kv_heads * lm.head_dim // tp * wl.dtype_bytes
         for nbytes in (q, kv, kv, q):  # q, k, v in, attention output back
-            out.append(Collective("cp", "all_to_all", nbytes, cp, tp * cp, 2 * lm.layers, "micro_batch"))
-    return out + dp_collectives(spec.params_per_rank("language", tp), wl, layout)
+            out.append(Collective("cp", "all_to_all", nbytes, cp, tp * cp, 2 * n, "micro_batch"))
+    if params is None:
+        params = spec.params_per_rank("language", tp)
+    return out + dp_collectives(params, wl, layout)
 
 
 def dp_collectives(params: float, wl: Workload, layout: StageChoice) -> list[Collective]:
@@ -86,7 +95,7 @@ def dp_collectives(params: float, wl: Workload, layout: StageChoice) -> list[Col
         return []
     nbytes = params * wl.dtype_bytes
     span = layout.tp * layout.cp * layout.dp
-    z = wl.zero
+    z = wl.zero if layout.zero is None else layout.zero
     if z == 0:
         return [Collective("dp", "all_reduce", nbytes, n, span, 1, "step")]
     if z == 1:

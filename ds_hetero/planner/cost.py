@@ -1,4 +1,4 @@
-"""The cost model: one candidate -> predicted step time, throughput, memory and where the time goes.
+"""The cost model's parts: the time of one stage on one rank (step_model.py combines them).
 
 Per stage and micro-batch, on one rank: GEMM time (machine roofline of every GEMM of flops.py,
 backward = the forward's GEMMs twice), element-wise time (bytes over memory bandwidth), tp/cp
@@ -6,8 +6,8 @@ collectives (collectives.py over the machine's alpha-beta model); per step the d
 reduction and the optimizer (Adam reads and writes ~36 bytes per parameter of the partition:
 fp32 master, moments, parameter and gradient). The boundary costs one all-to-all per direction
 over the union of both stages (bytes from the boundary's own plan); `engine_syncs` adds the
-engine's per-step agreement and norm all-reduces. pipeline.py
-combines them.
+engine's per-step agreement and norm all-reduces. step_model.py combines them (pipeline.py,
+pipeline_pp.py).
 
 Devices that share compute units (CPU ranks on fewer cores than ranks) cannot all compute at
 once: the step is then at least the busy seconds of all ranks over the compute units.
@@ -15,18 +15,16 @@ once: the step is then at least the busy seconds of all ranks over the compute u
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from ..config import HeteroConfig
-from .boundary_cost import boundary_rows
 from .candidate import Candidate, StageChoice
 from .collectives import Collective, language_collectives, vision_collectives
-from .flops import StageWork, language_work, model_flops_per_step, vision_work
+from .flops import StageWork, language_work, vision_work
 from .machine import MachineProfile
-from .memory import peak_memory, state_elements
-from .model_spec import ModelSpec
-from .pipeline import StageTimes, colocated_step, disaggregated_step
+from .memory import state_elements
+from .model_spec import ModelSpec, chunk_params_per_rank
+from .pipeline import StageTimes
 from .workload import Workload
 
 ADAM_BYTES_PER_PARAM = 36  # read + write of fp32 master, two moments, parameter, gradient (approximately)
@@ -43,6 +41,7 @@ class Prediction:
     bubble: float  # largest idle share of a rank set (disaggregated), 0 colocated
     breakdown: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # stage -> part -> s per step
     fits: bool = True
+    runnable: bool = True  # the engine's checks accept it today (else modelled only)
 
     @property
     def max_memory(self) -> float:
@@ -70,26 +69,43 @@ def _collective_seconds(colls: list[Collective], machine: MachineProfile) -> dic
     return out
 
 
+def zero_of(wl: Workload, layout: StageChoice) -> int:
+    return wl.zero if layout.zero is None else layout.zero
+
+
 def stage_times(spec: ModelSpec, wl: Workload, machine: MachineProfile, stage: str, layout: StageChoice,
-                micro_batches: int) -> tuple[StageTimes, dict[str, float]]:
-    """One stage on one of its ranks: (times per micro-batch and per step, breakdown per step)."""
+                micro_batches: int, layers: int | None = None, first: bool = True, last: bool = True
+                ) -> tuple[StageTimes, dict[str, float]]:
+    """One stage on one of its ranks: (times per pass and per step, breakdown per step).
+
+    micro_batches   this stage's passes per step (an encoder's may be fewer than the language's)
+    layers, first, last   a language pipeline stage: its decoder layers, embedding, head
+    With recompute the backward runs the forward again first (compute and tp/cp collectives).
+    """
     m = micro_batches
     samples = wl.global_batch // (layout.dp * m)
+    zero = zero_of(wl, layout)
     if stage == "vision":
         work = vision_work(spec, wl, samples, layout.tp)
-        colls = vision_collectives(spec, wl, samples, layout)
+        colls = vision_collectives(spec, replace(wl, zero=zero), samples, layout)
+        params = spec.params_per_rank("vision", layout.tp)
     else:
-        work = language_work(spec, wl, samples, layout.tp, layout.cp, machine.causal)
-        colls = language_collectives(spec, wl, samples, layout)
+        n = spec.language.layers if layers is None else layers
+        params = chunk_params_per_rank(spec, layout.tp, n, first, last)
+        work = language_work(spec, wl, samples, layout.tp, layout.cp, machine.causal, layout.sequence_parallel,
+                             n, last)
+        colls = language_collectives(spec, replace(wl, zero=zero), samples, layout, n, last, params, first)
     fwd, bwd = _gemm_seconds(work, machine)
     c = _collective_seconds(colls, machine)
-    st = state_elements(spec.params_per_rank(stage, layout.tp), layout, wl.zero)
-    optimizer = machine.memory_time((st.master if wl.zero else st.params) * ADAM_BYTES_PER_PARAM)
+    st = state_elements(params, layout, zero)
+    optimizer = machine.memory_time((st.master if zero else st.params) * ADAM_BYTES_PER_PARAM)
+    redo = fwd + (c["tp"] + c["cp"]) / 2 if layout.recompute else 0.0
     # tp / cp collectives split evenly over forward and backward; per micro-batch dp in the backward
-    times = StageTimes(forward=fwd + (c["tp"] + c["cp"]) / 2, backward=bwd + (c["tp"] + c["cp"]) / 2 + c["dp_mb"],
-                       step=c["dp_step"] + optimizer)
-    return times, {"compute": m * (fwd + bwd), "tp": m * c["tp"], "cp": m * c["cp"],
-                   "dp": m * c["dp_mb"] + c["dp_step"], "optimizer": optimizer}
+    times = StageTimes(forward=fwd + (c["tp"] + c["cp"]) / 2,
+                       backward=bwd + (c["tp"] + c["cp"]) / 2 + c["dp_mb"] + redo, step=c["dp_step"] + optimizer)
+    return times, {"compute": m * (fwd + bwd + redo), "tp": m * c["tp"] * (1.5 if layout.recompute else 1),
+                   "cp": m * c["cp"] * (1.5 if layout.recompute else 1), "dp": m * c["dp_mb"] + c["dp_step"],
+                   "optimizer": optimizer}
 
 
 def engine_syncs(cand: Candidate, machine: MachineProfile, world: int) -> float:
@@ -101,49 +117,3 @@ def engine_syncs(cand: Candidate, machine: MachineProfile, world: int) -> float:
     for layout in (cand.vision, cand.language):
         t += machine.collective_time("all_reduce", tiny, layout.tp)
     return t
-
-
-def predict(cand: Candidate, cfg: HeteroConfig, spec: ModelSpec, wl: Workload, machine: MachineProfile,
-            memory_limit: float | None = None) -> Prediction:
-    m = cand.micro_batches
-    times: dict[str, StageTimes] = {}
-    breakdown: dict[str, dict[str, float]] = {}
-    for stage, layout in (("vision", cand.vision), ("language", cand.language)):
-        times[stage], breakdown[stage] = stage_times(spec, wl, machine, stage, layout, m)
-
-    fwd_rows, bwd_rows = boundary_rows(cfg, wl.image_tokens, wl.seq_len)
-    row_bytes = spec.language.hidden * wl.dtype_bytes
-    peers = len(set(cand.vision.ranks) | set(cand.language.ranks)) or cfg.world_size
-    # each exchange is one all-to-all (its shape consensus runs on the first step only)
-    per_exchange = [machine.collective_time("all_to_all", rows * row_bytes / peers, peers)
-                    for rows in (fwd_rows, bwd_rows)]
-    boundary = sum(per_exchange)
-    world = cfg.world_size
-    syncs = engine_syncs(cand, machine, world)
-    if cand.disaggregated:
-        step, busy_v, busy_l = disaggregated_step(times["vision"], times["language"], boundary, m)
-        step += syncs
-        total_busy = busy_v * len(cand.vision.ranks) + busy_l * len(cand.language.ranks)
-    else:
-        step, busy = colocated_step(times["vision"], times["language"], boundary, m)
-        total_busy = busy * world
-    step += syncs
-    if machine.compute_units and machine.compute_units < world:
-        step = max(step, total_busy / machine.compute_units)
-    if cand.disaggregated:
-        bubble = max(1 - busy_v / step, 1 - busy_l / step)
-        breakdown["vision"]["bubble"] = step - busy_v
-        breakdown["language"]["bubble"] = step - busy_l
-    else:
-        bubble = max(0.0, 1 - total_busy / world / step) if step else 0.0
-    for stage in breakdown:
-        breakdown[stage]["boundary"] = m * boundary + syncs
-    memory = peak_memory(spec, wl, cand, machine.flash_attention)
-    flops = model_flops_per_step(spec, wl, machine.causal)
-    limit = memory_limit if memory_limit is not None else machine.memory_bytes
-    return Prediction(
-        candidate=cand, step_s=step, tokens_per_s=wl.global_batch * wl.seq_len / step,
-        tflops_per_device=flops / step / world / 1e12, peak_memory=memory,
-        boundary_bytes=(fwd_rows + bwd_rows) * row_bytes * m, bubble=bubble, breakdown=breakdown,
-        fits=max(memory.values()) <= limit,
-    )

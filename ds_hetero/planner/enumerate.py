@@ -4,6 +4,11 @@ Candidates are generated from the divisors of the sizes (tp x cp x dp = a stage'
 micro-batches dividing the global batch) and each is then checked by `check_candidate`, the
 same checks `ds-hetero validate` and `initialize` run, so a rule lives in one place only.
 
+Each colocated candidate also comes with every number of encoder passes dividing its
+micro-batches (`stages.vision.micro_batches`); with a sharded language sequence only when a
+probe says the validation accepts that. Disaggregated splits may round the global batch down to
+one both stages' dp x micro-batches divide (`batch_slack`; ranked by tokens/s, not step time).
+
 Context parallelism and sequence parallelism are behind one switch, `sequence_sharding`, that
 is derived from what the validation accepts: a probe candidate with language cp 2 (resp.
 sequence parallelism) is validated, and only if it passes are such candidates generated. When
@@ -33,6 +38,7 @@ class SearchSpace:
     micro_batches: tuple[int, ...] | None = None  # None: every divisor of the global batch
     max_micro_batches: int = 64
     node_size: int = 0  # disaggregated splits on whole nodes when the world spans several (0: any split)
+    batch_slack: float = 0.0  # a disaggregated split may round the global batch down by this fraction
 
 
 def _accepts(base: Mapping[str, Any], world: int, adapter, language: StageChoice, vision: StageChoice,
@@ -56,6 +62,40 @@ def sequence_sharding(base: Mapping[str, Any], adapter, client_opt: bool = False
     sp = _accepts(b, world, adapter, StageChoice(tp=2, dp=2, sequence_parallel=True), StageChoice(tp=1, dp=4),
                   client_opt)
     return cp, sp
+
+
+def encoder_passes_with_sharding(base: Mapping[str, Any], adapter, client_opt: bool = False) -> bool:
+    """Whether today's validation accepts fewer encoder passes than language micro-batches with a
+    sharded language sequence (a probe on 4 ranks, as `sequence_sharding`)."""
+    b = dict(base, train_batch_size=8)
+    probe = Candidate("colocated", StageChoice(tp=1, dp=4), StageChoice(tp=1, cp=2, dp=2), 2, encoder_passes=1)
+    try:
+        check_candidate(probe.ds_config(b), 4, adapter, client_opt)
+        return True
+    except HeteroConfigError:
+        return False
+
+
+def _passes(cand: Candidate, space: SearchSpace, sharded_ok: bool) -> Iterator[Candidate]:
+    """The candidate with each number of encoder passes dividing its micro-batches (colocated: the
+    disaggregated 1F1B pairs passes with micro-batches one for one)."""
+    yield cand
+    lang = cand.language
+    if cand.disaggregated or (not sharded_ok and (lang.cp > 1 or lang.sequence_parallel)):
+        return
+    for p in divisors(cand.micro_batches)[:-1]:
+        yield Candidate(cand.placement, cand.vision, lang, cand.micro_batches, p, global_batch=cand.global_batch)
+
+
+def _batch(space: SearchSpace, vis: StageChoice, lang: StageChoice, m: int) -> int | None:
+    """None: the workload's batch; else the largest batch both stages' dp x m divide, within the slack."""
+    from math import lcm
+
+    step = lcm(vis.dp * m, lang.dp * m)
+    b = space.global_batch - space.global_batch % step
+    if b == space.global_batch or b < space.global_batch * (1 - space.batch_slack) or b == 0:
+        return None
+    return b
 
 
 def _stage_layouts(size: int, max_tp: int, language: bool, cp_ok: bool, sp_ok: bool) -> Iterator[StageChoice]:
@@ -85,6 +125,7 @@ def enumerate_candidates(space: SearchSpace, base: Mapping[str, Any], adapter, h
                          ) -> tuple[list[Candidate], dict]:
     """(valid candidates, stats): every candidate passed check_candidate; stats count the rejections."""
     cp_ok, sp_ok = sequence_sharding(base, adapter, has_client_optimizer)
+    passes_sharded = encoder_passes_with_sharding(base, adapter, has_client_optimizer)
     mbs = [m for m in (space.micro_batches or divisors(space.global_batch)) if m <= space.max_micro_batches]
     out: list[Candidate] = []
     stats = {"generated": 0, "rejected": 0, "cp": cp_ok, "sequence_parallel": sp_ok, "reasons": {}}
@@ -97,14 +138,19 @@ def enumerate_candidates(space: SearchSpace, base: Mapping[str, Any], adapter, h
             for lang in _stage_layouts(nl, space.max_tp, True, cp_ok, sp_ok):
                 lang = StageChoice(lang.tp, lang.dp, lang.cp, lang.sequence_parallel, l_ranks)
                 for m in mbs:
-                    cand = Candidate(placement, vis, lang, m)
-                    stats["generated"] += 1
-                    reason = _check(cand, space, base, adapter, layout_cache, has_client_optimizer)
-                    if reason is None:
-                        out.append(cand)
-                    else:
-                        stats["rejected"] += 1
-                        stats["reasons"][reason] = stats["reasons"].get(reason, 0) + 1
+                    first = Candidate(placement, vis, lang, m)
+                    if placement == "disaggregated" and space.batch_slack:
+                        b = _batch(space, vis, lang, m)
+                        if b is not None:
+                            first = Candidate(placement, vis, lang, m, global_batch=b)
+                    for cand in _passes(first, space, passes_sharded):
+                        stats["generated"] += 1
+                        reason = _check(cand, space, base, adapter, layout_cache, has_client_optimizer)
+                        if reason is None:
+                            out.append(cand)
+                        else:
+                            stats["rejected"] += 1
+                            stats["reasons"][reason] = stats["reasons"].get(reason, 0) + 1
     return out, stats
 
 

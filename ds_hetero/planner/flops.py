@@ -104,9 +104,18 @@ def vision_work(spec: ModelSpec, wl: Workload, samples: int, tp: int) -> StageWo
     return StageWork(tuple(g for g in gemms if g.count), ew * v.layers_forward, v.layers_forward, used, tower, ops)
 
 
-def language_work(spec: ModelSpec, wl: Workload, samples: int, tp: int, cp: int, causal: float) -> StageWork:
-    """The language stage on one rank: `samples` sequences, tp splits heads and MLP, cp the sequence."""
+def language_work(spec: ModelSpec, wl: Workload, samples: int, tp: int, cp: int, causal: float,
+                  sequence_parallel: bool = False, layers: int | None = None, head: bool = True) -> StageWork:
+    """The language stage on one rank: `samples` sequences, tp splits heads and MLP, cp the sequence.
+
+    layers   decoder layers this rank runs (a pipeline stage's share; default all)
+    head     whether this rank holds the head and the loss (the last pipeline stage)
+    Element-wise work on [tokens, hidden] (norms, residuals, rotary) runs on tokens / tp per rank
+    with sequence parallelism, on every token of the shard without it; on [tokens, ffn / tp]
+    (SwiGLU) and the scores it is split by tp either way.
+    """
     lm = spec.language
+    n = lm.layers if layers is None else layers
     s = wl.seq_len
     tokens = samples * s // cp
     heads = lm.heads // (tp * cp)  # Ulysses: after the all-to-all a rank holds a/(tp cp) heads, full length
@@ -120,13 +129,15 @@ def language_work(spec: ModelSpec, wl: Workload, samples: int, tp: int, cp: int,
         Gemm(s, lm.head_dim, attn, samples * heads),  # scores
         Gemm(s, attn, lm.head_dim, samples * heads),  # probabilities x values
     )
-    gemms = [Gemm(g.m, g.k, g.n, g.count * lm.layers) for g in layer]
-    gemms.append(Gemm(tokens, lm.hidden, lm.vocab // tp))  # vocabulary-parallel head
-    ew = (tokens * lm.hidden * 8 + tokens * lm.ffn // tp * 3) * wl.dtype_bytes \
+    gemms = [Gemm(g.m, g.k, g.n, g.count * n) for g in layer]
+    if head:
+        gemms.append(Gemm(tokens, lm.hidden, lm.vocab // tp))  # vocabulary-parallel head
+    hidden_tokens = tokens / tp if sequence_parallel else tokens
+    ew = (hidden_tokens * lm.hidden * 8 + tokens * lm.ffn // tp * 3) * wl.dtype_bytes \
         + samples * heads * s * attn * 3 * wl.dtype_bytes
-    ew = ew * lm.layers + tokens * lm.vocab // tp * 4 * 3  # cross-entropy in fp32
-    ops = LANGUAGE_OPS_PER_LAYER * lm.layers + LANGUAGE_OPS_FIXED
-    return StageWork(tuple(gemms), ew, lm.layers, lm.layers, tokens, ops)
+    ew = ew * n + (tokens * lm.vocab // tp * 4 * 3 if head else 0)  # cross-entropy in fp32
+    ops = LANGUAGE_OPS_PER_LAYER * n + (LANGUAGE_OPS_FIXED if head else 0)
+    return StageWork(tuple(g for g in gemms if g.count), ew, n, n, tokens, ops)
 
 
 def model_flops_per_step(spec: ModelSpec, wl: Workload, causal: float) -> int:

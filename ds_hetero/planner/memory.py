@@ -10,21 +10,18 @@ allocates them with Adam (checked against a real engine in tests/test_planner_me
     ZeRO 2   parameters P, gradients P/dp, fp32 master partition P/dp, moments 2P/dp
     ZeRO 3   parameters P/dp, gradients P/dp, fp32 master partition P/dp, moments 2P/dp
 
-(dp counts the stage's dp x cp ranks, which hold the same parameters.) Activations: Korthikanti
-et al. 2022 ("Reducing activation recomputation in large transformer models"), per layer and
-token of a 2-byte dtype `hidden x (10 + 24/tp)`, `34 x hidden / tp` with sequence parallelism,
-plus the attention scores `5 x heads x seq / tp` per token when the kernel stores them (no
-flash attention); scaled by dtype_bytes / 2 and by 1/cp for the tokens a cp rank holds.
-Colocated ranks hold one micro-batch of both stages; in the disaggregated 1F1B a vision rank
-holds two micro-batches (it encodes m+1 before the backward of m), a language rank one.
+(dp counts the stage's dp x cp ranks, which hold the same parameters; a stage's own `zero`
+overrides the config's.) Activations per micro-batch: activations.py (SwiGLU, GQA, sequence
+parallelism, recompute). How many micro-batches a rank holds at once: `peak_memory`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from .activations import language_activation_bytes, vision_activation_bytes
 from .candidate import Candidate, StageChoice
-from .model_spec import ModelSpec
+from .model_spec import ModelSpec, chunk_params_per_rank
 from .workload import Workload
 
 
@@ -50,25 +47,6 @@ def state_elements(params: float, layout: StageChoice, zero: int) -> StateElemen
     return StateElements(p / n if zero == 3 else p, p / n if zero >= 2 else p, p / n, 2 * p / n)
 
 
-def vision_activation_bytes(spec: ModelSpec, wl: Workload, samples: int, tp: int, flash: bool) -> float:
-    v = spec.vision
-    images = samples * wl.images_per_sample(spec)
-    seq = v.seq_per_image(wl.tokens_per_image(spec))
-    tokens = images * seq
-    per_layer = tokens * v.hidden * (10 + 24 / tp) + (0 if flash else 5 * v.heads * seq * tokens / tp)
-    return per_layer * v.layers_backward * wl.dtype_bytes / 2
-
-
-def language_activation_bytes(spec: ModelSpec, wl: Workload, samples: int, layout: StageChoice, flash: bool) -> float:
-    lm = spec.language
-    tp, cp = layout.tp, layout.cp
-    tokens = samples * wl.seq_len / cp
-    per_token = 34 / tp if layout.sequence_parallel else 10 + 24 / tp
-    per_layer = tokens * lm.hidden * per_token + (0 if flash else 5 * lm.heads * wl.seq_len * tokens / tp)
-    logits = tokens * lm.vocab / tp * 4 * 2  # fp32 logits and their softmax for the loss
-    return per_layer * lm.layers * wl.dtype_bytes / 2 + logits
-
-
 @dataclass(frozen=True)
 class RankMemory:
     states: float
@@ -79,24 +57,79 @@ class RankMemory:
         return self.states + self.activations
 
 
-def stage_memory(spec: ModelSpec, wl: Workload, cand: Candidate, stage: str, flash: bool, in_flight: int
-                 ) -> RankMemory:
-    layout = cand.vision if stage == "vision" else cand.language
-    samples = wl.global_batch // (layout.dp * cand.micro_batches)
-    states = state_elements(spec.params_per_rank(stage, layout.tp), layout, wl.zero).bytes(wl.dtype_bytes)
-    if stage == "vision":  # the tower's unused tail is held (split over tp where it is sharded)
-        states += spec.vision.untrained_params() / layout.tp * wl.dtype_bytes
-    if stage == "vision":
-        act = vision_activation_bytes(spec, wl, samples, layout.tp, flash)
-    else:
-        act = language_activation_bytes(spec, wl, samples, layout, flash)
+def even_cut(layers: int, pp: int) -> tuple[int, ...]:
+    """Decoder layers per pipeline stage, as even as possible (the first stages take the remainder)."""
+    base, extra = divmod(layers, pp)
+    return tuple(base + (s < extra) for s in range(pp))
+
+
+def encoder_passes_in_flight(cand: Candidate) -> int:
+    """Encoder passes whose activations a rank holds at once. A pass's activations live until the
+    backward of the last language micro-batch it feeds (k = micro_batches / passes of them); the
+    first pipeline stage has up to pp micro-batches in flight (1F1B), spanning this many passes."""
+    k = cand.micro_batches // cand.passes
+    pp = cand.language.pp
+    return min(cand.passes, (pp + k - 2) // k + 1)
+
+
+def vision_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, in_flight: int) -> RankMemory:
+    layout = cand.vision
+    passes = cand.micro_batches if cand.megatron else cand.passes
+    samples = wl.global_batch // (layout.dp * passes)
+    zero = wl.zero if layout.zero is None else layout.zero
+    states = state_elements(spec.params_per_rank("vision", layout.tp), layout, zero).bytes(wl.dtype_bytes)
+    states += spec.vision.untrained_params() / layout.tp * wl.dtype_bytes  # the tower's unused tail is held
+    act = vision_activation_bytes(spec, wl, samples, layout.tp, flash, layout.recompute)
     return RankMemory(states, act * in_flight)
 
 
-def peak_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool) -> dict[str, float]:
-    """Peak bytes per rank set: {"all": ...} colocated, {"vision": ..., "language": ...} disaggregated."""
+def language_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, stage: int, in_flight: int
+                    ) -> RankMemory:
+    """Pipeline stage `stage` of the language model on one of its ranks, `in_flight` micro-batches held."""
+    layout = cand.language
+    cut = cand.pp_layers or even_cut(spec.language.layers, layout.pp)
+    first, last = stage == 0, stage == layout.pp - 1
+    samples = wl.global_batch // (layout.dp * cand.micro_batches)
+    zero = wl.zero if layout.zero is None else layout.zero
+    params = chunk_params_per_rank(spec, layout.tp, cut[stage], first, last)
+    states = state_elements(params, layout, zero).bytes(wl.dtype_bytes)
+    one = language_activation_bytes(spec, wl, samples, layout.tp, layout.cp, layout.sequence_parallel, flash,
+                                    cut[stage], layout.recompute, head=last)
+    if layout.recompute and cut[stage]:  # one layer's full activations exist once, not per micro-batch
+        full = language_activation_bytes(spec, wl, samples, layout.tp, layout.cp, layout.sequence_parallel, flash,
+                                         1, False, head=False)
+        return RankMemory(states, (one - full) * in_flight + full)
+    return RankMemory(states, one * in_flight)
+
+
+def peak_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, cache: dict | None = None
+                ) -> dict[str, float]:
+    """Peak bytes per rank set: {"all": ...} colocated, {"vision": ..., "language": ...} disaggregated.
+
+    Language stage s of a 1F1B pipeline holds min(pp - s, micro_batches) micro-batches; a colocated
+    rank also holds the encoder passes in flight (all ranks, or the first stage's in first_stage);
+    a disaggregated encoder is one more pipeline stage ahead of the language's (pp + 1 in flight).
+    """
+    pp, m = cand.language.pp, cand.micro_batches
+
+    def memo(key, fn):
+        if cache is None:
+            return fn()
+        if key not in cache:
+            cache[key] = fn()
+        return cache[key]
+
+    lkey = ("memory", replace(cand.language, ranks=()), m, cand.pp_layers)
+    lang = [memo(lkey + (s,), lambda: language_memory(spec, wl, cand, flash, s, min(pp - s, m)).total)
+            for s in range(pp)]
+
+    def vision(in_flight):
+        passes = m if cand.megatron else cand.passes
+        return memo(("memory", replace(cand.vision, ranks=()), passes, in_flight),
+                    lambda: vision_memory(spec, wl, cand, flash, in_flight).total)
+
     if cand.disaggregated:
-        return {"vision": stage_memory(spec, wl, cand, "vision", flash, 2).total,
-                "language": stage_memory(spec, wl, cand, "language", flash, 1).total}
-    return {"all": stage_memory(spec, wl, cand, "vision", flash, 1).total
-            + stage_memory(spec, wl, cand, "language", flash, 1).total}
+        return {"vision": vision(min(pp + 1, cand.passes)), "language": max(lang)}
+    if cand.megatron:  # the encoder runs inside each micro-batch of the first stage: pp in flight
+        return {"all": max([lang[0] + vision(min(pp, m))] + lang[1:])}
+    return {"all": vision(encoder_passes_in_flight(cand)) + max(lang)}

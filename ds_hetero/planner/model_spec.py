@@ -143,6 +143,20 @@ class ModelSpec:
         return (s.params() - whole) / tp + whole
 
 
+def chunk_params_per_rank(spec: ModelSpec, tp: int, layers: int, first: bool, last: bool) -> float:
+    """Parameters one tp rank of a language pipeline stage holds: its decoder layers, the input
+    embedding (first stage) and the final norm and head (last stage), embedding and head split on
+    the vocabulary (a tied matrix counted once when one stage holds both).
+    With every layer, first and last it equals params_per_rank("language", tp)."""
+    lm = spec.language
+    h = lm.hidden
+    norms = 2 * h if tp > 1 else 0
+    layer = (lm.layer_params() - norms) / tp + norms
+    rows = -(-lm.vocab // tp)  # ceil(vocab / tp): the vocabulary shard of the embedding and of the head
+    head = (0 if lm.tied and first else rows * h) + h
+    return layers * layer + (rows * h if first else 0) + (head if last else 0)
+
+
 def _language(text: Any, cfg: Any) -> LanguageSpec:
     """`cfg`: the whole model's config; transformers 5 keeps `tie_word_embeddings` there (older
     checkpoints in the text config)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .cost import Prediction
 from .search import Plan
 
-PARTS = ("compute", "tp", "cp", "dp", "optimizer", "boundary", "bubble")
+PARTS = ("compute", "tp", "cp", "dp", "optimizer", "pipeline p2p", "boundary", "bubble")
 
 
 def _gb(x: float) -> str:
@@ -18,35 +18,72 @@ def _time(s: float) -> str:
 
 def ranked_table(plan: Plan, top: int = 10) -> str:
     wl, spec = plan.workload, plan.spec
+    st = plan.stats
     lines = [
         f"model {spec.family}: vision {spec.vision.params() / 1e6:.1f}M params ({spec.vision.kind}), "
-        f"language {spec.language.params() / 1e6:.1f}M params; seq {wl.seq_len}, image tokens {wl.image_tokens}, "
-        f"global batch {wl.global_batch}, ZeRO {wl.zero}, {wl.dtype_bytes}-byte dtype",
+        f"language {spec.language.params() / 1e6:.1f}M params; seq {wl.seq_len}, image tokens {wl.image_tokens} "
+        f"(the encoder sees {wl.encoder_tokens(spec)}), global batch {wl.global_batch}, ZeRO {wl.zero}, "
+        f"{wl.dtype_bytes}-byte dtype",
         f"machine {plan.machine.name}: {plan.machine.source}",
-        f"{plan.stats['generated']} candidates generated, {len(plan.predictions)} valid "
-        f"(cp > 1 {'on' if plan.stats['cp'] else 'off'}, sequence parallelism "
-        f"{'on' if plan.stats['sequence_parallel'] else 'off'}: as `ds-hetero validate` accepts today)",
+        f"{st['generated']} configurations generated, {st.get('runnable', len(plan.predictions))} runnable "
+        f"(the engine's checks accept them today; cp > 1 {'on' if st['cp'] else 'off'}, sequence parallelism "
+        f"{'on' if st['sequence_parallel'] else 'off'}), {st.get('modelled', 0)} modelled only (a language "
+        "pipeline, first_stage, recompute or per-stage ZeRO: priced by the cost model, not runnable yet)",
         "",
     ]
-    head = f"{'#':>3} {'placement':<13} {'layout':<40} {'step':>10} {'tokens/s':>10} {'TFLOPS/dev':>10} " \
-           f"{'peak GB/rank':>12} {'boundary MB':>11} {'bubble':>6} {'fits':>4}"
+    head = f"{'#':>3} {'runs':<8} {'placement':<13} {'layout':<46} {'step':>10} {'tokens/s':>10} " \
+           f"{'TFLOPS/dev':>10} {'peak GB/rank':>12} {'boundary MB':>11} {'bubble':>6} {'fits':>4}"
     lines += [head, "-" * len(head)]
     for i, p in enumerate(plan.predictions[:top], 1):
         lines.append(_row(i, p))
-    homog = plan.best_homogeneous()
-    if homog is not None and plan.best.fits:
-        gain = homog.step_s / plan.best.step_s - 1
-        rank = plan.predictions.index(homog) + 1
-        lines.append("")
-        lines.append(f"best single layout (#{rank}: {homog.candidate.label()}): {_time(homog.step_s)}; "
-                     f"the top pick is predicted {100 * gain:+.1f}% tokens/s over it")
+    lines.append("")
+    lines += baseline_lines(plan)
     return "\n".join(lines)
+
+
+def _gain(a: Prediction, b: Prediction) -> str:
+    return f"{100 * (a.tokens_per_s / b.tokens_per_s - 1):+.1f}%"
+
+
+def baseline_lines(plan: Plan) -> list[str]:
+    """The picks and the two baselines, with the gains between them, labelled."""
+    out = []
+    best = plan.best if plan.runnable else None
+    overall = plan.best_overall if plan.predictions and plan.best_overall.fits else None
+    homog = plan.best_homogeneous()
+    meg, meg_even = plan.best_megatron(), plan.best_megatron(even=True)
+
+    def name(p):
+        fits = "" if p.fits else ", DOES NOT FIT"
+        return f"{p.candidate.label()} ({_time(p.step_s)}, {'runnable' if p.runnable else 'modelled only'}{fits})"
+
+    if best is not None:
+        out.append(f"runnable pick: {name(best)}")
+    if overall is not None and overall is not best:
+        out.append(f"best overall (modelled only): {name(overall)}")
+    if homog is not None:
+        out.append(f"today's baseline (the encoder in the language's tp x (cp dp) as plain dp): {name(homog)}")
+    if meg is not None:
+        out.append(f"Megatron baseline, tuned (encoder at the language's tp in the first pipeline stage, replicated "
+                   f"over cp): {name(meg)}" + (f"; with the even cut: {name(meg_even)}" if meg_even else ""))
+    for label, p in (("runnable pick", best), ("best overall", overall)):
+        if p is None or not p.fits:
+            continue
+        gains = []
+        if meg is not None:
+            gains.append(f"{_gain(p, meg)} vs the tuned Megatron baseline")
+        if homog is not None:
+            gains.append(f"{_gain(p, homog)} vs today's baseline")
+        if gains:
+            out.append(f"{label}: predicted tokens/s " + ", ".join(gains))
+    return out
 
 
 def _row(i: int, p: Prediction) -> str:
     c = p.candidate
-    return (f"{i:>3} {c.placement:<13} {c.label():<40} {_time(p.step_s):>10} {p.tokens_per_s:>10.0f} "
-            f"{p.tflops_per_device:>10.3f} {'/'.join(_gb(v) for v in p.peak_memory.values()):>12} "
+    return (f"{i:>3} {'yes' if p.runnable else 'modelled':<8} {c.placement:<13} {c.label():<46} {_time(p.step_s):>10} "
+            f"{p.tokens_per_s:>10.0f} {p.tflops_per_device:>10.3f} "
+            f"{'/'.join(_gb(v) for v in p.peak_memory.values()):>12} "
             f"{p.boundary_bytes / 2**20:>11.2f} {100 * p.bubble:>5.0f}% {'yes' if p.fits else 'NO':>4}")
 
 
@@ -58,6 +95,7 @@ def breakdown_table(plan: Plan, top: int = 3) -> str:
         for stage, parts in p.breakdown.items():
             lines.append(f"{i:>3} {stage:<9} " + " ".join(f"{parts.get(k, 0.0):>10.4f}" for k in PARTS))
     lines.append("compute = GEMMs + element-wise work; tp / cp = their collectives; dp = gradient reduction "
-                 "(and ZeRO's parameter gathers); boundary = both exchanges; bubble = idle waiting for the "
-                 "other rank set (disaggregated)")
+                 "(and ZeRO's parameter gathers); pipeline p2p = activations between pipeline stages; boundary = "
+                 "both exchanges; bubble = idle waiting for the other rank set (disaggregated) or the pipeline's "
+                 "fill and drain (language: its slowest pipeline stage)")
     return "\n".join(lines)

@@ -1,4 +1,11 @@
-"""Plan: enumerate every valid candidate, predict each, rank by step time (fitting ones first)."""
+"""Plan: enumerate every valid candidate, predict each, rank by tokens/s (fitting ones first).
+
+Two kinds of candidates: runnable ones (the engine's checks accept their config today) and, with
+`modelled=True`, candidates using what the cost model prices but the engine cannot run yet
+(modelled.py: a language pipeline, first_stage, recompute, per-stage ZeRO), among them the
+Megatron baseline. `Plan.best` is the best runnable candidate (what `--write` and `auto` use);
+`best_overall` may be modelled only.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +14,16 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..config import parse_config
 from ..models import adapter_for
-from .candidate import Candidate
-from .cost import Prediction, predict
+from .cost import Prediction
 from .enumerate import SearchSpace, enumerate_candidates
+from .modelled import (ModelledSpace, disaggregated_candidates, heterogeneous_candidates, megatron_candidates,
+                       tune_cut)
+from .step_model import predict
 from .machine import MachineProfile
 from .model_source import load_hf_config, meta_model
 from .model_spec import ModelSpec, model_spec
-from .workload import Workload
+from .workload import Workload, image_tokens_of
 
 DEFAULT_OPTIMIZER = {"type": "AdamW", "params": {"lr": 1e-4}}
 
@@ -30,15 +38,29 @@ class Plan:
     stats: Mapping[str, Any]
 
     @property
+    def runnable(self) -> list[Prediction]:
+        return [p for p in self.predictions if p.runnable]
+
+    @property
     def best(self) -> Prediction:
+        """The best candidate the engine runs today (fitting first)."""
+        return self.runnable[0]
+
+    @property
+    def best_overall(self) -> Prediction:
         return self.predictions[0]
 
     def best_where(self, pred) -> Prediction | None:
         return next((p for p in self.predictions if p.fits and pred(p.candidate)), None)
 
     def best_homogeneous(self) -> Prediction | None:
-        """The best single-layout configuration: colocated, vision in the language's tp x (cp dp) split."""
-        return self.best_where(lambda c: c.homogeneous)
+        """Today's single layout: colocated, vision in the language's tp x (cp dp) split as plain dp."""
+        return self.best_where(lambda c: c.homogeneous and not c.modelled_features)
+
+    def best_megatron(self, even: bool = False) -> Prediction | None:
+        """The tuned Megatron baseline (first_stage), or its best with the even cut."""
+        return self.best_where(lambda c: c.megatron and (not even or c.pp_layers is None))
+
 
     def ds_config(self, prediction: Prediction | None = None, extra_section: Mapping[str, Any] | None = None
                   ) -> dict[str, Any]:
@@ -76,11 +98,13 @@ def dtype_bytes(cfg: Mapping[str, Any]) -> int:
 def plan(model: Any, world_size: int, seq_len: int, image_tokens: int, global_batch: int,
          machine: MachineProfile, base: Mapping[str, Any] | None = None, memory_gb: float | None = None,
          max_tp: int | None = None, placements: tuple[str, ...] = ("colocated", "disaggregated"),
-         micro_batches: tuple[int, ...] | None = None, adapter=None, has_client_optimizer: bool = False) -> Plan:
+         micro_batches: tuple[int, ...] | None = None, adapter=None, has_client_optimizer: bool = False,
+         modelled: bool = True, batch_slack: float = 0.0, encoder_tokens: int | None = None) -> Plan:
     """Every valid configuration of `model` (an HF config, a path, a tiny name or a model), ranked.
 
     `adapter`: the model's stage adapter when the caller already holds the model (initialize);
-    otherwise one is made from a model built on the meta device.
+    otherwise one is made from a model built on the meta device. `image_tokens` (the language's)
+    may be None when `encoder_tokens` (what the encoder sees) is given.
     """
     if hasattr(model, "config") and hasattr(model, "parameters"):  # a model instance
         hf_config = model.config
@@ -89,19 +113,53 @@ def plan(model: Any, world_size: int, seq_len: int, image_tokens: int, global_ba
         hf_config = load_hf_config(model)
         adapter = adapter or adapter_for(meta_model(hf_config))
     spec = model_spec(hf_config)
+    image_tokens = image_tokens_of(spec, image_tokens, encoder_tokens)
     base = base_config(base, global_batch, None, machine.dtype_bytes == 2 and not base)
     wl = Workload(seq_len=seq_len, image_tokens=image_tokens, global_batch=global_batch,
                   dtype_bytes=dtype_bytes(base), zero=zero_stage(base))
     wl.check(spec)
-    space = SearchSpace(world_size=world_size, global_batch=global_batch,
-                        max_tp=max_tp or min(world_size, machine.devices_per_node),
+    max_tp = max_tp or min(world_size, machine.devices_per_node)
+    space = SearchSpace(world_size=world_size, global_batch=global_batch, max_tp=max_tp,
                         placements=placements, micro_batches=micro_batches,
-                        node_size=machine.devices_per_node if machine.devices_per_node < world_size else 0)
+                        node_size=machine.devices_per_node if machine.devices_per_node < world_size else 0,
+                        batch_slack=batch_slack)
     candidates, stats = enumerate_candidates(space, base, adapter, has_client_optimizer)
     limit = memory_gb * 1e9 if memory_gb is not None else None
-    preds = [predict(c, parse_config(c.ds_config(base), world_size), spec, wl, machine, limit) for c in candidates]
-    preds.sort(key=lambda p: (not p.fits, p.step_s))
+    cache: dict = {}
+    preds = [predict(c, spec, wl, machine, limit, cache=cache) for c in candidates]
+    stats["runnable"] = len(preds)
+    if modelled:
+        preds += _modelled(spec, wl, machine, limit, base, adapter, max_tp, micro_batches, world_size, placements,
+                           cache)
+    stats["modelled"] = len(preds) - stats["runnable"]
+    preds.sort(key=lambda p: (not p.fits, -p.tokens_per_s))
     return Plan(preds, spec, wl, machine, base, stats)
+
+
+def _modelled(spec, wl, machine, limit, base, adapter, max_tp, micro_batches, world, placements, times: dict
+              ) -> list[Prediction]:
+    """Megatron's single layouts (with their cut tuned) and heterogeneous candidates with modelled features."""
+    ms = ModelledSpace(world, wl.global_batch, spec.language.layers, max_tp, wl.zero, micro_batches)
+    cache: dict = {}
+
+    def priced(cands):
+        return [predict(c, spec, wl, machine, limit, runnable=False, cache=times) for c in cands]
+
+    meg = priced(megatron_candidates(ms, base, adapter, cache))
+    meg.sort(key=lambda p: (not p.fits, -p.tokens_per_s))
+    tuned = []
+    for p in meg[:TUNE_TOP]:  # tune the first stage's layers of the best few even-cut layouts
+        tuned += priced(tune_cut(p.candidate, spec.language.layers))
+    out = meg + tuned
+    if "colocated" in placements:
+        out += priced(heterogeneous_candidates(ms, base, adapter, cache))
+    if "disaggregated" in placements:
+        node = machine.devices_per_node if machine.devices_per_node < world else 0
+        out += priced(disaggregated_candidates(ms, base, adapter, cache, node))
+    return out
+
+
+TUNE_TOP = 8
 
 
 def write_config(path: str | os.PathLike, cfg: Mapping[str, Any]) -> None:

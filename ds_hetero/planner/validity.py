@@ -40,3 +40,20 @@ def check_candidate(ds_config: Mapping[str, Any], world_size: int, adapter, has_
     if layout_cache[key] is not None:
         raise layout_cache[key]
     return cfg
+
+
+def check_shapes(base: Mapping[str, Any], adapter, vision_tp: int, language_tp: int, language_cp: int,
+                 sequence_parallel: bool, layout_cache: dict | None = None) -> None:
+    """The model-shape part of the engine's checks for a candidate the engine's config cannot express
+    yet (a pipeline, first_stage, recompute, per-stage ZeRO): the same tp / cp / sequence-parallel
+    sizes in a colocated probe config on the smallest world both stages fill, through
+    `check_candidate` (HeteroConfigError naming the field when the model's shapes refuse them)."""
+    from math import lcm
+
+    from .candidate import Candidate, StageChoice
+
+    world = lcm(vision_tp, language_tp * language_cp)
+    probe = Candidate("colocated", StageChoice(vision_tp, world // vision_tp),
+                      StageChoice(language_tp, world // (language_tp * language_cp), language_cp, sequence_parallel), 1)
+    cfg = dict(base, train_batch_size=world, zero_optimization={"stage": 1})
+    check_candidate(probe.ds_config(cfg), world, adapter, True, layout_cache)

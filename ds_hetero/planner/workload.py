@@ -10,8 +10,9 @@ from .model_spec import ModelSpec
 @dataclass(frozen=True)
 class Workload:
     """seq_len     language tokens per sample, image placeholders included
-    image_tokens   image tokens per sample (LLaVA: a multiple of its tokens per image; Qwen2-VL:
-                   one image of that many tokens, spatial_merge^2 patches each)
+    image_tokens   image tokens per sample the language model receives (LLaVA: a multiple of its
+                   tokens per image; Qwen2-VL: one image of that many tokens, spatial_merge^2
+                   patches each, so the encoder sees merge x as many: `encoder_tokens`)
     global_batch   samples per optimizer step
     dtype_bytes    bytes of a parameter, a gradient and an activation (2 for bf16, 4 for fp32)
     zero           ZeRO stage of every stage engine
@@ -31,10 +32,39 @@ class Workload:
     def tokens_per_image(self, spec: ModelSpec) -> int:
         return spec.vision.tokens_per_image or self.image_tokens
 
+    def encoder_tokens(self, spec: ModelSpec) -> int:
+        """Tokens the encoder's tower sees per sample: the language's image tokens times the spatial
+        merge (Qwen2-VL: 2x2 patches per image token), plus CLIP's CLS per image."""
+        return self.images_per_sample(spec) * spec.vision.seq_per_image(self.tokens_per_image(spec))
+
     def check(self, spec: ModelSpec) -> None:
         if self.image_tokens > self.seq_len:
-            raise ValueError(f"--image-tokens {self.image_tokens} exceeds --seq-len {self.seq_len}")
+            hint = (f" (the encoder may see more: --encoder-tokens {self.image_tokens * spec.vision.merge} gives the "
+                    f"language {self.image_tokens} after this model's {spec.vision.merge}-patch merge)"
+                    if spec.vision.merge > 1 else "")
+            raise ValueError(f"--image-tokens {self.image_tokens} (image tokens the language model receives) exceeds "
+                             f"--seq-len {self.seq_len}{hint}")
         t = spec.vision.tokens_per_image
         if t and self.image_tokens % t:
             raise ValueError(f"--image-tokens {self.image_tokens} is not a multiple of this model's {t} tokens per "
                              f"image; use a multiple of {t}")
+
+
+def image_tokens_of(spec: ModelSpec, image_tokens: int | None, encoder_tokens: int | None) -> int:
+    """The language's image tokens per sample from either count (`--image-tokens` or `--encoder-tokens`)."""
+    if (image_tokens is None) == (encoder_tokens is None):
+        raise ValueError("give exactly one of --image-tokens (tokens the language model receives) and "
+                         "--encoder-tokens (tokens the encoder sees, before its spatial merge)")
+    if image_tokens is not None:
+        return image_tokens
+    v = spec.vision
+    if v.tokens_per_image:  # fixed images (LLaVA): the tower sees seq_per_image tokens per image
+        per = v.seq_per_image()
+        if encoder_tokens % per:
+            raise ValueError(f"--encoder-tokens {encoder_tokens} is not a multiple of this model's {per} tower tokens "
+                             f"per image")
+        return encoder_tokens // per * v.tokens_per_image
+    if encoder_tokens % v.merge:
+        raise ValueError(f"--encoder-tokens {encoder_tokens} is not a multiple of this model's spatial merge "
+                         f"({v.merge} patches per image token)")
+    return encoder_tokens // v.merge
