@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from ..errors import HeteroConfigError
 from .ranks import assign_ranks
 from .read import read_ds_config
+from .stage_options import parse_stage_options
 from .schema import (BALANCES, DEFAULT_TIMEOUT_S, DERIVED_BATCH_KEYS, ENCODER_STAGES, LANGUAGE, MAX_TIMEOUT_S,
                      PLACEMENTS, SECTION, SECTION_KEYS, STAGE_KEYS, STAGE_NAMES, HeteroConfig)
 
@@ -99,6 +100,7 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
         timeout_s=float(timeout_s),
         balance=balance,
         encoder_micro_batches=MappingProxyType(encoder_mbs),
+        options=MappingProxyType({name: spec["options"] for name, spec in specs.items()}),
     )
 
 
@@ -171,6 +173,7 @@ def _stage_specs(section: Mapping[str, Any], placement: str) -> dict[str, dict[s
             "sequence_parallel": raw.get("sequence_parallel", False),
             "ranks": raw.get("ranks"),
             "micro_batches": raw.get("micro_batches"),
+            "options": parse_stage_options(raw, sfield),
         }
         if not isinstance(spec["sequence_parallel"], bool):
             raise HeteroConfigError(f"{sfield}.sequence_parallel", f"must be true or false, got {spec['sequence_parallel']!r}")

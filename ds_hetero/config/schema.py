@@ -12,7 +12,7 @@ rejects unknown keys inside its own sections), so the plugin owns one top-level 
         "stages": {
             "vision":   {"tp": 1, "dp": 4, "micro_batches": 1},   # encoder passes per step
             "language": {"tp": 2, "cp": 1, "dp": 2, "sequence_parallel": false}
-        }
+        }                                        # + recompute, zero_stage, freeze (stage_options.py)
     }
 
 `load_config(source, world_size)` validates everything that can be known before any process
@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from ..topology.layout import StageLayout
+from .stage_options import OPTION_KEYS, StageOptions
 
 SECTION = "hetero_parallel"
 PLACEMENTS = ("colocated", "disaggregated")
@@ -39,7 +40,7 @@ SECTION_KEYS = ("placement", "micro_batches", "stages", "timeout_s", "balance")
 DEFAULT_TIMEOUT_S = 300.0  # a collective waiting longer than this raises instead of hanging
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # process-group timeouts are integer milliseconds: keep them finite and sane
 BALANCES = ("tokens", "position")  # how encoder images go to dp ranks (step/balance.py)
-STAGE_KEYS = ("tp", "cp", "dp", "ranks", "sequence_parallel", "micro_batches")
+STAGE_KEYS = ("tp", "cp", "dp", "ranks", "sequence_parallel", "micro_batches") + OPTION_KEYS
 # DeepSpeed batch keys that ds_hetero derives per stage.
 DERIVED_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -57,6 +58,19 @@ class HeteroConfig:
     timeout_s: float = DEFAULT_TIMEOUT_S
     balance: str = "tokens"
     encoder_micro_batches: Mapping[str, int] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    options: Mapping[str, StageOptions] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+
+    def options_of(self, stage: str) -> StageOptions:
+        """`recompute`, `zero_stage`, `freeze` of `stage` (config/stage_options.py)."""
+        return self.options.get(stage, StageOptions())
+
+    def zero_stage_of(self, stage: str) -> int:
+        """The ZeRO stage of `stage`'s engine: its `zero_stage`, else `zero_optimization.stage`."""
+        own = self.options_of(stage).zero_stage
+        if own is not None:
+            return own
+        section = self.ds_config.get("zero_optimization")
+        return int(section.get("stage", 0)) if isinstance(section, Mapping) else 0
 
     def micro_batches_of(self, stage: str) -> int:
         """Forward/backward passes of `stage` per step (its DeepSpeed gradient_accumulation_steps)."""
@@ -92,7 +106,7 @@ class HeteroConfig:
 
         return float(self.ds_config.get("gradient_clipping", GRADIENT_CLIPPING_DEFAULT))
 
-    def stage_ds_config(self, stage: str) -> dict[str, Any]:
+    def stage_ds_config(self, stage: str, trains: bool = True) -> dict[str, Any]:
         """A deep copy of the DeepSpeed config for one stage's engine.
 
         Every stage takes `micro_batches` accumulation steps over the same global batch, split
@@ -100,6 +114,11 @@ class HeteroConfig:
         engine: an engine would clip by its own stage's norm, while the model's norm spans all
         stages; `gradient_clipping` is applied over all stages by ds_hetero instead. The
         plugin's own section is dropped so the engine sees a plain DeepSpeed config.
+
+        `stages.<name>.zero_stage` replaces `zero_optimization.stage` (the other ZeRO keys are
+        shared). A stage that trains nothing (`trains` False: frozen by the config or by the
+        model's requires_grad flags) gets no optimizer and ZeRO 0: DeepSpeed refuses an
+        optimizer over no parameters, and there is no optimizer state to partition.
         """
         cfg = copy.deepcopy(dict(self.ds_config))
         cfg.pop(SECTION, None)
@@ -107,6 +126,12 @@ class HeteroConfig:
         cfg["train_micro_batch_size_per_gpu"] = self.micro_batch_size(stage)
         cfg["gradient_accumulation_steps"] = self.micro_batches_of(stage)
         cfg["gradient_clipping"] = 0.0
+        zero = dict(cfg.get("zero_optimization") or {})
+        zero["stage"] = self.zero_stage_of(stage) if trains else 0
+        cfg["zero_optimization"] = zero
+        if not trains:
+            cfg.pop("optimizer", None)
+            cfg.pop("scheduler", None)
         return cfg
 
 

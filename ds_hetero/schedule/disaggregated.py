@@ -14,7 +14,9 @@ language work and encoder backwards of the last micro-batch): 1F1B for two stage
 of the boundary group calls the same collectives per tick in the same order, whatever its
 stage, so the schedule is deterministic and cannot deadlock; a dead or stuck peer makes the
 collective fail after the process-group timeout instead of hanging. (The config gives every
-encoder as many passes as language micro-batches in this placement.)
+encoder as many passes as language micro-batches in this placement.) An encoder that does not
+train (`Stage.trains`) has no gradient exchange: every rank skips it alike (it is config and
+model state, the same on all ranks).
 """
 
 from __future__ import annotations
@@ -48,10 +50,13 @@ class DisaggregatedSchedule(StageWork):
                 arrived = [self.send_rows(s.name, rows[s.name, k] if s.held else self.empty_rows(), plan, k, step)
                            for s in encoders]
                 if language.held:
-                    rows_in[k] = [r.requires_grad_(True) for r in arrived]
+                    rows_in[k] = [r.requires_grad_(s.trains) for s, r in zip(encoders, arrived)]
             if k >= 1:
                 back = grads.pop(k - 1) if language.held else [self.empty_rows() for _ in encoders]
                 for stage, grad in zip(encoders, back):
+                    if not stage.trains:
+                        rows.pop((stage.name, k - 1), None)
+                        continue
                     grad = self.send_grads(stage.name, grad, plan, k - 1, step)
                     if stage.held:
                         self.encoder_backward(stage, rows.pop((stage.name, k - 1)), grad, plan, k - 1, step)

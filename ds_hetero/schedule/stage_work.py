@@ -38,7 +38,7 @@ class StageWork:
         self.ports = adapter.encoders()
         head = stages.language.module.lm_head
         self.lm_head = head if isinstance(head, VocabParallelLMHead) else None
-        self.bytes = {"sent": 0, "total": 0, "lower_bound": 0}
+        self.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0}
 
     def _span(self, name: str, category: str, step: int | None):
         """A timeline span of a training step; evaluation (step None) records none."""
@@ -71,7 +71,9 @@ class StageWork:
         return out
 
     def count_backward(self, name: str) -> None:
-        self.bytes["sent"] += self.boundaries[name].last_backward.bytes_sent
+        sent = self.boundaries[name].last_backward.bytes_sent
+        self.bytes["sent"] += sent
+        self.bytes["backward"] += sent
 
     # ------------------------------------------------------------------ encoders
     def encoder_forward(self, stage: Stage, samples: Sequence[dict[str, Any]], plan: StepPlan, v: int,
@@ -113,8 +115,9 @@ class StageWork:
         mine = [samples[p] for p in plan.language_samples(language.coord.dp, m)]
         batch, counts, sharded = self.language_batch(mine)
         with self._span(f"language.forward[m={m}]", "forward", step):
+            # a frozen language stage still carries the gradient of a trained encoder's rows
             logits = language(batch["input_ids"], tuple(rows_in), batch["attention_mask"], batch["position_ids"],
-                              n_placeholders=counts)
+                              n_placeholders=counts, grad=language.trains or any(r.requires_grad for r in rows_in))
             return token_loss_sum(logits, batch["labels"], self.lm_head, shifted=sharded)
 
     def language_step(self, samples: Sequence[dict[str, Any]], plan: StepPlan, m: int,

@@ -1,0 +1,170 @@
+"""Per-stage memory controls against a single-process Hugging Face reference: frozen modules,
+ZeRO stage per stage, activation recompute.
+
+Frozen: the config's `freeze` (LLaVA's tower, Qwen2-VL's tower; the whole language stage with
+only the projector training, LLaVA's pretraining recipe) and the user's own
+`requires_grad_(False)` (the whole vision stage): the trained weights match a reference that
+freezes the same parameters (1e-5 relative), the frozen ones are bit-identical to their initial
+values, a stage with nothing to train has no optimizer parameter, and a frozen encoder stage
+sends no byte in the boundary's backward (the trainable runs do: the negative control).
+
+ZeRO per stage: vision ZeRO 3 over dp4 with language ZeRO 1 (plain, and with cp2 + sequence
+parallelism on the language stage), and the reverse, at the same parity bar.
+
+Recompute: with attention dropout on, losses and weights with recompute equal those without
+(1e-6) on LLaVA (tp2 dp2, and cp2 + sp on the language stage); turning off torch's RNG
+preservation makes them differ (the negative control: dropout draws are what is checked);
+without dropout, recompute matches the single-process reference on LLaVA and Qwen2-VL.
+"""
+
+import pytest
+
+from tests.distributed import run_distributed
+from tests.engine_parity import train_both
+from tests.memory_parity import CLIP, check_parity, freeze_names, frozen_report, max_diff, train_plain
+
+pytestmark = pytest.mark.distributed
+
+TOWER = ["model.vision_tower."]
+VISION = ["model.vision_tower.", "model.multi_modal_projector."]
+LANGUAGE = ["model.language_model.", "lm_head."]
+SEQ = {"tp": 2, "cp": 2, "dp": 1, "sequence_parallel": True}
+TP2DP2 = {"tp": 2, "dp": 2}
+
+
+def _frozen_suite(rank, world_size):
+    runs = {
+        "tower frozen by config": dict(
+            layout={"vision": {"tp": 1, "dp": 4, "freeze": ["tower"]}, "language": TP2DP2}, zero_stage=1,
+            freeze_reference=lambda m: freeze_names(m, TOWER), after=frozen_report(TOWER)),
+        "vision frozen by requires_grad (user), language zero 2": dict(
+            layout={"vision": {"tp": 1, "dp": 4}, "language": TP2DP2}, zero_stage=2,
+            prepare=lambda m: freeze_names(m, VISION), after=frozen_report(VISION)),
+        "projector only (tower and language frozen by config), vision zero 3": dict(
+            layout={"vision": {"tp": 2, "dp": 2, "freeze": ["tower"], "zero_stage": 3},
+                    "language": {"tp": 2, "dp": 2, "freeze": True}}, zero_stage=1, optimizer="sgd",
+            freeze_reference=lambda m: freeze_names(m, TOWER + LANGUAGE), after=frozen_report(TOWER + LANGUAGE)),
+        "vision frozen by config, language cp2 sp": dict(
+            layout={"vision": {"tp": 1, "dp": 4, "freeze": True}, "language": SEQ}, zero_stage=1,
+            freeze_reference=lambda m: freeze_names(m, VISION), after=frozen_report(VISION)),
+        "trainable (control)": dict(
+            layout={"vision": {"tp": 1, "dp": 4}, "language": TP2DP2}, zero_stage=1, after=frozen_report([])),
+    }
+    return {name: train_both(rank, world_size, "llava", **{"steps": 3, "clip": CLIP, **kw}) for name, kw in runs.items()}
+
+
+def _zero_suite(rank, world_size):
+    runs = {
+        "vision zero 3 dp4 + language zero 1": dict(
+            layout={"vision": {"tp": 1, "dp": 4, "zero_stage": 3}, "language": TP2DP2}, zero_stage=1, optimizer="sgd"),
+        "vision zero 3 dp4 + language zero 1 cp2 sp": dict(
+            layout={"vision": {"tp": 1, "dp": 4, "zero_stage": 3}, "language": SEQ}, zero_stage=1),
+        "vision zero 0 + language zero 3 tp2dp2": dict(
+            layout={"vision": {"tp": 1, "dp": 4, "zero_stage": 0}, "language": TP2DP2}, zero_stage=3,
+            optimizer="sgd"),
+    }
+    out = {name: train_both(rank, world_size, "llava", **{"steps": 3, "clip": CLIP, **kw}) for name, kw in runs.items()}
+    # the engines really run the stage's ZeRO stage
+    out["engines"] = _zero_stages(rank)
+    return out
+
+
+def _zero_stages(rank):
+    import torch
+
+    import ds_hetero
+    from tests.engine_parity import build_model
+
+    config = {"train_batch_size": 8, "zero_optimization": {"stage": 1}, "zero_allow_untested_optimizer": True,
+              "hetero_parallel": {"micro_batches": 2, "stages": {"vision": {"tp": 1, "dp": 4, "zero_stage": 3},
+                                                                 "language": {"tp": 2, "dp": 2, "zero_stage": 2}}}}
+    engine = ds_hetero.initialize(build_model("llava", 7), config, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+    got = {name: e.zero_optimization_stage() for name, e in engine.engines.items()}
+    engine.groups.destroy()
+    return got
+
+
+def _recompute_suite(rank, world_size):
+    import ds_hetero.models.recompute as recompute
+
+    out = {}
+    for label, language in (("tp2dp2", TP2DP2), ("cp2 sp", SEQ)):
+        base = {"vision": {"tp": 1, "dp": 4}, "language": language}
+        with_rc = {"vision": {"tp": 1, "dp": 4, "recompute": True}, "language": {**language, "recompute": 1}}
+        plain = train_plain("llava", base, 3, dropout=0.2)
+        rc = train_plain("llava", with_rc, 3, dropout=0.2)
+        # negative control: the same recompute without torch's RNG preservation
+        right = recompute.enable_recompute
+
+        def no_rng(module, layers, preserve_rng_state=True):
+            return right(module, layers, preserve_rng_state=False)
+
+        recompute_build = __import__("ds_hetero.stages.build", fromlist=["enable_recompute"])
+        recompute_build.enable_recompute = no_rng
+        try:
+            wrong = train_plain("llava", with_rc, 3, dropout=0.2)
+        finally:
+            recompute_build.enable_recompute = right
+        out[label] = {"recompute": max_diff(rc, plain), "no rng preservation": max_diff(wrong, plain)}
+    return out
+
+
+def _recompute_reference_suite(rank, world_size):
+    runs = {
+        "llava recompute both stages tp2dp2": ("llava", dict(
+            layout={"vision": {"tp": 2, "dp": 2, "recompute": True}, "language": {**TP2DP2, "recompute": True}},
+            zero_stage=2)),
+        "qwen2-vl recompute both stages, language cp2 sp": ("qwen2_vl", dict(
+            layout={"vision": {"tp": 1, "dp": 4, "recompute": True}, "language": {**SEQ, "recompute": True}},
+            zero_stage=1)),
+        "qwen2-vl tower frozen, recompute language": ("qwen2_vl", dict(
+            layout={"vision": {"tp": 1, "dp": 4, "freeze": ["tower"]}, "language": {**TP2DP2, "recompute": 1}},
+            zero_stage=1, freeze_reference=lambda m: freeze_names(m, ["model.visual.patch_embed.", "model.visual.blocks."]),
+            after=frozen_report(["model.visual.patch_embed.", "model.visual.blocks."]))),
+    }
+    return {name: train_both(rank, world_size, family, **{"steps": 3, "clip": CLIP, **kw})
+            for name, (family, kw) in runs.items()}
+
+
+def test_frozen_modules_match_reference_and_stay_bit_identical():
+    results = run_distributed(_frozen_suite, world_size=4, timeout=900)
+    check_parity(results)
+    # bytes all ranks sent in backward exchanges, per step (a rank may keep its rows local)
+    total = {name: [sum(r[name]["backward_bytes"][i] for r in results) for i in range(3)] for name in results[0]}
+    assert all(b > 0 for b in total["trainable (control)"]), total
+    assert all(b > 0 for b in total["projector only (tower and language frozen by config), vision zero 3"]), total
+    for per_rank in results:
+        for name, r in per_rank.items():
+            if name == "trainable (control)":
+                assert r["trained_changed"] > 0
+                continue
+            assert r["frozen_compared"] > 0 and r["frozen_identical"], (name, r["frozen_compared"])
+            assert r["trained_changed"] > 0, name
+        user = per_rank["vision frozen by requires_grad (user), language zero 2"]
+        assert user["trains"] == {"vision": False, "language": True}
+        assert user["optimizer_params"]["vision"] == 0 and user["backward_bytes"] == [0, 0, 0]
+        assert per_rank["vision frozen by config, language cp2 sp"]["backward_bytes"] == [0, 0, 0]
+        projector = per_rank["projector only (tower and language frozen by config), vision zero 3"]
+        assert projector["trains"] == {"vision": True, "language": False}
+        assert projector["optimizer_params"]["language"] == 0
+
+
+def test_zero_stage_per_stage_matches_reference():
+    results = run_distributed(_zero_suite, world_size=4, timeout=900)
+    engines = [r.pop("engines") for r in results]
+    assert all(e == {"vision": 3, "language": 2} for e in engines), engines
+    check_parity(results)
+
+
+def test_recompute_equals_no_recompute_with_dropout():
+    results = run_distributed(_recompute_suite, world_size=4, timeout=900)
+    for per_rank in results:
+        for label, r in per_rank.items():
+            loss, weight = r["recompute"]
+            assert loss <= 1e-6 and weight <= 1e-6, (label, r)
+            loss, weight = r["no rng preservation"]
+            assert loss > 1e-4 or weight > 1e-4, (label, "the negative control did not move", r)
+
+
+def test_recompute_matches_reference_llava_and_qwen2_vl():
+    check_parity(run_distributed(_recompute_reference_suite, world_size=4, timeout=900))
