@@ -47,8 +47,10 @@ def _frozen_suite(rank, world_size):
         "vision frozen by config, language cp2 sp": dict(
             layout={"vision": {"tp": 1, "dp": 4, "freeze": True}, "language": SEQ}, zero_stage=1,
             freeze_reference=lambda m: freeze_names(m, VISION), after=frozen_report(VISION)),
+        # the same layout as the frozen vision above: its backward exchange moves rows (with the
+        # sequence sharded every language rank needs rows of every vision rank)
         "trainable (control)": dict(
-            layout={"vision": {"tp": 1, "dp": 4}, "language": TP2DP2}, zero_stage=1, after=frozen_report([])),
+            layout={"vision": {"tp": 1, "dp": 4}, "language": SEQ}, zero_stage=1, after=frozen_report([])),
     }
     return {name: train_both(rank, world_size, "llava", **{"steps": 3, "clip": CLIP, **kw}) for name, kw in runs.items()}
 
@@ -132,7 +134,6 @@ def test_frozen_modules_match_reference_and_stay_bit_identical():
     # bytes all ranks sent in backward exchanges, per step (a rank may keep its rows local)
     total = {name: [sum(r[name]["backward_bytes"][i] for r in results) for i in range(3)] for name in results[0]}
     assert all(b > 0 for b in total["trainable (control)"]), total
-    assert all(b > 0 for b in total["projector only (tower and language frozen by config), vision zero 3"]), total
     for per_rank in results:
         for name, r in per_rank.items():
             if name == "trainable (control)":

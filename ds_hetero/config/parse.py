@@ -82,11 +82,14 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
     for name, layout in layouts.items():
         mbs = encoder_mbs.get(name, micro_batches)
         per_step = layout.dp * mbs
+        if name != LANGUAGE and balance == "tokens" and not global_batch % mbs:
+            continue  # images are the unit of encoder work: any dp, even above the samples of a pass
         if global_batch % per_step:
             raise HeteroConfigError(
                 "train_batch_size",
                 f"{global_batch} is not divisible by stage {name!r} dp x micro_batches = "
-                f"{layout.dp} x {mbs} = {per_step}; use a multiple of {per_step}",
+                f"{layout.dp} x {mbs} = {per_step}; use a multiple of {per_step}"
+                + ("" if name == LANGUAGE else " (or balance \"tokens\", which splits an encoder's work by image)"),
             )
     _check_derived_batch_keys(ds, global_batch // (layouts[LANGUAGE].dp * micro_batches), micro_batches)
 
@@ -129,11 +132,6 @@ def _encoder_micro_batches(specs: dict[str, dict[str, Any]], micro_batches: int,
                 field, f"got {value}, but placement \"disaggregated\" pipelines encoder and language "
                 f"micro-batches one for one (1F1B), so an encoder takes {SECTION}.micro_batches ({micro_batches}) "
                 "passes; remove the key or use placement \"colocated\"")
-        lang = specs[LANGUAGE]
-        if value != micro_batches and (lang["cp"] > 1 or lang["sequence_parallel"]):
-            raise HeteroConfigError(
-                field, f"got {value}; with the language sequence sharded (cp or sequence_parallel) each "
-                f"encoder pass feeds one language micro-batch: remove the key or set it to {micro_batches}")
         if micro_batches % value:
             raise HeteroConfigError(
                 field, f"got {value}, which does not divide {SECTION}.micro_batches ({micro_batches}): each "

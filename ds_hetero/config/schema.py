@@ -92,8 +92,10 @@ class HeteroConfig:
         return tuple(name for name, layout in self.stages.items() if layout.contains(rank))
 
     def micro_batch_size(self, stage: str) -> int:
-        """Samples per micro-batch on one dp rank of `stage`."""
-        return self.global_batch_size // (self.stages[stage].dp * self.micro_batches_of(stage))
+        """Samples per micro-batch on one dp rank of `stage`. An encoder with balance "tokens" may
+        have more dp ranks than a pass has samples (images are its unit, step/balance.py): then
+        this is the nominal ceil(samples of a pass / dp), what its DeepSpeed engine counts."""
+        return -(-self.global_batch_size // (self.stages[stage].dp * self.micro_batches_of(stage)))
 
     @property
     def gradient_clipping(self) -> float:
@@ -122,7 +124,8 @@ class HeteroConfig:
         """
         cfg = copy.deepcopy(dict(self.ds_config))
         cfg.pop(SECTION, None)
-        cfg["train_batch_size"] = self.global_batch_size
+        # DeepSpeed checks train = micro x accumulation x dp; it only counts samples with it
+        cfg["train_batch_size"] = self.micro_batch_size(stage) * self.micro_batches_of(stage) * self.stages[stage].dp
         cfg["train_micro_batch_size_per_gpu"] = self.micro_batch_size(stage)
         cfg["gradient_accumulation_steps"] = self.micro_batches_of(stage)
         cfg["gradient_clipping"] = 0.0

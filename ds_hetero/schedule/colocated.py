@@ -39,9 +39,9 @@ class ColocatedSchedule(StageWork):
                     continue
                 rows = self.encoder_forward(stage, samples, plan, p.index, step)
                 out = self.send_rows(stage.name, rows, plan, p.index, step, differentiable=stage.trains)
-                # the rows arrive in sample order: language micro-batch after language micro-batch
-                # (one micro-batch per pass takes all rows: its sequence shard's, when sharded)
-                sizes = ([plan.rows_of(stage.name, dp, k) for k in p.feeds] if len(p.feeds) > 1
+                # the rows arrive in sample order: language micro-batch after language micro-batch,
+                # each with this rank's sequence shard's rows only when the sequence is sharded
+                sizes = ([plan.rows_of(stage.name, dp, k, self.stages.rank) for k in p.feeds] if len(p.feeds) > 1
                          else [out.shape[0]])
                 open_passes[stage.name] = (p, out, out.detach().split(sizes), [])
             rows_in = [open_passes[s.name][2][m - open_passes[s.name][0].feeds.start].detach().requires_grad_(s.trains)

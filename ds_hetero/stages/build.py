@@ -27,6 +27,7 @@ from ..topology.mpu import StageMPU, stage_context
 from ..weights import load_stages
 from .clipping import check_supported
 from .stage_set import Stage, StageSet
+from .zero3_sequence import correct_sequence_average, partition_over_sequence_shards
 
 
 def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: int,
@@ -52,13 +53,15 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
             modules[name].to("meta")
         else:
             stage.mpu = StageMPU(groups[name])
+            ds_config = cfg.stage_ds_config(name, trains=stage.trains)
             with stage_context(stage.mpu):
+                partition_over_sequence_shards(modules[name], groups[name], stage.mpu, ds_config, layout.cp)
                 stage.engine, *_ = deepspeed.initialize(
                     model=modules[name], model_parameters=trainable if stage.trains else None,
-                    optimizer=optimizer if stage.trains else None, mpu=stage.mpu,
-                    config=cfg.stage_ds_config(name, trains=stage.trains))
+                    optimizer=optimizer if stage.trains else None, mpu=stage.mpu, config=ds_config)
             if stage.trains:
                 check_supported(stage.engine, name)
+                correct_sequence_average(stage.engine, layout.cp)
         stages[name] = stage
     first = next(s for s in stages.values() if s.held)
     param = next(first.engine.module.parameters())

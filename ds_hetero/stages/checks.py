@@ -78,13 +78,16 @@ def check_stage_options(cfg: HeteroConfig) -> None:
 
 
 def check_sequence_shards(cfg: HeteroConfig, zero: int) -> None:
-    """A sequence-sharded language stage (cp > 1 or sequence_parallel) runs with ZeRO 0-2 only."""
-    if zero == 3 and (cfg.language.cp > 1 or cfg.language.sequence_parallel):
+    """ZeRO 3 on a context-parallel language stage needs DeepSpeed's reduce-scatter path, the one
+    stages/zero3_sequence.py corrects."""
+    section = cfg.ds_config.get("zero_optimization")
+    reduce_scatter = section.get("reduce_scatter", True) if isinstance(section, Mapping) else True
+    if zero == 3 and cfg.language.cp > 1 and reduce_scatter is False:
         raise HeteroConfigError(
-            _zero_field(cfg, cfg.language.name),
-            "ZeRO stage 3 with a sequence-sharded language stage (cp > 1 or sequence_parallel) does not match "
-            "the single-process reference in ds_hetero's tests (DeepSpeed 0.19's ZeRO-3 reduce-scatter averages "
-            "the cp shards' partial gradients over dp x cp); use ZeRO stage 1 or 2")
+            "zero_optimization.reduce_scatter",
+            "false with ZeRO stage 3 on a context-parallel language stage: DeepSpeed 0.19's ZeRO-3 averages the cp "
+            "shards' gradients over dp x cp on its reduce-scatter path, which ds_hetero corrects, and its other paths "
+            "differ; remove the key (default true)")
 
 
 def check_model(cfg: HeteroConfig, model) -> None:
