@@ -9,7 +9,12 @@ values, a stage with nothing to train has no optimizer parameter, and a frozen e
 sends no byte in the boundary's backward (the trainable runs do: the negative control).
 
 ZeRO per stage: vision ZeRO 3 over dp4 with language ZeRO 1 (plain, and with cp2 + sequence
-parallelism on the language stage), and the reverse, at the same parity bar.
+parallelism on the language stage), and the reverse, at the same parity bar. ZeRO 3 on the
+sequence-sharded language stage (cp2, cp2 + sp, sp): at the bar; without either of the two
+corrections of stages/zero3_sequence.py (DeepSpeed 0.19's own behaviour) the weights differ.
+
+Fewer encoder passes than language micro-batches with the sequence sharded (cp, sp), and an
+encoder dp above the samples of a pass (balance tokens): at the bar.
 
 Recompute: with attention dropout on, losses and weights with recompute equal those without
 (1e-6) on LLaVA (tp2 dp2, and cp2 + sp on the language stage); turning off torch's RNG
@@ -26,6 +31,7 @@ from tests.memory_parity import CLIP, check_parity, freeze_names, frozen_report,
 pytestmark = pytest.mark.distributed
 
 TOWER = ["model.vision_tower."]
+QWEN_TOWER = ["model.visual.patch_embed.", "model.visual.blocks."]
 VISION = ["model.vision_tower.", "model.multi_modal_projector."]
 LANGUAGE = ["model.language_model.", "lm_head."]
 SEQ = {"tp": 2, "cp": 2, "dp": 1, "sequence_parallel": True}
@@ -52,7 +58,8 @@ def _frozen_suite(rank, world_size):
         "trainable (control)": dict(
             layout={"vision": {"tp": 1, "dp": 4}, "language": SEQ}, zero_stage=1, after=frozen_report([])),
     }
-    return {name: train_both(rank, world_size, "llava", **{"steps": 3, "clip": CLIP, **kw}) for name, kw in runs.items()}
+    return {name: train_both(rank, world_size, "llava", **{"steps": 3, "clip": CLIP, **kw})
+            for name, kw in runs.items()}
 
 
 def _zero_suite(rank, world_size):
@@ -65,10 +72,58 @@ def _zero_suite(rank, world_size):
             layout={"vision": {"tp": 1, "dp": 4, "zero_stage": 0}, "language": TP2DP2}, zero_stage=3,
             optimizer="sgd"),
     }
-    out = {name: train_both(rank, world_size, "llava", **{"steps": 3, "clip": CLIP, **kw}) for name, kw in runs.items()}
+    out = {name: train_both(rank, world_size, "llava", **{"steps": 3, "clip": CLIP, **kw})
+           for name, kw in runs.items()}
     # the engines really run the stage's ZeRO stage
     out["engines"] = _zero_stages(rank)
     return out
+
+
+ZERO3_CP = {"vision": {"tp": 1, "dp": 4}, "language": {"tp": 1, "cp": 2, "dp": 2}}
+
+
+def _zero3_sequence_suite(rank, world_size):
+    """ZeRO 3 on the sequence-sharded language stage (stages/zero3_sequence.py), and each of its two
+    corrections taken out (negative controls: DeepSpeed's own behaviour)."""
+    import ds_hetero.stages.build as build
+
+    runs = {
+        "zero 3 language cp2 dp2 sgd": dict(layout=ZERO3_CP, zero_stage=3, optimizer="sgd"),
+        "zero 3 language tp2 cp2 sp adamw": dict(layout={"vision": {"tp": 1, "dp": 4}, "language": SEQ},
+                                                 zero_stage=3),
+        "zero 3 language tp2 dp2 sp sgd, vision zero 1": dict(
+            layout={"vision": {"tp": 1, "dp": 4, "zero_stage": 1},
+                    "language": {"tp": 2, "dp": 2, "sequence_parallel": True}}, zero_stage=3, optimizer="sgd"),
+    }
+    out = {name: train_both(rank, world_size, "llava", **{"steps": 3, "clip": CLIP, **kw})
+           for name, kw in runs.items()}
+    controls = {}
+    for fix in ("correct_sequence_average", "partition_over_sequence_shards"):
+        right = getattr(build, fix)
+        setattr(build, fix, lambda *args, **kwargs: False)
+        try:
+            r = train_both(rank, world_size, "llava", ZERO3_CP, 3, 2, CLIP, optimizer="sgd")
+        finally:
+            setattr(build, fix, right)
+        controls[fix] = r["weight_err"]
+    return out, controls
+
+
+def _sharded_passes_suite(rank, world_size):
+    runs = {
+        "llava one vision pass, language tp2 cp2 sp": ("llava", dict(
+            layout={"vision": {"tp": 1, "dp": 4, "micro_batches": 1}, "language": SEQ}, zero_stage=1)),
+        "llava 2 vision passes for 4 micro-batches, language cp2 dp2": ("llava", dict(
+            layout={"vision": {"tp": 1, "dp": 4, "micro_batches": 2}, "language": {"cp": 2, "dp": 2}},
+            micro_batches=4, zero_stage=2)),
+        "qwen2-vl one vision pass, language tp2 dp2 sp": ("qwen2_vl", dict(
+            layout={"vision": {"tp": 1, "dp": 4, "micro_batches": 1},
+                    "language": {"tp": 2, "dp": 2, "sequence_parallel": True}}, zero_stage=1)),
+        "llava vision dp4 over 2 samples a pass (balance tokens)": ("llava", dict(
+            layout={"vision": {"tp": 1, "dp": 4}, "language": TP2DP2}, batch_size=4, zero_stage=1)),
+    }
+    return {name: train_both(rank, world_size, family, **{"steps": 3, "clip": CLIP, **kw})
+            for name, (family, kw) in runs.items()}
 
 
 def _zero_stages(rank):
@@ -121,8 +176,7 @@ def _recompute_reference_suite(rank, world_size):
             zero_stage=1)),
         "qwen2-vl tower frozen, recompute language": ("qwen2_vl", dict(
             layout={"vision": {"tp": 1, "dp": 4, "freeze": ["tower"]}, "language": {**TP2DP2, "recompute": 1}},
-            zero_stage=1, freeze_reference=lambda m: freeze_names(m, ["model.visual.patch_embed.", "model.visual.blocks."]),
-            after=frozen_report(["model.visual.patch_embed.", "model.visual.blocks."]))),
+            zero_stage=1, freeze_reference=lambda m: freeze_names(m, QWEN_TOWER), after=frozen_report(QWEN_TOWER))),
     }
     return {name: train_both(rank, world_size, family, **{"steps": 3, "clip": CLIP, **kw})
             for name, (family, kw) in runs.items()}
@@ -155,6 +209,18 @@ def test_zero_stage_per_stage_matches_reference():
     engines = [r.pop("engines") for r in results]
     assert all(e == {"vision": 3, "language": 2} for e in engines), engines
     check_parity(results)
+
+
+def test_zero3_with_sequence_shards_matches_reference_and_needs_both_corrections():
+    results = run_distributed(_zero3_sequence_suite, world_size=4, timeout=900)
+    check_parity([r for r, _ in results])
+    for _, controls in results:
+        for fix, (err, where, abs_err, compared) in controls.items():
+            assert compared > 0 and err > 100 * 1e-5, (fix, err, where)
+
+
+def test_fewer_encoder_passes_with_sharded_sequence_match_reference():
+    check_parity(run_distributed(_sharded_passes_suite, world_size=4, timeout=900))
 
 
 def test_recompute_equals_no_recompute_with_dropout():

@@ -46,7 +46,8 @@ REFUSED = {
         _with(zero_optimization={"stage": 3, "reduce_scatter": False},
               stages={"vision": {"dp": 4}, "language": {"cp": 2, "dp": 2}}), "zero_optimization.reduce_scatter"),
     "language zero_stage 3 disaggregated": (_with(placement="disaggregated", stages={
-        "vision": {"dp": 2}, "language": {"tp": 2, "dp": 1, "zero_stage": 3}}), "hetero_parallel.stages.language.zero_stage"),
+        "vision": {"dp": 2}, "language": {"tp": 2, "dp": 1, "zero_stage": 3}}),
+        "hetero_parallel.stages.language.zero_stage"),
     "every stage frozen": (_with(stages={"vision": {"dp": 4, "freeze": True},
                                          "language": {"tp": 2, "dp": 2, "freeze": True}}),
                            "hetero_parallel.stages.language.freeze"),

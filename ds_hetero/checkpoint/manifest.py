@@ -169,8 +169,9 @@ def describe_layout(facts: dict[str, Any], stage: str) -> str:
 def same_layout(saved: dict[str, Any], current: dict[str, Any]) -> bool:
     """Whether DeepSpeed's own per-engine load applies (every rank keeps its files' shard)."""
     keys = ("placement", "world_size", "zero_stage", "dtype")
-    return all(saved[k] == current[k] for k in keys) and all(
-        s in saved["stages"] and saved_stage_zero(saved, s) == saved_stage_zero(current, s) for s in current["stages"]) and all(
+    same_zero = all(s in saved["stages"] and saved_stage_zero(saved, s) == saved_stage_zero(current, s)
+                    for s in current["stages"])
+    return all(saved[k] == current[k] for k in keys) and same_zero and all(
         {k: saved["stages"].get(s, {}).get(k) for k in LAYOUT_KEYS} == {k: l[k] for k in LAYOUT_KEYS}
         for s, l in current["stages"].items())
 
@@ -183,7 +184,8 @@ def format_manifest(manifest: dict[str, Any]) -> str:
              "stages:"]
     for name, l in manifest["stages"].items():
         lines.append(f"  {name:<9} tp{l['tp']} cp{l['cp']} dp{l['dp']} ranks {l['ranks']} "
-                     f"ZeRO {saved_stage_zero(manifest, name)}" + (" sequence-parallel" if l["sequence_parallel"] else ""))
+                     f"ZeRO {saved_stage_zero(manifest, name)}"
+                     + (" sequence-parallel" if l["sequence_parallel"] else ""))
     d = manifest["data"]
     lines.append("data: " + ", ".join(f"{k} {v}" for k, v in d.items()))
     lines.append(f"model: {manifest['model']['class']}")

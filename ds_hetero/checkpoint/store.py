@@ -26,7 +26,8 @@ import torch.distributed as dist
 from . import publish
 from .full_state import stage_full_state
 from .manifest import (MANIFEST, PARAMS, CheckpointError, build_manifest, describe_layout, engine_facts,
-                       read_manifest, read_stage_params, resolve_tag, same_layout, saved_stage_zero, stage_params, write_json)
+                       read_manifest, read_stage_params, resolve_tag, same_layout, saved_stage_zero, stage_params,
+                       write_json)
 from .reshard import apply_full_state
 
 
