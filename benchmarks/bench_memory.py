@@ -1,10 +1,11 @@
 """Per-stage memory controls: peak memory per rank and step time of LLaVA, one row per setting.
 
-    python benchmarks/bench_memory.py            # LLaVA, text 512 x 4 layers, CLIP 256 x 4 layers, 144 tokens/image
+    python benchmarks/bench_memory.py            # LLaVA, text 512 x 4 layers, CLIP 256 x 4 layers, 100 tokens/image
     python benchmarks/bench_memory.py --quick    # a smaller LLaVA, fewer steps (a few minutes on a loaded machine)
 
 Every row trains the same seeded LLaVA on the same synthetic batches on 4 ranks (vision tp1 dp4 +
-language tp2 dp2, colocated, global batch 16 in 2 micro-batches, AdamW, clipping 1.0):
+language tp2 cp2 with sequence parallelism, colocated, global batch 16 in 2 micro-batches, AdamW,
+clipping 1.0):
 
     base              ZeRO 1 everywhere, no recompute, everything trains
     recompute lang    stages.language.recompute true
@@ -37,7 +38,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 from bench_layouts import launch  # noqa: E402  (4 fresh gloo processes from a preloaded forkserver)
 
-VISION, LANGUAGE = {"tp": 1, "dp": 4}, {"tp": 2, "dp": 2}
+# the language sequence sharded over tp (sp) and cp: every language rank takes rows of every vision
+# rank, so the boundary's backward moves bytes (colocated tp2 dp2 would keep them all local)
+VISION, LANGUAGE = {"tp": 1, "dp": 4}, {"tp": 2, "cp": 2, "dp": 1, "sequence_parallel": True}
 ROWS = {  # name: (vision options, language options, zero_optimization.stage)
     "base": ({}, {}, 1),
     "recompute lang": ({}, {"recompute": True}, 1),
@@ -50,8 +53,8 @@ ROWS = {  # name: (vision options, language options, zero_optimization.stage)
 }
 SIZES = {  # tiny_llava keyword arguments
     "full": dict(text_hidden=512, text_layers=4, text_heads=8, text_kv_heads=4, vocab=1024, vision_hidden=256,
-                 vision_layers=4, vision_heads=4, image_size=96, patch_size=8),
-    "quick": dict(text_hidden=256, text_layers=2, text_heads=4, text_kv_heads=2, vocab=512, vision_hidden=128,
+                 vision_layers=4, vision_heads=4, image_size=80, patch_size=8),
+    "quick": dict(text_hidden=256, text_layers=2, text_heads=4, text_kv_heads=4, vocab=512, vision_hidden=128,
                   vision_layers=2, vision_heads=4, image_size=64, patch_size=8),
 }
 
@@ -137,7 +140,7 @@ def main(argv=None) -> int:
     from ds_hetero.models.tiny import tiny_llava
 
     n = sum(p.numel() for p in tiny_llava("clip", **SIZES[size]).parameters())
-    print(f"\nLLaVA ({size}: {n / 1e6:.1f} M parameters), vision tp1 dp4 + language tp2 dp2, global batch 16, "
+    print(f"\nLLaVA ({size}: {n / 1e6:.1f} M parameters), vision tp1 dp4 + language tp2 cp2 sp, global batch 16, "
           f"2 micro-batches, {steps} timed steps x {rounds} rounds; memory per rank in MiB")
     header = (f"{'row':<18}{'peak per rank':<26}{'growth per rank':<26}{'max peak':>9}{'x base':>8}"
               f"{'step s':>9}{'x base':>8}{'bwd bytes/step':>16}")
@@ -152,6 +155,8 @@ def main(argv=None) -> int:
         bwd = statistics.median(r[0]["backward_bytes"] for r in per_round)
         if name == "vision frozen":
             assert bwd == 0, f"a frozen vision stage sent {bwd} bytes in backward exchanges"
+        elif name == "base":
+            assert bwd > 0, "the trainable vision stage's backward exchange sent nothing: the check above is void"
         ref = ref or (max(peak), step)
         print(f"{name:<18}{str([round(x) for x in peak]):<26}{str([round(x) for x in growth]):<26}"
               f"{max(peak):>9.0f}{max(peak) / ref[0]:>8.2f}{step:>9.3f}{step / ref[1]:>8.2f}{bwd:>16,.0f}")
