@@ -2,6 +2,7 @@
 
     python benchmarks/bench_memory.py            # LLaVA, text 512 x 4 layers, CLIP 256 x 4 layers, 100 tokens/image
     python benchmarks/bench_memory.py --quick    # a smaller LLaVA, fewer steps (a few minutes on a loaded machine)
+    python benchmarks/bench_memory.py --batch 64 --rows "base,recompute lang,recompute both,vision frozen"
 
 Every row trains the same seeded LLaVA on the same synthetic batches on 4 ranks (vision tp1 dp4 +
 language tp2 cp2 with sequence parallelism, colocated, global batch 16 in 2 micro-batches, AdamW,
@@ -125,6 +126,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--rows", default=",".join(ROWS), help="comma-separated row names")
+    p.add_argument("--batch", type=int, default=16, help="global batch (more: activations weigh more)")
     args = p.parse_args(argv)
     size = "quick" if args.quick else "full"
     rounds = args.rounds or (1 if args.quick else 2)
@@ -133,14 +135,14 @@ def main(argv=None) -> int:
     runs: dict[str, list] = {r: [] for r in rows}
     for k in range(rounds):
         for name in (rows if k % 2 == 0 else rows[::-1]):
-            out = launch(_row, name, size, steps, 16)
+            out = launch(_row, name, size, steps, args.batch)
             runs[name].append(out)
             print(f"round {k} {name}: step {max(o['step'] for o in out):.3f} s, peak "
                   f"{[round(o['peak'] / 2**20) for o in out]} MiB", flush=True)
     from ds_hetero.models.tiny import tiny_llava
 
     n = sum(p.numel() for p in tiny_llava("clip", **SIZES[size]).parameters())
-    print(f"\nLLaVA ({size}: {n / 1e6:.1f} M parameters), vision tp1 dp4 + language tp2 cp2 sp, global batch 16, "
+    print(f"\nLLaVA ({size}: {n / 1e6:.1f} M parameters), vision tp1 dp4 + language tp2 cp2 sp, global batch {args.batch}, "
           f"2 micro-batches, {steps} timed steps x {rounds} rounds; memory per rank in MiB")
     header = (f"{'row':<18}{'peak per rank':<26}{'growth per rank':<26}{'max peak':>9}{'x base':>8}"
               f"{'step s':>9}{'x base':>8}{'bwd bytes/step':>16}")

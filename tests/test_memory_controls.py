@@ -146,7 +146,7 @@ def _zero_stages(rank):
 
 
 def _recompute_suite(rank, world_size):
-    import ds_hetero.models.recompute as recompute
+    import ds_hetero.stages.build as build
 
     out = {}
     for label, language in (("tp2dp2", TP2DP2), ("cp2 sp", SEQ)):
@@ -155,17 +155,12 @@ def _recompute_suite(rank, world_size):
         plain = train_plain("llava", base, 3, dropout=0.2)
         rc = train_plain("llava", with_rc, 3, dropout=0.2)
         # negative control: the same recompute without torch's RNG preservation
-        right = recompute.enable_recompute
-
-        def no_rng(module, layers, preserve_rng_state=True):
-            return right(module, layers, preserve_rng_state=False)
-
-        recompute_build = __import__("ds_hetero.stages.build", fromlist=["enable_recompute"])
-        recompute_build.enable_recompute = no_rng
+        right = build.enable_recompute
+        build.enable_recompute = lambda module, layers: right(module, layers, preserve_rng_state=False)
         try:
             wrong = train_plain("llava", with_rc, 3, dropout=0.2)
         finally:
-            recompute_build.enable_recompute = right
+            build.enable_recompute = right
         out[label] = {"recompute": max_diff(rc, plain), "no rng preservation": max_diff(wrong, plain)}
     return out
 
