@@ -34,12 +34,14 @@ def rank_map(cfg: HeteroConfig) -> str:
         f"micro_batches {cfg.micro_batches}, encoder balance {cfg.balance}",
         "",
     ]
-    header = ["stage", "layout", "ranks", "seq-parallel", "micro-batches", "samples/micro-batch/dp-rank"]
+    header = ["stage", "layout", "ranks", "seq-parallel", "micro-batches", "samples/micro-batch/dp-rank", "ZeRO",
+              "memory options"]
     rows = [
         [name, f"tp{l.tp} cp{l.cp} dp{l.dp}", _ranges(l.ranks), "yes" if l.sequence_parallel else "no",
          str(cfg.micro_batches_of(name)),
          str(cfg.micro_batch_size(name)) + (" (items by cost)" if name != "language" and cfg.balance_of(name) == "tokens"
-                                            else "")]
+                                            else ""),
+         str(0 if cfg.options_of(name).frozen else cfg.zero_stage_of(name)), _options(cfg.options_of(name))]
         for name, l in cfg.stages.items()
     ]
     lines += _table(header, rows)
@@ -53,6 +55,12 @@ def rank_map(cfg: HeteroConfig) -> str:
         rows.append(row)
     lines += _table(header, rows)
     return "\n".join(lines)
+
+
+def _options(options) -> str:
+    """recompute and freeze of a stage (its ZeRO stage has its own column)."""
+    parts = [p for p in options.describe().split(", ") if not p.startswith("ZeRO")]
+    return ", ".join(p for p in parts if p != "-") or "-"
 
 
 def _ranges(ranks: tuple[int, ...]) -> str:

@@ -192,7 +192,7 @@ class HeteroEngine:
         try:  # every collective of the step, the batch agreement first, reports through one error
             n_labels = self._agree_on_batch(samples)  # a refused batch raises ValueError on every rank
             plan = plan or StepPlan(self.config, self.adapter.encoders(), samples)
-            self.schedule.bytes = {"sent": 0, "total": 0, "lower_bound": 0}
+            self.schedule.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0}
             loss_sum = self.schedule.run(samples, plan, n_labels, step)
             with self.timeline.span("optimizer.norm", "optimizer", step):
                 norms = global_step.stage_norms(self.stages)
@@ -228,6 +228,7 @@ class HeteroEngine:
             boundary_bytes=bytes_["sent"],
             boundary_bytes_total=bytes_["total"],
             boundary_bytes_lower_bound=bytes_["lower_bound"],
+            boundary_bytes_backward=bytes_["backward"],
             busy_time=busy,
             bubble_fraction=bubble_fraction(busy, step_time),
             skipped=not all(applied),  # as the stage engines counted it (a non-finite norm skips all)

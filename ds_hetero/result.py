@@ -19,6 +19,8 @@ class StepResult:
     boundary_bytes  bytes this rank sent over the network at the boundary (forward + backward)
     boundary_bytes_lower_bound  the forward lower bound, all ranks together (see BoundaryPlan)
     boundary_bytes_total        bytes all ranks sent in the forward exchanges
+    boundary_bytes_backward     the part of boundary_bytes this rank sent in backward exchanges (0 for
+                                an encoder that does not train: it has no backward exchange)
     busy_time       seconds this rank spent in forward, backward and optimizer work
     bubble_fraction 1 - busy_time / step_time: the share of the step this rank waited
     """
@@ -32,6 +34,7 @@ class StepResult:
     boundary_bytes: int = 0
     boundary_bytes_total: int = 0
     boundary_bytes_lower_bound: int = 0
+    boundary_bytes_backward: int = 0
     busy_time: float = 0.0
     bubble_fraction: float = 0.0
     skipped: bool = False

@@ -88,6 +88,18 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
+def _memory_options(engine, stage: str) -> str:
+    """ZeRO stage, recompute and freeze of a stage (docs/memory.md); "frozen" when nothing of it trains."""
+    cfg = engine.config
+    trains = engine.stages[stage].trains
+    options = cfg.options_of(stage).describe()
+    parts = [f"ZeRO {cfg.zero_stage_of(stage) if trains else 0}"] + [
+        p for p in options.split(", ") if p != "-" and not p.startswith("ZeRO")]
+    if not trains and "frozen" not in parts:
+        parts.append("frozen (requires_grad)")
+    return ", ".join(parts)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch.distributed as dist
@@ -109,7 +121,7 @@ def main(argv=None) -> int:
         from tqdm import tqdm
 
         print(f"ds_hetero: {cfg.placement}, " + ", ".join(
-            f"{n} tp{l.tp} cp{l.cp} dp{l.dp}" for n, l in cfg.stages.items())
+            f"{n} tp{l.tp} cp{l.cp} dp{l.dp} ({_memory_options(engine, n)})" for n, l in cfg.stages.items())
             + f"; global batch {cfg.global_batch_size} in {cfg.micro_batches} micro-batches; "
             f"{sum(p.numel() for p in model.parameters()):,} parameters", flush=True)
         bar = tqdm(total=args.steps, desc="train", file=sys.stdout, dynamic_ncols=True)
@@ -167,6 +179,8 @@ def main(argv=None) -> int:
         "peak_memory_mb_per_rank": memory,
         "bubble_fraction_per_rank": bubbles,
         "stages_per_rank": [cfg.stages_of_rank(r) for r in range(engine.world_size)],
+        "stage_memory_options": {n: _memory_options(engine, n) for n in cfg.stages},
+        "boundary_backward_bytes_per_step_rank0": sum(r.boundary_bytes_backward for r in history) / len(history),
     }
     if rank == 0:
         print("\nsummary")

@@ -52,4 +52,4 @@ def test_validate_shows_encoder_balance_and_micro_batches(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "encoder balance tokens" in out
     stages = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("vision", "language"))}
-    assert stages["vision"][6:] == ["1", "2", "(items", "by", "cost)"] and stages["language"][6:] == ["2", "2"]
+    assert stages["vision"][6:11] == ["1", "2", "(items", "by", "cost)"] and stages["language"][6:8] == ["2", "2"]

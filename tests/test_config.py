@@ -127,7 +127,8 @@ INVALID = [
     ("identical_disaggregated", ds({"vision": {"dp": 2, "ranks": [0, 1]}, "language": {"dp": 2, "ranks": [0, 1]}}, placement="disaggregated"), 4, "hetero_parallel.stages.language.ranks", "disjoint"),
     ("disaggregated_too_many", ds({"vision": {"dp": 2}, "language": {"tp": 2, "dp": 2}}, placement="disaggregated"), 4, "hetero_parallel.stages", "need 6 ranks"),
     ("disaggregated_idle_ranks", ds({"vision": {"dp": 1}, "language": {"dp": 2}}, batch=2, placement="disaggregated"), 4, "hetero_parallel.stages", "add up to 4"),
-    ("batch_not_divisible", ds({"vision": V4, "language": L22}, batch=6), 4, "train_batch_size", "dp x micro_batches = 4 x 1"),
+    # with balance "tokens" an encoder takes any dp (images are its unit); by position it needs whole samples
+    ("batch_not_divisible", ds({"vision": V4, "language": L22}, batch=6, balance="position"), 4, "train_batch_size", "dp x micro_batches = 4 x 1"),
     ("batch_not_divisible_micro", ds({"vision": {"dp": 1}, "language": {"tp": 1, "dp": 1}}, batch=3, micro_batches=2), 1, "train_batch_size", "multiple of 2"),
     ("conflicting_micro_batch_key", dict(COLOCATED, train_micro_batch_size_per_gpu=2), 4, "train_micro_batch_size_per_gpu", "remove it"),
     ("conflicting_gas_key", dict(COLOCATED, gradient_accumulation_steps=4), 4, "gradient_accumulation_steps", "derives it"),

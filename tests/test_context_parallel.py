@@ -74,14 +74,16 @@ def test_heads_not_divisible_by_tp_times_cp_names_the_field_and_the_sizes_that_w
     assert "hetero_parallel.stages.language.cp" in msg and "4 attention heads" in msg and "[1, 2]" in msg, msg
 
 
-@pytest.mark.parametrize("language", [{"cp": 2, "dp": 2}, {"tp": 2, "dp": 2, "sequence_parallel": True}])
-def test_zero3_with_sequence_shards_is_refused_with_the_field(language):
+@pytest.mark.parametrize("language", [{"cp": 2, "dp": 2}, {"tp": 2, "cp": 2, "dp": 1, "sequence_parallel": True}])
+def test_zero3_with_cp_refuses_reduce_scatter_off_with_the_field(language):
+    # ZeRO 3 with sequence shards runs (stages/zero3_sequence.py) on DeepSpeed's reduce-scatter path only
     from ds_hetero.config import load_config
     from ds_hetero.stages.checks import check_engine_support
 
-    cfg = load_config({"train_batch_size": 8, "zero_optimization": {"stage": 3}, "optimizer": {"type": "SGD"},
+    cfg = load_config({"train_batch_size": 8, "zero_optimization": {"stage": 3, "reduce_scatter": False},
+                       "optimizer": {"type": "SGD"},
                        "hetero_parallel": {"stages": {"vision": {"dp": 4}, "language": language}}}, 4)
-    with pytest.raises(HeteroConfigError, match="zero_optimization.stage.*ZeRO stage 3"):
+    with pytest.raises(HeteroConfigError, match="zero_optimization.reduce_scatter.*ZeRO stage 3"):
         check_engine_support(cfg)
 
 

@@ -161,7 +161,14 @@ def test_enumeration_count_and_every_row_valid(tmp_path, llava):
     p a proper divisor of mb with 16 divisible by vision dp x p: vision dp 4 or 2 or 1 at mb 1/2/4 give
     0 + 1 + 2, at mb 8 (vision dp 2 or 1) 3 more: pairs (4,4) (4,2) (2,4) (1,4) 3 each, (2,2) (1,2) 6
     each = 24; and (4,2) at mb 8, whose one-pass-per-micro-batch form is refused (vision dp 4 x 8 > 16),
-    with 1, 2 or 4 passes: 3 more, 27. Total 140."""
+    with 1, 2 or 4 passes: 3 more, 27. Total 140 under the rules above.
+    Since an encoder may have more dp ranks than a pass has samples and a dp that does not divide the
+    pass (balance "tokens": images, not samples, are its unit), and fewer encoder passes are accepted
+    with a sharded language sequence, the engine's checks accept more: unsharded one-pass rows gain
+    vision dp4 with language tp2 dp2 at mb 8 (colocated, 21), the 3+1 split vision dp3 + language dp1
+    at mb 1/2/4/8/16 and vision dp2 + language tp2 at mb 16 (disaggregated, 23); the sharded one-pass
+    rows gain the same kind (69 colocated, 20 disaggregated), and fewer passes now come with sharded
+    language stages too (126). Total 286."""
     from ds_hetero.cli import main
     from ds_hetero.errors import HeteroConfigError
     from ds_hetero.planner.validity import check_candidate
@@ -172,13 +179,19 @@ def test_enumeration_count_and_every_row_valid(tmp_path, llava):
     fewer = [c for c in p.predictions if c.candidate.passes < c.candidate.micro_batches]
     sharded = [c for c in p.predictions if c.candidate.language.cp > 1 or c.candidate.language.sequence_parallel]
     unsharded = [c for c in p.predictions if c not in sharded and c not in fewer]
-    assert len(unsharded) == 37 and len(sharded) == 76 and len(fewer) == 27
-    assert not any(c in sharded or c.candidate.disaggregated for c in fewer)
-    assert sum(not c.candidate.disaggregated for c in unsharded) == 20
-    assert sum(not c.candidate.disaggregated for c in sharded) == 58
-    assert p.stats["rejected"] == p.stats["generated"] - 140 > 0
+    one_pass_sharded = [c for c in sharded if c not in fewer]
+    assert len(unsharded) == 44 and len(one_pass_sharded) == 89 and len(fewer) == 27 + 126
+    assert not any(c.candidate.disaggregated for c in fewer)
+    assert sum(c not in sharded for c in fewer) == 27  # the unsharded fewer-pass rows of the count above
+    assert sum(not c.candidate.disaggregated for c in unsharded) == 21
+    assert sum(not c.candidate.disaggregated for c in one_pass_sharded) == 69
+    beyond = {c.candidate.label() for c in unsharded
+              if 16 % (c.candidate.vision.dp * c.candidate.micro_batches)}  # the tokens-balance additions
+    assert beyond == {f"V tp1dp3@3, L tp1dp1@1 mb{m}" for m in (1, 2, 4, 8, 16)} | {
+        "V tp1dp2@2, L tp2dp1@2 mb16", "V tp1dp4 L tp2dp2 mb8"}, beyond
+    assert p.stats["rejected"] == p.stats["generated"] - 286 > 0
     labels = {pred.candidate.label() for pred in p.predictions}
-    assert len(labels) == 140
+    assert len(labels) == 286
     for i, pred in enumerate(p.predictions):  # every row: `ds-hetero validate` accepts its DS JSON
         path = tmp_path / f"c{i}.json"
         path.write_text(json.dumps(pred.candidate.ds_config(p.base)))
@@ -193,7 +206,7 @@ def test_enumeration_count_and_every_row_valid(tmp_path, llava):
 def test_a_sequence_length_the_shards_do_not_divide_is_planned_padded():
     """The engine pads a sequence to a multiple of the language shards; so does the boundary cost."""
     p = _plan(seq_len=81)
-    assert len(p.predictions) == 140
+    assert len(p.predictions) == 286
     assert any(x.candidate.language.cp == 2 and x.boundary_bytes > 0 for x in p.predictions)
 
 

@@ -9,7 +9,7 @@ trials, and initialize then trains with the pick.
 
 import pytest
 
-from tests.distributed import run_distributed
+from ds_hetero.testing.launch import run_distributed
 
 
 def _auto_trial(rank, world_size):

@@ -42,11 +42,16 @@ REFUSED = {
     "zero 3 disaggregated": (_with(zero_optimization={"stage": 3}, placement="disaggregated",
                                    stages={"vision": {"dp": 2}, "language": {"tp": 2, "dp": 1}}),
                              "zero_optimization.stage"),
-    "zero 3 with language cp 2": (_with(zero_optimization={"stage": 3},
-                                        stages={"vision": {"dp": 4}, "language": {"cp": 2, "dp": 2}}),
-                                  "zero_optimization.stage"),
-    "zero 3 with sequence_parallel": (_with(zero_optimization={"stage": 3}, stages={
-        "vision": {"dp": 4}, "language": {"tp": 2, "dp": 2, "sequence_parallel": True}}), "zero_optimization.stage"),
+    "zero 3 with language cp 2 without reduce-scatter": (
+        _with(zero_optimization={"stage": 3, "reduce_scatter": False},
+              stages={"vision": {"dp": 4}, "language": {"cp": 2, "dp": 2}}), "zero_optimization.reduce_scatter"),
+    "language zero_stage 3 disaggregated": (_with(placement="disaggregated", stages={
+        "vision": {"dp": 2}, "language": {"tp": 2, "dp": 1, "zero_stage": 3}}),
+        "hetero_parallel.stages.language.zero_stage"),
+    "every stage frozen": (_with(stages={"vision": {"dp": 4, "freeze": True},
+                                         "language": {"tp": 2, "dp": 2, "freeze": True}}),
+                           "hetero_parallel.stages.language.freeze"),
+
     "audio stage": (_with(stages={"vision": {"dp": 4}, "audio": {"dp": 4}, "language": {"tp": 2, "dp": 2}}),
                     "hetero_parallel.stages.audio"),
     "no optimizer": (_with(optimizer=None), "optimizer"),

@@ -27,8 +27,10 @@ def test_trainer_auto_json(tmp_path, capsys):
     assert main(["validate", path, "--world-size", "4", "--per-device-train-batch-size", "4",
                  "--model", "tiny-llava"]) == 0
     assert "global batch 16" in capsys.readouterr().out
-    # a batch the layout cannot split: 1 x 4 ranks = 4 samples over vision dp4 x 2 micro-batches
-    assert main(["validate", path, "--world-size", "4", "--per-device-train-batch-size", "1"]) == 1
+    # a batch the layout cannot split: 1 x 4 ranks = 4 samples over language dp2 x 4 micro-batches
+    # (an encoder may take fewer samples than its dp ranks, balance "tokens"; the language stage may not)
+    four = _write(tmp_path, "four.json", {**AUTO, "hetero_parallel": {**SECTION, "micro_batches": 4}})
+    assert main(["validate", four, "--world-size", "4", "--per-device-train-batch-size", "1"]) == 1
     assert "invalid" in capsys.readouterr().err
     assert main(["validate", path, "--world-size", "4", "--per-device-train-batch-size", "4",
                  "--max-grad-norm", "-1"]) == 1

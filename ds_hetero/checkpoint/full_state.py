@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ..tensor_parallel.layers import merge_shards
-from .manifest import CheckpointError, read_stage_params
+from .manifest import CheckpointError, read_stage_params, saved_stage_zero
 
 CACHE = "full_state"
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -98,7 +98,7 @@ def read_stage(ckpt_dir: str, stage: str, manifest: dict[str, Any]) -> dict[str,
     """Read and merge (no cache): the full state of one stage."""
     meta = read_stage_params(ckpt_dir, stage)
     layout = manifest["stages"][stage]
-    zero = manifest["zero_stage"]
+    zero = saved_stage_zero(manifest, stage)
     if zero not in (0, 1, 2):
         raise CheckpointError(f"{ckpt_dir}: ZeRO stage {zero} checkpoints cannot be resharded yet (ZeRO 0, 1, 2 can)")
     # the stage engine's DeepSpeed files: ckpt_dir/<stage>/<tag>/ (store.py)

@@ -47,6 +47,16 @@ def zero_stage(ds_config: dict[str, Any]) -> int:
     return int(section.get("stage", 0)) if isinstance(section, dict) else 0
 
 
+def stage_zero(stages, name: str) -> int:
+    """The ZeRO stage `name`'s engine runs (HeteroConfig.stage_ds_config)."""
+    return stages.config.zero_stage_of(name) if stages[name].trains else 0
+
+
+def saved_stage_zero(manifest: dict[str, Any], stage: str) -> int:
+    """The ZeRO stage a checkpoint's stage was saved with (older manifests: one for all stages)."""
+    return manifest["stages"][stage].get("zero_stage", manifest["zero_stage"])
+
+
 def engine_facts(stages) -> dict[str, Any]:
     """The facts of the running engine a checkpoint is compared against (the same on every rank)."""
     cfg = stages.config
@@ -56,7 +66,9 @@ def engine_facts(stages) -> dict[str, Any]:
         "zero_stage": zero_stage(cfg.ds_config),
         "dtype": str(stages.dtype).replace("torch.", ""),
         "stages": {name: {"tp": l.tp, "cp": l.cp, "dp": l.dp, "ranks": list(l.ranks),
-                          "sequence_parallel": l.sequence_parallel} for name, l in cfg.stages.items()},
+                          "sequence_parallel": l.sequence_parallel,
+                          # each stage's own: stages.<name>.zero_stage, and 0 for a stage that trains nothing
+                          "zero_stage": stage_zero(stages, name)} for name, l in cfg.stages.items()},
     }
 
 
@@ -74,14 +86,14 @@ def data_position(step: int, global_batch_size: int, loader=None) -> dict[str, A
 
 
 def build_manifest(stages, model, tag: str, step: int, data: dict[str, Any]) -> dict[str, Any]:
-    optimizers = {stage.optimizer_name for stage in stages.held}
+    optimizers = {stage.optimizer_name for stage in stages.held if stage.trains}
     return {
         "format": FORMAT,
         "tag": tag,
         "step": step,
         "data": data,
         **engine_facts(stages),
-        "optimizer": sorted(optimizers)[0],
+        "optimizer": (sorted(optimizers) or [None])[0],  # None: this rank holds frozen stages only
         "model": {"class": type(model).__name__, "config": json.loads(model.config.to_json_string())},
         "versions": versions(),
     }
@@ -151,13 +163,15 @@ def describe_layout(facts: dict[str, Any], stage: str) -> str:
     if l is None:
         return "absent"
     return (f"tp{l['tp']} cp{l['cp']} dp{l['dp']} ranks {l['ranks']}, {facts['placement']}, "
-            f"ZeRO {facts['zero_stage']}, {facts['dtype']}")
+            f"ZeRO {saved_stage_zero(facts, stage)}, {facts['dtype']}")
 
 
 def same_layout(saved: dict[str, Any], current: dict[str, Any]) -> bool:
     """Whether DeepSpeed's own per-engine load applies (every rank keeps its files' shard)."""
     keys = ("placement", "world_size", "zero_stage", "dtype")
-    return all(saved[k] == current[k] for k in keys) and all(
+    same_zero = all(s in saved["stages"] and saved_stage_zero(saved, s) == saved_stage_zero(current, s)
+                    for s in current["stages"])
+    return all(saved[k] == current[k] for k in keys) and same_zero and all(
         {k: saved["stages"].get(s, {}).get(k) for k in LAYOUT_KEYS} == {k: l[k] for k in LAYOUT_KEYS}
         for s, l in current["stages"].items())
 
@@ -169,7 +183,8 @@ def format_manifest(manifest: dict[str, Any]) -> str:
              f"{manifest['dtype']}, optimizer {manifest['optimizer']}",
              "stages:"]
     for name, l in manifest["stages"].items():
-        lines.append(f"  {name:<9} tp{l['tp']} cp{l['cp']} dp{l['dp']} ranks {l['ranks']}"
+        lines.append(f"  {name:<9} tp{l['tp']} cp{l['cp']} dp{l['dp']} ranks {l['ranks']} "
+                     f"ZeRO {saved_stage_zero(manifest, name)}"
                      + (" sequence-parallel" if l["sequence_parallel"] else ""))
     d = manifest["data"]
     lines.append("data: " + ", ".join(f"{k} {v}" for k, v in d.items()))

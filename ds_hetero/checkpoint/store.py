@@ -26,7 +26,8 @@ import torch.distributed as dist
 from . import publish
 from .full_state import stage_full_state
 from .manifest import (MANIFEST, PARAMS, CheckpointError, build_manifest, describe_layout, engine_facts,
-                       read_manifest, read_stage_params, resolve_tag, same_layout, stage_params, write_json)
+                       read_manifest, read_stage_params, resolve_tag, same_layout, saved_stage_zero, stage_params,
+                       write_json)
 from .reshard import apply_full_state
 
 
@@ -88,11 +89,13 @@ def refusal(manifest: dict[str, Any], current: dict[str, Any], ckpt_dir: str, st
     if set(manifest["stages"]) != set(current["stages"]):
         reasons.append(f"stages differ: saved {sorted(manifest['stages'])}, current {sorted(current['stages'])}")
     if not same_layout(manifest, current):
-        if 3 in (manifest["zero_stage"], current["zero_stage"]):
-            reasons.append("ZeRO stage 3 checkpoints are loaded only into the layout that saved them "
-                           "(resharding reads and writes ZeRO 0, 1 and 2)")
-        current_opt = {stage.optimizer_name for stage in stages.held}
-        if manifest["optimizer"] not in current_opt:
+        zero3 = [s for s in current["stages"] if s in manifest["stages"]
+                 and 3 in (saved_stage_zero(manifest, s), saved_stage_zero(current, s))]
+        if zero3:
+            reasons.append(f"stage {zero3[0]}: ZeRO stage 3 checkpoints are loaded only into the layout that saved "
+                           "them (resharding reads and writes ZeRO 0, 1 and 2)")
+        current_opt = {stage.optimizer_name for stage in stages.held if stage.trains}
+        if current_opt and manifest["optimizer"] is not None and manifest["optimizer"] not in current_opt:
             reasons.append(f"optimizer differs: saved {manifest['optimizer']}, current {sorted(current_opt)[0]}")
     for stage in stages.held:  # the stages this rank holds: their parameters match
         name = stage.name
@@ -150,7 +153,7 @@ def load_checkpoint(stages, load_dir: str | os.PathLike, tag: str | None, data: 
             state = stage_full_state(ckpt_dir, stage.name, manifest)
             with stage.context():
                 apply_full_state(stage.engine, dict(stage.engine.module.named_parameters()), state,
-                                 stage.coord.tp, stage.layout.tp, facts["zero_stage"])
+                                 stage.coord.tp, stage.layout.tp, saved_stage_zero(facts, stage.name))
     _warn_if_data_differs(stages.rank, manifest["data"], data)
     dist.barrier(group=stages.boundary_group)
     return tag, manifest["step"]

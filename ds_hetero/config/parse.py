@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from ..errors import HeteroConfigError
 from .ranks import assign_ranks
 from .read import read_ds_config
+from .stage_options import parse_stage_options
 from .schema import (BALANCES, DEFAULT_TIMEOUT_S, DERIVED_BATCH_KEYS, ENCODER_STAGES, LANGUAGE, MAX_TIMEOUT_S,
                      PLACEMENTS, SECTION, SECTION_KEYS, STAGE_KEYS, STAGE_NAMES, HeteroConfig)
 
@@ -82,11 +83,14 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
     for name, layout in layouts.items():
         mbs = encoder_mbs.get(name, micro_batches)
         per_step = layout.dp * mbs
+        if name != LANGUAGE and balance == "tokens" and not global_batch % mbs:
+            continue  # images are the unit of encoder work: any dp, even above the samples of a pass
         if global_batch % per_step:
             raise HeteroConfigError(
                 "train_batch_size",
                 f"{global_batch} is not divisible by stage {name!r} dp x micro_batches = "
-                f"{layout.dp} x {mbs} = {per_step}; use a multiple of {per_step}",
+                f"{layout.dp} x {mbs} = {per_step}; use a multiple of {per_step}"
+                + ("" if name == LANGUAGE else " (or balance \"tokens\", which splits an encoder's work by image)"),
             )
     _check_derived_batch_keys(ds, global_batch // (layouts[LANGUAGE].dp * micro_batches), micro_batches)
 
@@ -101,6 +105,7 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
         balance=balance,
         encoder_micro_batches=MappingProxyType(encoder_mbs),
         encoder_balance=MappingProxyType(encoder_balance),
+        options=MappingProxyType({name: spec["options"] for name, spec in specs.items()}),
     )
 
 
@@ -147,11 +152,6 @@ def _encoder_micro_batches(specs: dict[str, dict[str, Any]], micro_batches: int,
                 field, f"got {value}, but placement {placement!r} pipelines encoder and language "
                 f"micro-batches one for one (1F1B), so an encoder takes {SECTION}.micro_batches ({micro_batches}) "
                 "passes; remove the key or use placement \"colocated\"")
-        lang = specs[LANGUAGE]
-        if value != micro_batches and (lang["cp"] > 1 or lang["sequence_parallel"]):
-            raise HeteroConfigError(
-                field, f"got {value}; with the language sequence sharded (cp or sequence_parallel) each "
-                f"encoder pass feeds one language micro-batch: remove the key or set it to {micro_batches}")
         if micro_batches % value:
             raise HeteroConfigError(
                 field, f"got {value}, which does not divide {SECTION}.micro_batches ({micro_batches}): each "
@@ -192,6 +192,7 @@ def _stage_specs(section: Mapping[str, Any], placement: str) -> dict[str, dict[s
             "ranks": raw.get("ranks"),
             "micro_batches": raw.get("micro_batches"),
             "balance": raw.get("balance"),
+            "options": parse_stage_options(raw, sfield),
         }
         if not isinstance(spec["sequence_parallel"], bool):
             raise HeteroConfigError(f"{sfield}.sequence_parallel", f"must be true or false, got {spec['sequence_parallel']!r}")

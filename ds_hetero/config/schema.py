@@ -13,7 +13,7 @@ rejects unknown keys inside its own sections), so the plugin owns one top-level 
             "vision":   {"tp": 1, "dp": 4, "micro_batches": 1},   # encoder passes per step
             "audio":    {"tp": 2, "dp": 2, "balance": "position"}, # per-encoder balance (docs/multi-encoder.md)
             "language": {"tp": 2, "cp": 1, "dp": 2, "sequence_parallel": false}
-        }
+        }                                        # + recompute, zero_stage, freeze (stage_options.py)
     }
 
 `load_config(source, world_size)` validates everything that can be known before any process
@@ -30,6 +30,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from ..topology.layout import StageLayout
+from .stage_options import OPTION_KEYS, StageOptions
 
 SECTION = "hetero_parallel"
 PLACEMENTS = ("colocated", "disaggregated", "mixed")
@@ -40,7 +41,7 @@ SECTION_KEYS = ("placement", "micro_batches", "stages", "timeout_s", "balance")
 DEFAULT_TIMEOUT_S = 300.0  # a collective waiting longer than this raises instead of hanging
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # process-group timeouts are integer milliseconds: keep them finite and sane
 BALANCES = ("tokens", "position")  # how encoder images go to dp ranks (step/balance.py)
-STAGE_KEYS = ("tp", "cp", "dp", "ranks", "sequence_parallel", "micro_batches", "balance")
+STAGE_KEYS = ("tp", "cp", "dp", "ranks", "sequence_parallel", "micro_batches", "balance") + OPTION_KEYS
 # DeepSpeed batch keys that ds_hetero derives per stage.
 DERIVED_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -64,6 +65,20 @@ class HeteroConfig:
         """How `stage`'s items go to its dp ranks: `stages.<name>.balance`, else `balance`."""
         return self.encoder_balance.get(stage, self.balance)
 
+    options: Mapping[str, StageOptions] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+
+    def options_of(self, stage: str) -> StageOptions:
+        """`recompute`, `zero_stage`, `freeze` of `stage` (config/stage_options.py)."""
+        return self.options.get(stage, StageOptions())
+
+    def zero_stage_of(self, stage: str) -> int:
+        """The ZeRO stage of `stage`'s engine: its `zero_stage`, else `zero_optimization.stage`."""
+        own = self.options_of(stage).zero_stage
+        if own is not None:
+            return own
+        section = self.ds_config.get("zero_optimization")
+        return int(section.get("stage", 0)) if isinstance(section, Mapping) else 0
+
     def micro_batches_of(self, stage: str) -> int:
         """Forward/backward passes of `stage` per step (its DeepSpeed gradient_accumulation_steps)."""
         return self.encoder_micro_batches.get(stage, self.micro_batches)
@@ -84,8 +99,10 @@ class HeteroConfig:
         return tuple(name for name, layout in self.stages.items() if layout.contains(rank))
 
     def micro_batch_size(self, stage: str) -> int:
-        """Samples per micro-batch on one dp rank of `stage`."""
-        return self.global_batch_size // (self.stages[stage].dp * self.micro_batches_of(stage))
+        """Samples per micro-batch on one dp rank of `stage`. An encoder with balance "tokens" may
+        have more dp ranks than a pass has samples (images are its unit, step/balance.py): then
+        this is the nominal ceil(samples of a pass / dp), what its DeepSpeed engine counts."""
+        return -(-self.global_batch_size // (self.stages[stage].dp * self.micro_batches_of(stage)))
 
     @property
     def gradient_clipping(self) -> float:
@@ -98,7 +115,7 @@ class HeteroConfig:
 
         return float(self.ds_config.get("gradient_clipping", GRADIENT_CLIPPING_DEFAULT))
 
-    def stage_ds_config(self, stage: str) -> dict[str, Any]:
+    def stage_ds_config(self, stage: str, trains: bool = True) -> dict[str, Any]:
         """A deep copy of the DeepSpeed config for one stage's engine.
 
         Every stage takes `micro_batches` accumulation steps over the same global batch, split
@@ -106,13 +123,25 @@ class HeteroConfig:
         engine: an engine would clip by its own stage's norm, while the model's norm spans all
         stages; `gradient_clipping` is applied over all stages by ds_hetero instead. The
         plugin's own section is dropped so the engine sees a plain DeepSpeed config.
+
+        `stages.<name>.zero_stage` replaces `zero_optimization.stage` (the other ZeRO keys are
+        shared). A stage that trains nothing (`trains` False: frozen by the config or by the
+        model's requires_grad flags) gets no optimizer and ZeRO 0: DeepSpeed refuses an
+        optimizer over no parameters, and there is no optimizer state to partition.
         """
         cfg = copy.deepcopy(dict(self.ds_config))
         cfg.pop(SECTION, None)
-        cfg["train_batch_size"] = self.global_batch_size
+        # DeepSpeed checks train = micro x accumulation x dp; it only counts samples with it
+        cfg["train_batch_size"] = self.micro_batch_size(stage) * self.micro_batches_of(stage) * self.stages[stage].dp
         cfg["train_micro_batch_size_per_gpu"] = self.micro_batch_size(stage)
         cfg["gradient_accumulation_steps"] = self.micro_batches_of(stage)
         cfg["gradient_clipping"] = 0.0
+        zero = dict(cfg.get("zero_optimization") or {})
+        zero["stage"] = self.zero_stage_of(stage) if trains else 0
+        cfg["zero_optimization"] = zero
+        if not trains:
+            cfg.pop("optimizer", None)
+            cfg.pop("scheduler", None)
         return cfg
 
 

@@ -74,6 +74,9 @@ class LlavaAdapter(StageAdapter):
     """Samples carry `pixel_values` of shape [n, C, H, W] (n images, each `tokens_per_image`
     placeholders in order) or none (text only)."""
 
+    # `stages.vision.freeze: ["tower"]` trains the projector alone (LLaVA's recipe); models/freeze.py
+    FREEZE_GROUPS = {"vision": {"tower": ["model.vision_tower.*"], "projector": ["model.multi_modal_projector.*"]}}
+
     def __init__(self, model: nn.Module):
         self.model = model
         self.image_token_id = model.config.image_token_id

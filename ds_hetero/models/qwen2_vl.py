@@ -46,6 +46,10 @@ class Qwen2VLAdapter(StageAdapter):
     """Samples carry `pixel_values` [patches, D] and `image_grid_thw` [n, 3] (n images, each its own
     run of placeholders, in order) or neither."""
 
+    # the merger is Qwen2-VL's projector (models/freeze.py)
+    FREEZE_GROUPS = {"vision": {"tower": ["model.visual.patch_embed.*", "model.visual.blocks.*"],
+                                "projector": ["model.visual.merger.*"]}}
+
     def __init__(self, model: nn.Module):
         self.model = model
         cfg = model.config

@@ -68,7 +68,9 @@ def _rows(src, dst, placement, samples, v_size, l_mb, l_size, k, seq_len):
     sharded = shards > 1
     inputs = BoundaryInputs(
         token_counts=[k_g] * samples,
-        src_dp=[i // v_size for i in range(samples)],
+        # the engine's source of a sample by position (step/plan.py): i // v_size when dp divides the
+        # pass, and defined when it does not (more encoder ranks than samples, balance tokens)
+        src_dp=[i * src.dp // samples for i in range(samples)],
         dst_dp=[(i % l_mb) // l_size for i in range(samples)],
         positions=[list(range(1, 1 + k_g))] * samples if sharded else None,
         seq_len=s_g if sharded else None,

@@ -8,6 +8,8 @@ For each language micro-batch m, in order:
 The boundary's backward runs inside the encoder's backward, on every rank, in the same order.
 With fewer encoder passes than language micro-batches (`stages.<name>.micro_batches`) an
 encoder's activations stay alive until its pass's backward (memory: docs/balancing.md).
+An encoder that does not train (`Stage.trains`, docs/memory.md) runs its forward without
+autograd and its exchange one way only: no backward, no boundary gradient.
 """
 
 from __future__ import annotations
@@ -36,13 +38,13 @@ class ColocatedSchedule(StageWork):
                 if p.feeds.start != m:
                     continue
                 rows = self.encoder_forward(stage, samples, plan, p.index, step)
-                out = self.send_rows(stage.name, rows, plan, p.index, step, differentiable=True)
-                # the rows arrive in sample order: language micro-batch after language micro-batch
-                # (one micro-batch per pass takes all rows: its sequence shard's, when sharded)
-                sizes = ([plan.rows_of(stage.name, dp, k) for k in p.feeds] if len(p.feeds) > 1
+                out = self.send_rows(stage.name, rows, plan, p.index, step, differentiable=stage.trains)
+                # the rows arrive in sample order: language micro-batch after language micro-batch,
+                # each with this rank's sequence shard's rows only when the sequence is sharded
+                sizes = ([plan.rows_of(stage.name, dp, k, self.stages.rank) for k in p.feeds] if len(p.feeds) > 1
                          else [out.shape[0]])
                 open_passes[stage.name] = (p, out, out.detach().split(sizes), [])
-            rows_in = [open_passes[s.name][2][m - open_passes[s.name][0].feeds.start].detach().requires_grad_(True)
+            rows_in = [open_passes[s.name][2][m - open_passes[s.name][0].feeds.start].detach().requires_grad_(s.trains)
                        for s in self.stages.encoders]
             local, grads = self.language_step(samples, plan, m, rows_in, n_labels, step)
             loss_sum += local
@@ -50,7 +52,9 @@ class ColocatedSchedule(StageWork):
             for stage, grad in zip(self.stages.encoders, grads):
                 p, out, _, kept = open_passes[stage.name]
                 kept.append(grad)
-                if m == p.feeds.stop - 1:  # the boundary's backward exchange runs inside this backward
+                if m == p.feeds.stop - 1 and not stage.trains:
+                    del open_passes[stage.name]
+                elif m == p.feeds.stop - 1:  # the boundary's backward exchange runs inside this backward
                     self.encoder_backward(stage, out, torch.cat(kept), plan, p.index, step)
                     self.count_backward(stage.name)
                     self.micro_step(stage, p.index)

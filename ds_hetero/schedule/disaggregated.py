@@ -18,6 +18,8 @@ collective fail after the process-group timeout instead of hanging. (The config 
 encoder as many passes as language micro-batches in this placement.) Placement "mixed" runs
 here too: an encoder colocated with the language stage is a pair whose exchange copies its rows
 locally; its forward of micro-batch k runs before the language work on k-1, on the same ranks.
+An encoder that does not train (`Stage.trains`) has no gradient exchange: every rank skips it
+alike (it is config and model state, the same on all ranks).
 """
 
 from __future__ import annotations
@@ -54,10 +56,13 @@ class DisaggregatedSchedule(StageWork):
                 arrived = [self.send_rows(s.name, rows[s.name, k] if s.held else self.empty_rows(), plan, k, step)
                            for s in paired]
                 if language.held:
-                    rows_in[k] = [r.requires_grad_(True) for r in arrived]
+                    rows_in[k] = [r.requires_grad_(s.trains) for s, r in zip(paired, arrived)]
             if k >= 1:
                 back = grads.pop(k - 1) if language.held else [self.empty_rows() for _ in paired]
                 for stage, grad in zip(paired, back, strict=True):
+                    if not stage.trains:
+                        rows.pop((stage.name, k - 1), None)
+                        continue
                     grad = self.send_grads(stage.name, grad, plan, k - 1, step)
                     if stage.held:
                         self.encoder_backward(stage, rows.pop((stage.name, k - 1)), grad, plan, k - 1, step)

@@ -38,7 +38,7 @@ class StageWork:
         self.ports = adapter.encoders()
         head = stages.language.module.lm_head
         self.lm_head = head if isinstance(head, VocabParallelLMHead) else None
-        self.bytes = {"sent": 0, "total": 0, "lower_bound": 0}
+        self.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0}
         self.loss_observer = None  # (logits, labels, shifted) -> None, called after each language loss
 
     def _span(self, name: str, category: str, step: int | None):
@@ -72,7 +72,9 @@ class StageWork:
         return out
 
     def count_backward(self, name: str) -> None:
-        self.bytes["sent"] += self.boundaries[name].last_backward.bytes_sent
+        sent = self.boundaries[name].last_backward.bytes_sent
+        self.bytes["sent"] += sent
+        self.bytes["backward"] += sent
 
     # ------------------------------------------------------------------ encoders
     def encoder_forward(self, stage: Stage, samples: Sequence[dict[str, Any]], plan: StepPlan, v: int,
@@ -117,8 +119,9 @@ class StageWork:
         by_stage = dict(zip((s.name for s in self.stages.encoders), rows_in, strict=True))
         rows_in = tuple(by_stage[name] for name in self.ports)
         with self._span(f"language.forward[m={m}]", "forward", step):
-            logits = language(batch["input_ids"], rows_in, batch["attention_mask"], batch["position_ids"],
-                              n_placeholders=counts)
+            # a frozen language stage still carries the gradient of a trained encoder's rows
+            logits = language(batch["input_ids"], tuple(rows_in), batch["attention_mask"], batch["position_ids"],
+                              n_placeholders=counts, grad=language.trains or any(r.requires_grad for r in rows_in))
             local = token_loss_sum(logits, batch["labels"], self.lm_head, shifted=sharded)
             if self.loss_observer is not None:  # e.g. a client's token accuracy from this very pass
                 self.loss_observer(logits.detach(), batch["labels"], sharded)

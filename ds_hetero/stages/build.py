@@ -5,6 +5,11 @@ collective): process groups of every stage -> shard each stage over its tp group
 model into stage modules -> read each held stage's weights shard (if a checkpoint was given)
 -> free the modules of stages this rank does not hold -> one `deepspeed.initialize` per held
 stage, each with its own StageMPU and batch keys.
+
+Frozen parameters (`stages.<name>.freeze`, or `requires_grad=False` set by the user) are marked
+before sharding (models/freeze.py); a stage with none left to train gets an engine without an
+optimizer (HeteroConfig.stage_ds_config). Recompute is switched on per stage after the cut
+(models/recompute.py).
 """
 
 from __future__ import annotations
@@ -15,18 +20,14 @@ from typing import Any, Callable
 import torch
 
 from ..config import HeteroConfig
+from ..models.freeze import apply_freeze, trainable_parameters
+from ..models.recompute import enable_recompute
 from ..topology.groups import build_groups
 from ..topology.mpu import StageMPU, stage_context
 from ..weights import load_stages
 from .clipping import check_supported
 from .stage_set import Stage, StageSet
-
-
-def _trainable(module: torch.nn.Module) -> list[torch.nn.Parameter]:
-    # A stage module may leave out parameters its forward never uses (models/llava.py says why).
-    if hasattr(module, "trainable_parameters"):
-        return module.trainable_parameters()
-    return [p for p in module.parameters() if p.requires_grad]
+from .zero3_sequence import correct_sequence_average, partition_over_sequence_shards
 
 
 def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: int,
@@ -36,6 +37,7 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
     import deepspeed
 
     groups = build_groups(cfg.stages, rank, timeout=timedelta(seconds=cfg.timeout_s))
+    apply_freeze(cfg, adapter)  # before sharding: the tp shards copy requires_grad
     adapter.shard(groups, cfg)  # per-stage tensor parallelism (checks first, then shards)
     modules = adapter.split()
     held = [name for name, layout in cfg.stages.items() if layout.contains(rank)]
@@ -43,16 +45,23 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
         model, {n: modules[n] for n in held}, {n: (groups[n].coord.tp, cfg.stages[n].tp) for n in held}, checkpoint)
     stages = {}
     for name, layout in cfg.stages.items():  # same order on every rank: deepspeed.initialize is collective
-        stage = Stage(name, layout, groups[name], modules[name], cfg.micro_batches_of(name))
+        trainable = trainable_parameters(modules[name])  # the same on every rank: flags set before any rank differs
+        stage = Stage(name, layout, groups[name], modules[name], cfg.micro_batches_of(name), trains=bool(trainable))
+        if cfg.options_of(name).recompute:
+            enable_recompute(modules[name], cfg.options_of(name).recompute)
         if name not in held:  # disaggregated: another rank set holds this stage; free its memory
             modules[name].to("meta")
         else:
             stage.mpu = StageMPU(groups[name])
+            ds_config = cfg.stage_ds_config(name, trains=stage.trains)
             with stage_context(stage.mpu):
+                partition_over_sequence_shards(modules[name], groups[name], stage.mpu, ds_config, layout.cp)
                 stage.engine, *_ = deepspeed.initialize(
-                    model=modules[name], model_parameters=_trainable(modules[name]),
-                    optimizer=optimizer, mpu=stage.mpu, config=cfg.stage_ds_config(name))
-            check_supported(stage.engine, name)
+                    model=modules[name], model_parameters=trainable if stage.trains else None,
+                    optimizer=optimizer if stage.trains else None, mpu=stage.mpu, config=ds_config)
+            if stage.trains:
+                check_supported(stage.engine, name)
+                correct_sequence_average(stage.engine, layout.cp)
         stages[name] = stage
     first = next(s for s in stages.values() if s.held)
     param = next(first.engine.module.parameters())

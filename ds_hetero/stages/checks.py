@@ -18,20 +18,19 @@ from ..errors import HeteroConfigError
 def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) -> None:
     """Refuse what the engine cannot run; `has_client_optimizer`: `initialize(optimizer=...)`."""
     ds = cfg.ds_config
-    zero_section = ds.get("zero_optimization")
-    zero = zero_section.get("stage", 0) if isinstance(zero_section, Mapping) else 0
     bf16 = ds.get("bf16")
-    if isinstance(bf16, Mapping) and bf16.get("enabled") is True and zero == 0:
-        raise HeteroConfigError(
-            "zero_optimization.stage",
-            "bf16 with ZeRO stage 0 makes DeepSpeed wrap the optimizer in its BF16_Optimizer, whose "
-            "clipping cannot span all stages; use ZeRO stage 1, 2 or 3 with bf16")
-    if cfg.placement in ("disaggregated", "mixed") and zero == 3:
-        raise HeteroConfigError(
-            "zero_optimization.stage",
-            f"ZeRO stage 3 is not supported with placement {cfg.placement!r}: DeepSpeed's ZeRO-3 parameter "
-            "trace check broadcasts over the world group from inside each stage's forward, which the other "
-            "stage never joins; use stage 1 or 2 (or placement \"colocated\")")
+    for name in cfg.stages:
+        zero, field = cfg.zero_stage_of(name), _zero_field(cfg, name)
+        if isinstance(bf16, Mapping) and bf16.get("enabled") is True and zero == 0 and not cfg.options_of(name).frozen:
+            raise HeteroConfigError(
+                field, f"stage {name!r}: bf16 with ZeRO stage 0 makes DeepSpeed wrap the optimizer in its "
+                "BF16_Optimizer, whose clipping cannot span all stages; use ZeRO stage 1, 2 or 3 with bf16")
+        if cfg.placement in ("disaggregated", "mixed") and zero == 3:
+            raise HeteroConfigError(
+                field, f"stage {name!r}: ZeRO stage 3 is not supported with placement {cfg.placement!r}: "
+                "DeepSpeed's ZeRO-3 parameter trace check broadcasts over the world group from inside each stage's "
+                "forward, which the other stage never joins; use stage 1 or 2 (or placement \"colocated\")")
+    check_stage_options(cfg)
     from ..models import known_encoder_stages
 
     known = known_encoder_stages()
@@ -40,7 +39,7 @@ def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) 
         raise HeteroConfigError(
             f"hetero_parallel.stages.{extra[0]}",
             f"no model adapter has an {extra[0]!r} encoder stage yet (they have {', '.join(known)}); remove it")
-    check_sequence_shards(cfg, zero)
+    check_sequence_shards(cfg, cfg.zero_stage_of(cfg.language.name))
     if "optimizer" not in ds and not has_client_optimizer:
         raise HeteroConfigError(
             "optimizer", 'missing; every stage engine builds its optimizer from it, e.g. '
@@ -51,26 +50,61 @@ def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) 
         raise HeteroConfigError("fp16.enabled", "fp16 loss scaling across stages is not supported; use bf16")
 
 
-def check_sequence_shards(cfg: HeteroConfig, zero: int) -> None:
-    """A sequence-sharded language stage (cp > 1 or sequence_parallel) runs with ZeRO 0-2 only."""
-    if zero == 3 and (cfg.language.cp > 1 or cfg.language.sequence_parallel):
+def _zero_field(cfg: HeteroConfig, stage: str) -> str:
+    """The field that sets `stage`'s ZeRO stage (for the error message)."""
+    if cfg.options_of(stage).zero_stage is not None:
+        return f"hetero_parallel.stages.{stage}.zero_stage"
+    return "zero_optimization.stage"
+
+
+def check_stage_options(cfg: HeteroConfig) -> None:
+    """`recompute`, `zero_stage`, `freeze` together (each alone is checked by config/stage_options.py)."""
+    if all(cfg.options_of(name).frozen for name in cfg.stages):
         raise HeteroConfigError(
-            "zero_optimization.stage",
-            "ZeRO stage 3 with a sequence-sharded language stage (cp > 1 or sequence_parallel) does not match "
-            "the single-process reference in ds_hetero's tests (DeepSpeed 0.19's ZeRO-3 reduce-scatter averages "
-            "the cp shards' partial gradients over dp x cp); use ZeRO stage 1 or 2")
+            f"hetero_parallel.stages.{cfg.language.name}.freeze",
+            "every stage is frozen: nothing would train; unfreeze at least one stage (or use eval_batch)")
+    for name in cfg.stages:
+        options = cfg.options_of(name)
+        if options.frozen and options.zero_stage is not None:
+            raise HeteroConfigError(
+                f"hetero_parallel.stages.{name}.zero_stage",
+                f"stage {name!r} is frozen (freeze: true): it has no optimizer state to partition and runs without "
+                "ZeRO; remove zero_stage (or the freeze)")
+        if options.frozen and options.recompute:
+            raise HeteroConfigError(
+                f"hetero_parallel.stages.{name}.recompute",
+                f"stage {name!r} is frozen (freeze: true): its forward keeps no activation, there is nothing to "
+                "recompute; remove recompute")
+
+
+def check_sequence_shards(cfg: HeteroConfig, zero: int) -> None:
+    """ZeRO 3 on a context-parallel language stage needs DeepSpeed's reduce-scatter path, the one
+    stages/zero3_sequence.py corrects."""
+    section = cfg.ds_config.get("zero_optimization")
+    reduce_scatter = section.get("reduce_scatter", True) if isinstance(section, Mapping) else True
+    if zero == 3 and cfg.language.cp > 1 and reduce_scatter is False:
+        raise HeteroConfigError(
+            "zero_optimization.reduce_scatter",
+            "false with ZeRO stage 3 on a context-parallel language stage: DeepSpeed 0.19's ZeRO-3 averages the cp "
+            "shards' gradients over dp x cp on its reduce-scatter path, which ds_hetero corrects, and its other paths "
+            "differ; remove the key (default true)")
 
 
 def check_model(cfg: HeteroConfig, model) -> None:
-    """The model-level checks: an adapter exists, and every tp divides what it must (heads, kv
-    heads, MLP width, vocabulary). Needs only shapes: a model on the meta device will do."""
+    """The model-level checks: an adapter exists, every tp divides what it must (heads, kv
+    heads, MLP width, vocabulary), every freeze entry names parameters and something trains.
+    Needs only shapes and requires_grad flags: a model on the meta device will do."""
     from ..models import adapter_for
+    from ..models.freeze import check_freeze
+    from ..models.recompute import check_recompute
 
     try:
         adapter = adapter_for(model)
     except TypeError as exc:
         raise HeteroConfigError("model", str(exc)) from None
     adapter.check_layouts(cfg)
+    check_freeze(cfg, adapter)
+    check_recompute(cfg, adapter)
 
 
 def check_all(cfg: HeteroConfig, model=None, has_client_optimizer: bool = False) -> None:

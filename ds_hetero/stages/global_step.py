@@ -18,9 +18,10 @@ from .stage_set import StageSet
 
 
 def stage_norms(stages: StageSet) -> dict[str, float]:
-    """The gradient norm of every stage this rank holds (identical on all ranks of the stage)."""
+    """The gradient norm of every stage this rank trains (identical on all ranks of the stage); a
+    frozen stage has no gradient and adds nothing."""
     norms = {}
-    for stage in stages.held:
+    for stage in stages.training:
         with stage.context():
             norms[stage.name] = clipping.stage_norm(stage.engine, stage.groups.tp)
     return norms
@@ -50,9 +51,9 @@ def combine_norms_and_loss(stages: StageSet, norms: dict[str, float], loss_sum: 
 
 
 def step_all(stages: StageSet, grad_norm: float, clip: float) -> list[bool]:
-    """Every held stage's last (clipped) step with the model's norm; whether each applied."""
+    """Every trained stage's last (clipped) step with the model's norm; whether each applied."""
     applied = []
-    for stage in stages.held:
+    for stage in stages.training:
         with stage.context():
             applied.append(clipping.step_with_global_norm(stage.engine, grad_norm, clip))
     return applied

@@ -33,6 +33,10 @@ class Stage:
     module    the stage module cut from the model (on the meta device where this rank does not hold it)
     engine    the stage's DeepSpeedEngine on this rank, None where it does not hold the stage
     passes    forward/backward passes per optimizer step (its gradient_accumulation_steps)
+    trains    whether any of its parameters trains; a frozen stage (models/freeze.py) has an
+              engine without optimizer, runs its forward under no_grad unless a later stage
+              needs gradients through it (the language stage, for a trained encoder), never
+              steps, and an encoder that does not train gets no boundary backward
     """
 
     name: str
@@ -40,6 +44,7 @@ class Stage:
     groups: StageGroups
     module: nn.Module
     passes: int
+    trains: bool = True
     mpu: StageMPU | None = None
     engine: Any = None
 
@@ -61,22 +66,36 @@ class Stage:
         with stage_context(self.mpu):
             yield
 
-    def __call__(self, *args, **kwargs):
-        with stage_context(self.mpu):
-            return self.engine(*args, **kwargs)
+    def __call__(self, *args, grad: bool | None = None, **kwargs):
+        """The stage's forward; `grad`: whether to record autograd (default: whether it trains).
+
+        A stage that does not train runs its module directly: the engine's forward would hook
+        its outputs for `engine.backward`, which refuses the plain backward `backward()` takes."""
+        with stage_context(self.mpu), torch.set_grad_enabled(torch.is_grad_enabled() and (
+                self.trains if grad is None else grad)):
+            return (self.engine if self.trains else self.engine.module)(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor) -> None:
+        """The engine's backward; for a stage that does not train (only gradients through it, to
+        an earlier stage's boundary rows) plain autograd with DeepSpeed's scaling by the passes."""
+        if not self.trains:
+            (loss / self.passes).backward()
+            return
         with stage_context(self.mpu):
             self.engine.backward(loss)
 
     def micro_step(self) -> None:
         """DeepSpeed's `step()` between micro-batches: it counts the micro-step and updates nothing.
-        The last micro-batch's step is the clipped one (stages/clipping.py)."""
+        The last micro-batch's step is the clipped one (stages/clipping.py). None when frozen."""
+        if not self.trains:
+            return
         with stage_context(self.mpu):
             self.engine.step()
 
     @property
-    def optimizer_name(self) -> str:
+    def optimizer_name(self) -> str | None:
+        if not self.trains:
+            return None
         optimizer = self.engine.optimizer
         return type(getattr(optimizer, "optimizer", optimizer)).__name__
 
@@ -119,6 +138,11 @@ class StageSet:
     def boundary_group(self):
         """The group spanning every stage's ranks: the step's agreement, norms and losses use it."""
         return self.groups.boundary
+
+    @property
+    def training(self) -> list[Stage]:
+        """The held stages that train (have an optimizer and step)."""
+        return [s for s in self.held if s.trains]
 
     def modules(self) -> list[nn.Module]:
         """The modules of the held stages (their DeepSpeed engines' modules)."""

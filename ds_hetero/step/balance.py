@@ -150,14 +150,15 @@ def assign_pass(samples: Sequence[dict[str, Any]], positions: range, dp: int, ba
     `port` is the encoder's EncoderPort (models/adapter.py): `rows(sample)` gives the boundary
     rows of each of the sample's items (images, audio clips), `cost(rows)` the encoder's work.
     """
-    per_rank = len(positions) // dp
     images, position_rank, counts = [], [], []
     for offset, p in enumerate(positions):
         rows = port.rows(samples[p])
         counts.append(sum(rows))
         for k, n in enumerate(rows):
             images.append(Image(p, k, n, port.cost(n)))
-            position_rank.append(offset // per_rank)
+            # the sample's contiguous share (offset // (samples / dp) when dp divides them; with
+            # more dp ranks than samples, balance "tokens", some ranks get no sample by position)
+            position_rank.append(offset * dp // len(positions))
     rank = assign_images(images, position_rank, dp, balance)
     return EncoderAssignment(positions, tuple(images), rank, tuple(counts), dp)
 

@@ -28,7 +28,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..boundary.inputs import BoundaryInputs
+from ..boundary.inputs import BoundaryInputs, seq_lens, shard_bounds
 from ..config import LANGUAGE, HeteroConfig
 from ..context_parallel.sequence import image_positions, is_sharded, padded_lengths
 from .balance import EncoderAssignment, assign_pass
@@ -113,21 +113,33 @@ class StepPlan:
         positions = dp_share(v, size, 1, 0)
         dp = cfg.stages[name].dp
         a = assign_pass(samples, positions, dp, cfg.balance_of(name), port)
-        per_rank = size // dp
         inputs = BoundaryInputs(
             token_counts=a.token_counts,
-            src_dp=a.src_dp([i // per_rank for i in range(size)]),
+            src_dp=a.src_dp([i * dp // size for i in range(size)]),  # samples without items: any rank
             dst_dp=[(p % self.micro_batch_size) // self.language_share for p in positions],
         )
         language = cfg.stages[LANGUAGE]
         if is_sharded(language):  # each language rank takes the rows of its sequence shard only
             mine = [samples[p] for p in positions]
+            # a sample is padded to the longest of its dp replica's share of its own micro-batch
+            # (a pass may feed several micro-batches)
+            replica = [(p // self.micro_batch_size, d) for p, d in zip(positions, inputs.dst_dp)]
             inputs = dataclasses.replace(inputs, positions=image_positions(mine, port.token_id),
-                                         seq_len=padded_lengths(mine, inputs.dst_dp, language))
+                                         seq_len=padded_lengths(mine, replica, language))
         return EncoderPass(name, v, a, inputs, range(v * per, (v + 1) * per))
 
-    def rows_of(self, stage: str, dp: int, m: int) -> int:
-        """Boundary rows of `stage` that language dp rank `dp` consumes in micro-batch m."""
-        counts = self.pass_feeding(stage, m).assignment
-        offset = counts.samples.start
-        return sum(counts.token_counts[p - offset] for p in self.language_samples(dp, m))
+    def rows_of(self, stage: str, dp: int, m: int, rank: int | None = None) -> int:
+        """Boundary rows of `stage` that language dp rank `dp` consumes in micro-batch m; with a
+        sharded sequence, those of global `rank`'s shard (the rows it receives: the positions of
+        the placeholders in its shard of each sample's padded sequence)."""
+        p_ = self.pass_feeding(stage, m)
+        counts, offset = p_.assignment, p_.assignment.samples.start
+        language = self.config.stages[LANGUAGE]
+        if rank is None or not is_sharded(language):
+            return sum(counts.token_counts[p - offset] for p in self.language_samples(dp, m))
+        lens = seq_lens(p_.boundary)
+        total = 0
+        for p in self.language_samples(dp, m):
+            start, stop = shard_bounds(language, rank, lens[p - offset])
+            total += sum(start <= q < stop for q in p_.boundary.positions[p - offset])
+        return total

@@ -198,10 +198,13 @@ def max_rel_err(got, want):
 
 def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimizer="adamw", model_kw=None,
                micro_batches=2, batch_size=8, controls=False, placement="colocated", hetero=None,
-               make_data=None, inspect=None):
+               make_data=None, inspect=None, prepare=None, freeze_reference=None, after=None):
     """hetero: more `hetero_parallel` keys; make_data(family, model, steps, batch_size) -> batches
     instead of make_batches; inspect(engine, batches) -> more result entries (may patch the engine
-    before training: it runs first and its dict is read after)."""
+    before training: it runs first and its dict is read after); prepare(model): on the model before
+    the reference is copied (e.g. the user's own requires_grad_(False)); freeze_reference(reference):
+    freeze in the reference what the config freezes; after(engine, initial, got, results) -> more
+    entries, after training (`initial`: the parameters before training, `got`: after, by name)."""
     from ds_hetero.entry import initialize
 
     model_kw = model_kw or {}
@@ -227,13 +230,20 @@ def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimi
                             **(hetero or {})},
     }
     model = build_model(family, seed=7, **model_kw)
+    if prepare is not None:
+        prepare(model)
     reference = copy.deepcopy(model)
+    if freeze_reference is not None:
+        freeze_reference(reference)
+    initial = {n: p.detach().clone() for n, p in reference.named_parameters()} if after is not None else None
     batches = (make_data or make_batches)(family, model, steps, batch_size)
 
     engine = initialize(model, config, optimizer=make_optimizer)
     extra = inspect(engine, batches) if inspect is not None else {}
     results = [engine.train_batch(samples) for samples in batches]
     got = full_named_parameters(engine)
+    if after is not None:
+        extra = {**extra, **after(engine, initial, got, results)}
 
     ref_losses, ref_norms, hf_losses = reference_train(family, reference, batches, make_optimizer, clip)
     want = {n: p.detach() for n, p in reference.named_parameters()}
