@@ -26,12 +26,33 @@ from .data.loader import GlobalBatchLoader
 from .loss import label_token_count
 from .models import adapter_for
 from .result import StepResult
-from .schedule import ColocatedSchedule, DisaggregatedSchedule
+from .schedule import ColocatedSchedule, DisaggregatedSchedule, PipelineSchedule
 from .stages import global_step
 from .stages.build import build_stage_set
 from .step.plan import StepPlan
 from .step.shares import stage_samples
 from .timeline import Timeline, bubble_fraction
+
+
+def boundaries(stages, hidden_size: int) -> dict[str, BoundaryCommunicator]:
+    """A boundary communicator per encoder stage, on the ranks of its exchange.
+
+    The destination is the language stage, or with a pipeline its first pipeline stage (the
+    ranks that hold the embeddings): rows go there only, and their gradients come back from
+    there. A rank outside an exchange (a later pipeline stage in first_stage or disaggregated
+    placement) builds no communicator for it. The placement is read from the rank sets.
+    """
+    language = stages.config.language
+    dst = language.chunk(0) if language.pp > 1 else language
+    placement = stages.config.placement if stages.config.placement != "first_stage" else None
+    out = {}
+    for stage in stages.encoders:
+        if language.pp > 1:
+            placement = None
+            if stages.rank not in set(stage.layout.ranks) | set(dst.ranks):
+                continue
+        out[stage.name] = BoundaryCommunicator(stage.layout, dst, stages.groups, placement, hidden_size=hidden_size)
+    return out
 
 
 class HeteroEngine:
@@ -74,13 +95,10 @@ class HeteroEngine:
         self.adapter = adapter if adapter is not None else adapter_for(model)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.stages, self.load_report = build_stage_set(model, config, self.adapter, self.rank, optimizer, checkpoint)
-        self.boundaries = {
-            stage.name: BoundaryCommunicator(stage.layout, config.language, self.stages.groups, config.placement,
-                                             hidden_size=self.adapter.hidden_size)
-            for stage in self.stages.encoders
-        }
+        self.boundaries = boundaries(self.stages, self.adapter.hidden_size)
         self.timeline = Timeline()
-        schedule = ColocatedSchedule if config.placement == "colocated" else DisaggregatedSchedule
+        schedule = (PipelineSchedule if config.language.pp > 1 else
+                    DisaggregatedSchedule if config.placement == "disaggregated" else ColocatedSchedule)
         self.schedule = schedule(self.stages, self.boundaries, self.adapter, self.timeline)
         self.loader = (
             GlobalBatchLoader(training_data, config.global_batch_size, collate_fn, seed=seed)
@@ -155,7 +173,8 @@ class HeteroEngine:
                                           for s in samples)
             except ValueError as exc:  # a malformed light sample, seen only through its token ids
                 problem = str(exc)
-            if language.held and language.coord.tp == 0 and language.coord.cp == 0:
+            # one pipeline stage counts (every pipeline stage of a dp replica reads the same samples)
+            if language.held and language.coord.tp == 0 and language.coord.cp == 0 and language.coord.pp == 0:
                 for m in range(self.config.micro_batches):
                     for p in stage_samples(self.config, language.name, language.coord.dp, m):
                         mine += label_token_count(samples[p]["labels"])

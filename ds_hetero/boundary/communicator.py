@@ -161,16 +161,23 @@ class BoundaryCommunicator:
         self.src, self.dst = src, dst
         self.placement = check_placement(src, dst, placement)
         for layout in (src, dst):
-            if groups.stages[layout.name].layout != layout:
+            built = groups.stages[layout.name].layout
+            # a pipelined destination is its first pipeline stage (StageLayout.chunk(0))
+            if built != layout and not (built.pp > 1 and built.chunk(0) == layout):
                 raise HeteroConfigError(
                     "stages", f"layout of {layout.name!r} differs from the one the groups were built for")
         self.rank = groups.stages[src.name].rank
         peers = tuple(sorted(set(src.ranks) | set(dst.ranks)))
-        if tuple(groups.boundary_ranks) != peers:
+        edge = groups.edges.get(src.name)
+        if edge is not None and edge[0] == peers:  # the encoder and the first pipeline stage only
+            self.group = edge[1]
+        elif tuple(groups.boundary_ranks) != peers:
             raise HeteroConfigError(
                 "stages", f"the boundary group spans {groups.boundary_ranks}, not exactly the ranks {peers} "
                 f"of {src.name!r} and {dst.name!r}; more than two stages need a group per stage pair")
-        self.group = groups.boundary
+        else:
+            self.group = groups.boundary
+        self.peers = peers
         # Source replicas hold identical rows; they complete each other's gradients.
         self.replica_group = groups.stages[src.name].model if src.contains(self.rank) else None
         # The plan indexes splits by sorted global rank: the groups must number ranks that way.

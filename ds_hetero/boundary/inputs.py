@@ -113,6 +113,10 @@ def shard_bounds(dst: StageLayout, rank: int, seq_len: int) -> tuple[int, int]:
 def check_placement(src: StageLayout, dst: StageLayout, placement: str | None) -> str:
     a, b = set(src.ranks), set(dst.ranks)
     actual = "colocated" if a == b else "disaggregated" if not (a & b) else None
+    if actual is None and b < a:
+        # the language's first pipeline stage inside the encoder's ranks (colocated with pp > 1):
+        # the plan is the same arithmetic, rows a rank already holds are copied locally
+        actual = "nested"
     if actual is None:
         raise HeteroConfigError(
             "placement", f"stages {src.name!r} {sorted(a)} and {dst.name!r} {sorted(b)} partly overlap; "

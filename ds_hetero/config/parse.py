@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from ..errors import HeteroConfigError
+from .pipeline import parse_pipeline
 from .ranks import assign_ranks
 from .read import read_ds_config
 from .schema import (BALANCES, DEFAULT_TIMEOUT_S, DERIVED_BATCH_KEYS, ENCODER_STAGES, LANGUAGE, MAX_TIMEOUT_S,
@@ -54,7 +55,7 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
 
     placement = section.get("placement", "colocated")
     if placement not in PLACEMENTS:
-        raise HeteroConfigError(f"{SECTION}.placement", f"got {placement!r}; valid values are {' or '.join(PLACEMENTS)}")
+        raise HeteroConfigError(f"{SECTION}.placement", f"got {placement!r}; valid values are {', '.join(PLACEMENTS)}")
     micro_batches = _positive_int(section.get("micro_batches", 1), f"{SECTION}.micro_batches")
     timeout_s = section.get("timeout_s", DEFAULT_TIMEOUT_S)
     if (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0
@@ -99,6 +100,7 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
         timeout_s=float(timeout_s),
         balance=balance,
         encoder_micro_batches=MappingProxyType(encoder_mbs),
+        pp_layers=specs[LANGUAGE]["pp_layers"],
     )
 
 
@@ -122,9 +124,9 @@ def _encoder_micro_batches(specs: dict[str, dict[str, Any]], micro_batches: int,
                     field, f"got {value}; the language stage's micro-batches are {SECTION}.micro_batches "
                     f"({micro_batches}): remove this key or set {SECTION}.micro_batches")
             continue
-        if placement == "disaggregated" and value != micro_batches:
+        if placement != "colocated" and value != micro_batches:
             raise HeteroConfigError(
-                field, f"got {value}, but placement \"disaggregated\" pipelines encoder and language "
+                field, f"got {value}, but placement \"{placement}\" pipelines encoder and language "
                 f"micro-batches one for one (1F1B), so an encoder takes {SECTION}.micro_batches ({micro_batches}) "
                 "passes; remove the key or use placement \"colocated\"")
         lang = specs[LANGUAGE]
@@ -172,6 +174,7 @@ def _stage_specs(section: Mapping[str, Any], placement: str) -> dict[str, dict[s
             "ranks": raw.get("ranks"),
             "micro_batches": raw.get("micro_batches"),
         }
+        spec["pp"], spec["pp_layers"] = parse_pipeline(name, raw, _positive_int)
         if not isinstance(spec["sequence_parallel"], bool):
             raise HeteroConfigError(f"{sfield}.sequence_parallel", f"must be true or false, got {spec['sequence_parallel']!r}")
         if name != LANGUAGE and spec["cp"] != 1:

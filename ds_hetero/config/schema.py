@@ -5,13 +5,14 @@ rejects unknown keys inside its own sections), so the plugin owns one top-level 
 
     "train_batch_size": 16,                      # the global batch: samples per optimizer step
     "hetero_parallel": {
-        "placement": "colocated",                # or "disaggregated"
+        "placement": "colocated",                # or "disaggregated", or "first_stage"
         "micro_batches": 2,                      # gradient accumulation steps of every stage
         "timeout_s": 300,                        # a collective that waits longer raises
         "balance": "tokens",                     # encoder images to dp ranks by cost, or "position"
         "stages": {
             "vision":   {"tp": 1, "dp": 4, "micro_batches": 1},   # encoder passes per step
-            "language": {"tp": 2, "cp": 1, "dp": 2, "sequence_parallel": false}
+            "language": {"tp": 2, "cp": 1, "dp": 2, "sequence_parallel": false,
+                         "pp": 1, "pp_layers": null}         # pipeline stages (config/pipeline.py)
         }
     }
 
@@ -31,7 +32,9 @@ from typing import Any, Mapping
 from ..topology.layout import StageLayout
 
 SECTION = "hetero_parallel"
-PLACEMENTS = ("colocated", "disaggregated")
+# first_stage: every encoder on exactly the ranks of the language's first pipeline stage (any
+# layout over them): with the language's tp it is Megatron's single layout, the usual baseline.
+PLACEMENTS = ("colocated", "disaggregated", "first_stage")
 LANGUAGE = "language"
 ENCODER_STAGES = ("vision", "audio")
 STAGE_NAMES = ENCODER_STAGES + (LANGUAGE,)
@@ -39,7 +42,7 @@ SECTION_KEYS = ("placement", "micro_batches", "stages", "timeout_s", "balance")
 DEFAULT_TIMEOUT_S = 300.0  # a collective waiting longer than this raises instead of hanging
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # process-group timeouts are integer milliseconds: keep them finite and sane
 BALANCES = ("tokens", "position")  # how encoder images go to dp ranks (step/balance.py)
-STAGE_KEYS = ("tp", "cp", "dp", "ranks", "sequence_parallel", "micro_batches")
+STAGE_KEYS = ("tp", "cp", "dp", "ranks", "sequence_parallel", "micro_batches", "pp", "pp_layers")
 # DeepSpeed batch keys that ds_hetero derives per stage.
 DERIVED_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -57,6 +60,7 @@ class HeteroConfig:
     timeout_s: float = DEFAULT_TIMEOUT_S
     balance: str = "tokens"
     encoder_micro_batches: Mapping[str, int] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    pp_layers: tuple[int, ...] | None = None  # the language's layers per pipeline stage (None: even cut)
 
     def micro_batches_of(self, stage: str) -> int:
         """Forward/backward passes of `stage` per step (its DeepSpeed gradient_accumulation_steps)."""

@@ -57,6 +57,7 @@ class StageGroups:
     model: dist.ProcessGroup | None
     stage: dist.ProcessGroup | None
     ranks_of: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    pp: dist.ProcessGroup | None = None  # this rank's pipeline neighbours (None without a pipeline)
 
     @property
     def is_member(self) -> bool:
@@ -75,6 +76,10 @@ class HeteroGroups:
     boundary: dist.ProcessGroup
     boundary_ranks: tuple[int, ...]
     cache: GroupCache
+    # encoder -> (its ranks and the language's first pipeline stage's ranks, their group): the
+    # exchange group of an encoder whose destination is a pipeline stage, where it is not the
+    # boundary group (first_stage or disaggregated placement with pp > 1)
+    edges: Mapping[str, tuple[tuple[int, ...], dist.ProcessGroup]] = field(default_factory=dict)
 
     def __getitem__(self, stage: str) -> StageGroups:
         return self.stages[stage]
@@ -113,9 +118,17 @@ def build_groups(
             dp=mine.get("dp"),
             dp_cp=mine.get("dp_cp"),
             model=mine.get("model"),
+            pp=mine.get("pp"),
             stage=stage_group if layout.contains(rank) else None,
             ranks_of=ranks_of,
         )
     boundary_ranks = tuple(sorted(set().union(*(l.ranks for l in layouts.values()))))
     boundary = cache.get(boundary_ranks)
-    return HeteroGroups(stages=stages, boundary=boundary, boundary_ranks=boundary_ranks, cache=cache)
+    edges = {}
+    language = layouts.get("language")
+    if language is not None and language.pp > 1:  # the boundary ends at the first pipeline stage
+        for name, layout in layouts.items():
+            if name != "language":
+                ranks = tuple(sorted(set(layout.ranks) | set(language.chunk(0).ranks)))
+                edges[name] = (ranks, cache.get(ranks))
+    return HeteroGroups(stages=stages, boundary=boundary, boundary_ranks=boundary_ranks, cache=cache, edges=edges)

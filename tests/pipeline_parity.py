@@ -1,0 +1,51 @@
+"""Shared by the pipeline tests: the layouts of a pipelined language stage, trained against the
+single-process Hugging Face reference (tests/engine_parity.py), and a negative control."""
+
+from tests.engine_parity import train_both
+
+FOUR_LAYERS = dict(text_layers=4)  # pp up to 4, and an uneven cut [1, 3]
+
+
+def drop_pipeline_gradient(engine, batches):
+    """Negative control: the last pipeline stage sends zeros back instead of its input gradient,
+    so the earlier stages' layers (and the encoder) train on no language gradient."""
+    import torch.distributed as dist
+
+    schedule = engine.schedule
+    language = engine.stages.language
+    if language.held and language.coord.pp == language.layout.pp - 1:
+        isend = dist.isend
+
+        def zero_isend(tensor, dst, group=None, **kw):
+            return isend(tensor * 0, dst, group=group, **kw)
+
+        schedule_dist = __import__("ds_hetero.schedule.pipeline", fromlist=["dist"])
+        schedule_dist.dist = _Patched(dist, isend=zero_isend)
+    return {}
+
+
+class _Patched:
+    def __init__(self, module, **overrides):
+        self._module, self._overrides = module, overrides
+
+    def __getattr__(self, name):
+        return self._overrides.get(name) or getattr(self._module, name)
+
+
+def run_layouts(rank, world_size, runs):
+    """{name: train_both(...)} for every run (one launch for several layouts)."""
+    out = {}
+    for name, kw in runs.items():
+        kw = {"steps": 5, "clip": 0.3, "micro_batches": 4, "batch_size": 16, "model_kw": FOUR_LAYERS, **kw}
+        out[name] = train_both(rank, world_size, kw.pop("family", "llava"), **kw)
+    return out
+
+
+def quick(rank, world_size):
+    import os
+
+    which = os.environ.get("PP_QUICK", "pp2dp2")
+    runs = {
+        "pp2dp2": dict(layout={"vision": {"tp": 1, "dp": 4}, "language": {"dp": 2, "pp": 2}}, zero_stage=1, steps=2),
+    }
+    return run_layouts(rank, world_size, {which: runs[which]})
