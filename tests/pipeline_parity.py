@@ -34,11 +34,29 @@ class _Patched:
 
 def run_layouts(rank, world_size, runs):
     """{name: train_both(...)} for every run (one launch for several layouts)."""
+    import torch.distributed as dist
+
+    from ds_hetero.schedule import pipeline
+
     out = {}
     for name, kw in runs.items():
         kw = {"steps": 5, "clip": 0.3, "micro_batches": 4, "batch_size": 16, "model_kw": FOUR_LAYERS, **kw}
-        out[name] = train_both(rank, world_size, kw.pop("family", "llava"), **kw)
+        try:
+            out[name] = train_both(rank, world_size, kw.pop("family", "llava"), **kw)
+        finally:
+            pipeline.dist = dist  # undo a negative control's patch
+        out[name]["pp_coord"] = _pp_coord(kw, rank, world_size)
     return out
+
+
+def _pp_coord(kw, rank, world_size):
+    """This rank's pipeline stage in the run's layout (None where it holds no language stage)."""
+    from ds_hetero.config import load_config
+
+    hetero = {"placement": kw.get("placement", "colocated"), "micro_batches": kw["micro_batches"],
+              "stages": kw["layout"], **(kw.get("hetero") or {})}
+    cfg = load_config({"train_batch_size": kw["batch_size"], "hetero_parallel": hetero}, world_size)
+    return cfg.language.coord(rank).pp if cfg.language.contains(rank) else None
 
 
 def quick(rank, world_size):

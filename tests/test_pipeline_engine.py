@@ -1,0 +1,85 @@
+"""A pipelined language stage (pp > 1) against the single-process Hugging Face reference.
+
+fp32, 5 steps of 4 micro-batches, gradient clipping active (the clip is below the norm): losses
+within 1e-5 relative (of the Hugging Face model's own loss too), all-stage gradient norms 1e-4,
+every weight tensor a rank holds 1e-5 relative. Layouts on 4 ranks: colocated language pp2 dp2
+with vision dp4; pp2 tp2 with vision dp4; pp4 with vision tp2 dp2; an uneven cut [1, 3];
+first_stage (vision tp2 on the 2 ranks of pipeline stage 0, language pp2 tp2); disaggregated
+vision dp1 on rank 0 + language pp3 on ranks 1-3; Qwen2-VL pp2 with variable image-token counts
+and text-only samples. Negative control: a last pipeline stage that sends zeros back instead of
+its input gradient ends with different weights on the first pipeline stage.
+"""
+
+import pytest
+
+from tests.distributed import run_distributed
+from tests.pipeline_parity import drop_pipeline_gradient, run_layouts
+
+pytestmark = pytest.mark.distributed
+
+RTOL = 1e-5
+ATOL = 1e-6
+CLIP = 0.3
+CONTROL = "pp2dp2 gradient not sent back (negative control) sgd"
+
+
+def _suite_a(rank, world_size):
+    return run_layouts(rank, world_size, {
+        "vision dp4 + language pp2dp2 zero1 adamw": dict(
+            layout={"vision": {"dp": 4}, "language": {"dp": 2, "pp": 2}}, zero_stage=1),
+        "vision dp4 + language pp2tp2 zero2 sgd": dict(
+            layout={"vision": {"dp": 4}, "language": {"tp": 2, "dp": 1, "pp": 2}}, zero_stage=2, optimizer="sgd"),
+        "vision tp2dp2 + language pp4 zero1 adamw": dict(
+            layout={"vision": {"tp": 2, "dp": 2}, "language": {"dp": 1, "pp": 4}}, zero_stage=1),
+        CONTROL: dict(layout={"vision": {"dp": 4}, "language": {"dp": 2, "pp": 2}}, zero_stage=1, optimizer="sgd",
+                      steps=2, inspect=drop_pipeline_gradient),
+    })
+
+
+def _suite_b(rank, world_size):
+    return run_layouts(rank, world_size, {
+        "vision dp4 + language pp2dp2 pp_layers [1, 3] zero0 sgd": dict(
+            layout={"vision": {"dp": 4}, "language": {"dp": 2, "pp": 2, "pp_layers": [1, 3]}}, zero_stage=0,
+            optimizer="sgd"),
+        "first_stage vision tp2 + language pp2tp2 zero1 adamw": dict(
+            layout={"vision": {"tp": 2, "dp": 1}, "language": {"tp": 2, "dp": 1, "pp": 2}}, zero_stage=1,
+            placement="first_stage"),
+        "disaggregated vision dp1 rank 0 + language pp3 ranks 1-3 zero1 adamw": dict(
+            layout={"vision": {"dp": 1}, "language": {"dp": 1, "pp": 3}}, zero_stage=1, placement="disaggregated"),
+        "qwen2-vl vision dp4 + language pp2dp2 zero2 adamw": dict(
+            family="qwen2_vl", layout={"vision": {"dp": 4}, "language": {"dp": 2, "pp": 2}}, zero_stage=2),
+    })
+
+
+def _check(results):
+    control_seen = False
+    for rank, per_rank in enumerate(results):
+        for name, r in per_rank.items():
+            err, where, abs_err, compared = r["weight_err"]
+            assert compared > 0, (rank, name, "no weight tensor was compared")
+            if name == CONTROL:
+                if r["pp_coord"] == 0:  # the first pipeline stage trained on no language gradient
+                    assert err > 100 * RTOL and abs_err > 100 * ATOL, (rank, name, r["weight_err"])
+                    control_seen = True
+                continue
+            assert len(r["losses"]) == len(r["ref_losses"]) == len(r["hf_losses"]) == 5, (rank, name)
+            for got, want, hf in zip(r["losses"], r["ref_losses"], r["hf_losses"]):
+                assert abs(got - want) <= RTOL * abs(want), (rank, name, r["losses"], r["ref_losses"])
+                assert abs(got - hf) <= RTOL * abs(hf), (rank, name, r["losses"], r["hf_losses"])
+            for got, want in zip(r["norms"], r["ref_norms"]):
+                assert abs(got - want) <= 1e-4 * abs(want), (rank, name, r["norms"], r["ref_norms"])
+            assert min(r["ref_norms"]) > CLIP, r["ref_norms"]  # clipping was active on every step
+            assert err <= RTOL and abs_err <= ATOL, (rank, name, err, where, abs_err)
+            for total, bound in r["boundary"]:
+                assert total == bound, (name, total, bound)
+    return control_seen
+
+
+def test_pipeline_layouts_match_single_process_reference():
+    """pp2 dp2, pp2 tp2, pp4 with a tp2 encoder, and the negative control."""
+    assert _check(run_distributed(_suite_a, world_size=4, timeout=1500)), "the negative control did not run"
+
+
+def test_pipeline_placements_match_single_process_reference():
+    """An uneven cut, first_stage, disaggregated into a pp3 pipeline, Qwen2-VL with variable image tokens."""
+    _check(run_distributed(_suite_b, world_size=4, timeout=1500))
