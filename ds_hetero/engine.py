@@ -22,6 +22,7 @@ import torch.distributed as dist
 from .boundary import BoundaryCommunicator
 from .config import HeteroConfig
 from .data import agreement
+from .errors import HeteroConfigError
 from .data.loader import GlobalBatchLoader
 from .loss import label_token_count
 from .models import adapter_for
@@ -235,14 +236,24 @@ class HeteroEngine:
         """Forward only, no gradients: the loss of `samples` (full samples, the same list on every
         rank, any number), identical on every rank; see schedule/evaluation.py."""
         from .schedule.evaluation import EvaluationSchedule
+        from .schedule.pipeline_eval import PipelineEvaluationSchedule
 
-        return EvaluationSchedule(self.stages, self.boundaries, self.adapter, self.timeline).run(samples)
+        schedule = PipelineEvaluationSchedule if self.config.language.pp > 1 else EvaluationSchedule
+        return schedule(self.stages, self.boundaries, self.adapter, self.timeline).run(samples)
+
+    def _refuse_pipeline(self, what: str) -> None:
+        if self.config.language.pp > 1:
+            raise HeteroConfigError(
+                "hetero_parallel.stages.language.pp", f"{what} with a pipelined language stage (pp > 1) is not "
+                "supported yet (each rank holds one pipeline stage's layers; gathering them is not built); "
+                "train with pp > 1, and save from a pp 1 layout")
 
     def save_pretrained(self, save_dir: str | os.PathLike) -> None:
         """A consolidated Hugging Face checkpoint (`from_pretrained(save_dir)`); all ranks call it.
         See checkpoint/hf_gather.py."""
         from .checkpoint.hf_gather import save_pretrained
 
+        self._refuse_pipeline("save_pretrained")
         save_pretrained(self.stages, self.model, save_dir)
 
     # ------------------------------------------------------------------ checkpoints
@@ -253,12 +264,14 @@ class HeteroEngine:
         """
         from .checkpoint import save_checkpoint
 
+        self._refuse_pipeline("save_checkpoint")
         return save_checkpoint(self.stages, self.model, save_dir, tag, self.global_steps, self._data_position())
 
     def load_checkpoint(self, load_dir: str | os.PathLike, tag: str | None = None) -> str:
         """Load save_dir's `latest` (or `tag`), saved with this layout or any other; all ranks call it."""
         from .checkpoint import load_checkpoint
 
+        self._refuse_pipeline("load_checkpoint")
         tag, self.global_steps = load_checkpoint(self.stages, load_dir, tag, self._data_position())
         return tag  # the loader continues from the saved step: its order is a function of (seed, step)
 

@@ -67,3 +67,8 @@ def quick(rank, world_size):
         "pp2dp2": dict(layout={"vision": {"tp": 1, "dp": 4}, "language": {"dp": 2, "pp": 2}}, zero_stage=1, steps=2),
     }
     return run_layouts(rank, world_size, {which: runs[which]})
+
+
+def evaluate_first(engine, batches):
+    """eval_batch on the first batch before training: the reference's first loss is its answer."""
+    return {"eval_loss": engine.eval_batch(batches[0])}

@@ -2,7 +2,8 @@
 
 fp32, 5 steps of 4 micro-batches, gradient clipping active (the clip is below the norm): losses
 within 1e-5 relative (of the Hugging Face model's own loss too), all-stage gradient norms 1e-4,
-every weight tensor a rank holds 1e-5 relative. Layouts on 4 ranks: colocated language pp2 dp2
+every weight tensor a rank holds 1e-5 relative; `eval_batch` (before training) gives the Hugging
+Face model's loss. Layouts on 4 ranks: colocated language pp2 dp2
 with vision dp4; pp2 tp2 with vision dp4; pp4 with vision tp2 dp2; an uneven cut [1, 3];
 first_stage (vision tp2 on the 2 ranks of pipeline stage 0, language pp2 tp2); disaggregated
 vision dp1 on rank 0 + language pp3 on ranks 1-3; Qwen2-VL pp2 with variable image-token counts
@@ -13,7 +14,7 @@ its input gradient ends with different weights on the first pipeline stage.
 import pytest
 
 from tests.distributed import run_distributed
-from tests.pipeline_parity import drop_pipeline_gradient, run_layouts
+from tests.pipeline_parity import drop_pipeline_gradient, evaluate_first, run_layouts
 
 pytestmark = pytest.mark.distributed
 
@@ -26,7 +27,7 @@ CONTROL = "pp2dp2 gradient not sent back (negative control) sgd"
 def _suite_a(rank, world_size):
     return run_layouts(rank, world_size, {
         "vision dp4 + language pp2dp2 zero1 adamw": dict(
-            layout={"vision": {"dp": 4}, "language": {"dp": 2, "pp": 2}}, zero_stage=1),
+            layout={"vision": {"dp": 4}, "language": {"dp": 2, "pp": 2}}, zero_stage=1, inspect=evaluate_first),
         "vision dp4 + language pp2tp2 zero2 sgd": dict(
             layout={"vision": {"dp": 4}, "language": {"tp": 2, "dp": 1, "pp": 2}}, zero_stage=2, optimizer="sgd"),
         "vision tp2dp2 + language pp4 zero1 adamw": dict(
@@ -45,14 +46,15 @@ def _suite_b(rank, world_size):
             layout={"vision": {"tp": 2, "dp": 1}, "language": {"tp": 2, "dp": 1, "pp": 2}}, zero_stage=1,
             placement="first_stage"),
         "disaggregated vision dp1 rank 0 + language pp3 ranks 1-3 zero1 adamw": dict(
-            layout={"vision": {"dp": 1}, "language": {"dp": 1, "pp": 3}}, zero_stage=1, placement="disaggregated"),
+            layout={"vision": {"dp": 1}, "language": {"dp": 1, "pp": 3}}, zero_stage=1, placement="disaggregated",
+            inspect=evaluate_first),
         "qwen2-vl vision dp4 + language pp2dp2 zero2 adamw": dict(
             family="qwen2_vl", layout={"vision": {"dp": 4}, "language": {"dp": 2, "pp": 2}}, zero_stage=2),
     })
 
 
 def _check(results):
-    control_seen = False
+    control_seen, evaluated = False, set()
     for rank, per_rank in enumerate(results):
         for name, r in per_rank.items():
             err, where, abs_err, compared = r["weight_err"]
@@ -72,14 +74,20 @@ def _check(results):
             assert err <= RTOL and abs_err <= ATOL, (rank, name, err, where, abs_err)
             for total, bound in r["boundary"]:
                 assert total == bound, (name, total, bound)
-    return control_seen
+            if "eval_loss" in r:  # eval_batch before training: the Hugging Face model's first loss
+                assert abs(r["eval_loss"] - r["hf_losses"][0]) <= RTOL * abs(r["hf_losses"][0]), (rank, name, r)
+                evaluated.add(name)
+    return control_seen, evaluated
 
 
 def test_pipeline_layouts_match_single_process_reference():
     """pp2 dp2, pp2 tp2, pp4 with a tp2 encoder, and the negative control."""
-    assert _check(run_distributed(_suite_a, world_size=4, timeout=1500)), "the negative control did not run"
+    control_seen, evaluated = _check(run_distributed(_suite_a, world_size=4, timeout=1500))
+    assert control_seen, "the negative control did not run"
+    assert evaluated == {"vision dp4 + language pp2dp2 zero1 adamw"}, evaluated
 
 
 def test_pipeline_placements_match_single_process_reference():
     """An uneven cut, first_stage, disaggregated into a pp3 pipeline, Qwen2-VL with variable image tokens."""
-    _check(run_distributed(_suite_b, world_size=4, timeout=1500))
+    _, evaluated = _check(run_distributed(_suite_b, world_size=4, timeout=1500))
+    assert evaluated == {"disaggregated vision dp1 rank 0 + language pp3 ranks 1-3 zero1 adamw"}, evaluated

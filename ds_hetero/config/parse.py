@@ -55,7 +55,7 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
 
     placement = section.get("placement", "colocated")
     if placement not in PLACEMENTS:
-        raise HeteroConfigError(f"{SECTION}.placement", f"got {placement!r}; valid values are {', '.join(PLACEMENTS)}")
+        raise HeteroConfigError(f"{SECTION}.placement", f"got {placement!r}; valid values are {', '.join(PLACEMENTS[:-1])} or {PLACEMENTS[-1]}")
     micro_batches = _positive_int(section.get("micro_batches", 1), f"{SECTION}.micro_batches")
     timeout_s = section.get("timeout_s", DEFAULT_TIMEOUT_S)
     if (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0

@@ -56,8 +56,9 @@ class StageLayout:
             if not isinstance(size, int) or size < 1:
                 raise ValueError(f"stage {self.name!r}: {axis} must be a positive int, got {size!r}")
         if self.tp * self.cp * self.dp * self.pp != len(self.ranks):
+            axes = "tp*cp*dp*pp" if self.pp > 1 else "tp*cp*dp"
             raise ValueError(
-                f"stage {self.name!r}: tp*cp*dp*pp = {self.tp * self.cp * self.dp * self.pp} "
+                f"stage {self.name!r}: {axes} = {self.tp * self.cp * self.dp * self.pp} "
                 f"but {len(self.ranks)} ranks were given"
             )
         if len(set(self.ranks)) != len(self.ranks):
