@@ -91,3 +91,17 @@ def test_pipeline_placements_match_single_process_reference():
     """An uneven cut, first_stage, disaggregated into a pp3 pipeline, Qwen2-VL with variable image tokens."""
     _, evaluated = _check(run_distributed(_suite_b, world_size=4, timeout=1500))
     assert evaluated == {"disaggregated vision dp1 rank 0 + language pp3 ranks 1-3 zero1 adamw"}, evaluated
+
+
+def test_pipeline_bf16_trains_the_same_function():
+    """bf16 with ZeRO 1 against fp32 with ZeRO 2 on the same layout and batches (bf16 rounding:
+    losses within 2e-2 relative; a wrong gradient scale or a dropped gradient would exceed it
+    by the third step)."""
+    from tests.pipeline_parity import bf16_losses
+
+    for r in run_distributed(bf16_losses, world_size=4, timeout=1500):
+        assert r["bf16"]["dtype"] == "torch.bfloat16" and r["fp32"]["dtype"] == "torch.float32"
+        for got, want in zip(r["bf16"]["losses"], r["fp32"]["losses"]):
+            assert abs(got - want) <= 2e-2 * abs(want), r
+        for got, want in zip(r["bf16"]["norms"], r["fp32"]["norms"]):
+            assert abs(got - want) <= 5e-2 * abs(want), r
