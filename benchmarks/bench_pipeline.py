@@ -181,8 +181,12 @@ def summarize(per_rank, names):
     for name in names:
         recs = [pr[name]["records"] for pr in per_rank]
         walls = [r["wall"] for r in recs[0]]
+        base = [r["wall"] for r in per_rank[0]["hetero pp2"]["records"]]
         table[name] = dict(
             step_s=statistics.median(walls),
+            # per round, against hetero pp2 in the same round: a shared machine's drift cancels
+            ratio=statistics.median(w / b for w, b in zip(walls, base)),
+            fastest_ratio=min(walls) / min(base),
             first_loss=recs[0][0]["loss"],
             bubble=[round(statistics.median(r["bubble"] for r in rr), 3) for rr in recs],
             wait_s=[round(statistics.median(r["pipeline_wait_s"] for r in rr), 3) for rr in recs],
@@ -195,13 +199,13 @@ def summarize(per_rank, names):
 
 
 def print_table(mb, table, log=print):
-    base = table["hetero pp2"]["step_s"]
-    log(f"\nmicro-batches {mb}")
-    log(f"{'row':20s} {'step s':>7s} {'/hetero':>7s} {'bubble r0,r1':>13s} {'wait s r0,r1':>13s} "
+    log(f"\nmicro-batches {mb} (step s: median; /hetero: median of the per-round ratios; fastest: ratio of "
+        "the fastest steps)")
+    log(f"{'row':20s} {'step s':>7s} {'/hetero':>7s} {'fastest':>7s} {'bubble r0,r1':>13s} {'wait s r0,r1':>13s} "
         f"{'enc s r0,r1':>13s} {'enc in pipe':>12s} {'r0 state MB':>11s} {'loss':>8s}")
     for name, t in table.items():
         pair = lambda xs: ",".join(f"{x:.2f}" for x in xs)  # noqa: E731
-        log(f"{name:20s} {t['step_s']:7.3f} {t['step_s'] / base:7.3f} {pair(t['bubble']):>13s} "
+        log(f"{name:20s} {t['step_s']:7.3f} {t['ratio']:7.3f} {t['fastest_ratio']:7.3f} {pair(t['bubble']):>13s} "
             f"{pair(t['wait_s']):>13s} {pair(t['encoder_s']):>13s} "
             f"{pair(t['encoder_in_pipeline_s']) if name != 'colocated dp2' else '-':>12s} "
             f"{t['rank0_state_mb']:11.1f} {t['first_loss']:8.4f}")
@@ -217,10 +221,14 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--tuned", type=int, nargs=2, default=None, help="pp_layers of the tuned first_stage row")
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke run, not a measurement)")
+    p.add_argument("--hidden", type=int, default=None, help="text and vision hidden size (default 384)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write every table here")
     args = p.parse_args(argv)
-    a = dict(sizes=QUICK if args.quick else SIZES, rounds=args.rounds, batch=args.batch, tuned=args.tuned,
+    sizes = dict(QUICK if args.quick else SIZES)
+    if args.hidden:
+        sizes.update(text_hidden=args.hidden, vision_hidden=args.hidden)
+    a = dict(sizes=sizes, rounds=args.rounds, batch=args.batch, tuned=args.tuned,
              seed=args.seed)
     print(f"load average before: {os.getloadavg()}, cores {os.cpu_count()}, sizes {a['sizes']}", flush=True)
     out = {}

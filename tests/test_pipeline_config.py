@@ -130,3 +130,16 @@ def test_chunks_compose_to_the_language_stage(family, pp_layers):
     for k in range(len(pp_layers)):
         y = PipelineChunk(whole, k, len(pp_layers), wrong[k])(y, (rows,) if k == 0 else (), *args)
     assert not torch.allclose(y, want, rtol=1e-3, atol=1e-3)
+
+
+def test_pipeline_overlap_per_rank():
+    """Encoder time inside the window from the first language forward to the last language backward."""
+    from ds_hetero.timeline import Span, pipeline_overlap
+
+    rank0 = [Span("vision.forward[m=0]", "forward", 0.0, 1.0, 3), Span("language.forward[m=0]", "forward", 1.0, 2.0, 3),
+             Span("vision.backward[m=0]", "backward", 2.5, 4.0, 3), Span("language.forward[m=0]", "forward", 0, 9, 2)]
+    rank1 = [Span("pipeline.recv_activation[m=0]", "pipeline", 0.0, 2.0, 3),
+             Span("language.backward[m=0]", "backward", 2.0, 3.0, 3)]
+    got = pipeline_overlap([rank0, rank1], step=3)
+    assert got[0] == {"encoder_s": 2.5, "language_s": 1.0, "pipeline_wait_s": 0.0, "encoder_in_pipeline_s": 0.5}
+    assert got[1] == {"encoder_s": 0.0, "language_s": 1.0, "pipeline_wait_s": 2.0, "encoder_in_pipeline_s": 0.0}
