@@ -17,13 +17,18 @@ One step, in three phases, on every rank in the same order (a pure function of t
 3. encoders again: every pass's row gradients (from the first pipeline stage) go back through
    the boundary, then the encoder's backward.
 
+In first_stage and disaggregated placement (no encoder rank holds a later pipeline stage) the
+encoder passes run inline instead, inside pipeline stage 0's 1F1B (`_Inline`): that is
+Megatron's single layout, and in disaggregated placement one 1F1B across the encoder and the
+pipeline stages.
+
 Why phases rather than encoder work inside the 1F1B: an encoder's boundary exchange is a
 collective over the encoder's ranks and the first pipeline stage, and in colocated placement
 the encoder's ranks include every pipeline stage, which 1F1B keeps at different micro-batches;
 an exchange inside the pipeline would need every stage at the same point. (Megatron's colocated
-pipeline schedule makes the same choice.) In first_stage and disaggregated placement the later
-pipeline stages are not in the exchange: they start their 1F1B as soon as their first
-activation arrives, while the first pipeline stage's ranks run the encoder.
+pipeline schedule makes the same choice.) So in colocated placement the encoder does not fill
+the pipeline's fill and drain; where the later pipeline stages are outside every exchange, the
+inline order below does.
 
 Why not DeepSpeed's PipelineEngine, whose schedule this follows: it requires the model as a
 PipelineModule of LayerSpecs and owns the whole model, its data and its optimizer step, while
@@ -52,13 +57,31 @@ from .stage_work import StageWork
 class PipelineSchedule(StageWork):
     def run(self, samples: Sequence[dict[str, Any]], plan: StepPlan, n_labels: int, step: int) -> torch.Tensor | float:
         """One step's forward and backward work; this rank's loss sum (0 off the last pipeline stage)."""
-        sources, arrived = self._encoder_forwards(samples, plan, step)
         language = self.stages.language
+        if self._inline():
+            inline = _Inline(self, samples, plan, step)
+            if language.held:
+                return self._pipeline(samples, plan, inline.arrived, n_labels, step, inline)[0]
+            inline.replay(plan.micro_batches, language.layout.pp)  # an encoder-only rank
+            return 0.0
+        sources, arrived = self._encoder_forwards(samples, plan, step)
         loss_sum, row_grads = 0.0, {}
         if language.held:
             loss_sum, row_grads = self._pipeline(samples, plan, arrived, n_labels, step)
         self._encoder_backwards(plan, sources, row_grads, step)
         return loss_sum
+
+    def _inline(self) -> bool:
+        """Whether every encoder's exchange leaves out the later pipeline stages (first_stage and
+        disaggregated placement): then each encoder pass runs inside pipeline stage 0's 1F1B,
+        its forward and exchange right before stage 0's forward of its micro-batch, its gradient
+        exchange and backward right after stage 0's backward of it (Megatron's first-stage
+        layout; disaggregated: the encoder's ranks replay stage 0's order, so encoder pass m+1
+        runs while stage 0 computes micro-batch m). The config gives every encoder one pass per
+        language micro-batch in these placements."""
+        language = self.stages.language.layout
+        later = set(language.ranks[language.chunk_size:])
+        return not any(later & set(e.layout.ranks) for e in self.stages.encoders)
 
     # ------------------------------------------------------------------ phases 1 and 3
     def _first_stage_rank(self) -> bool:
@@ -100,7 +123,7 @@ class PipelineSchedule(StageWork):
                     self.micro_step(stage, p.index)
 
     # ------------------------------------------------------------------ phase 2: 1F1B
-    def _pipeline(self, samples, plan: StepPlan, arrived, n_labels: int, step: int):
+    def _pipeline(self, samples, plan: StepPlan, arrived, n_labels: int, step: int, inline=None):
         from deepspeed.runtime.pipe import schedule as ds
 
         language = self.stages.language
@@ -138,6 +161,8 @@ class PipelineSchedule(StageWork):
                 elif isinstance(cmd, ds.ForwardPass):
                     m = of_buffer[cmd.buffer_id] = next_forward
                     next_forward += 1
+                    if inline is not None and coord.pp == 0:
+                        inline.forward(m)
                     s = micro_batch(m)
                     batch = s["batch"]
                     with self._span(f"language.forward[m={m}]", "forward", step):
@@ -179,6 +204,8 @@ class PipelineSchedule(StageWork):
                                         for e, r in zip(self.stages.encoders, s.pop("rows"))}
                         del state[m]
                     self.micro_step(language, m)
+                    if inline is not None and coord.pp == 0:
+                        inline.backward(m, row_grads.pop(m))
                 elif isinstance(cmd, ds.SendGrad):
                     m = of_buffer.pop(cmd.buffer_id)
                     s = state.pop(m)
@@ -192,3 +219,50 @@ class PipelineSchedule(StageWork):
             for handle, _ in sends:
                 handle.wait()
         return loss_sum, row_grads
+
+
+class _Inline:
+    """Encoder passes inside pipeline stage 0's 1F1B (see PipelineSchedule._inline)."""
+
+    def __init__(self, work: PipelineSchedule, samples, plan: StepPlan, step: int):
+        self.work, self.samples, self.plan, self.step = work, samples, plan, step
+        self.arrived: dict[int, dict[str, torch.Tensor]] = {}
+        self.sources: dict[tuple[str, int], torch.Tensor] = {}
+
+    def forward(self, m: int) -> None:
+        """Every encoder's pass m: its forward where held, its exchange on every rank of it."""
+        w, plan = self.work, self.plan
+        self.arrived[m] = {}
+        for stage in w.stages.encoders:
+            v = plan.pass_feeding(stage.name, m).index
+            rows = w.encoder_forward(stage, self.samples, plan, v, self.step) if stage.held else w.empty_rows()
+            if stage.held:
+                self.sources[stage.name, v] = rows
+            out = w.send_rows(stage.name, rows.detach() if stage.held else rows, plan, v, self.step)
+            self.arrived[m][stage.name] = out.requires_grad_(True)
+
+    def backward(self, m: int, grads: dict[str, torch.Tensor] | None) -> None:
+        """Every encoder's pass m: its row gradients back, then its backward where held."""
+        w, plan = self.work, self.plan
+        self.arrived.pop(m, None)
+        for stage in w.stages.encoders:
+            v = plan.pass_feeding(stage.name, m).index
+            grad = grads[stage.name] if grads is not None else w.empty_rows()
+            grad = w.send_grads(stage.name, grad, plan, v, self.step)
+            if stage.held:
+                w.encoder_backward(stage, self.sources.pop((stage.name, v)), grad, plan, v, self.step)
+                w.micro_step(stage, v)
+
+    def replay(self, micro_batches: int, pp: int) -> None:
+        """An encoder-only rank: pipeline stage 0's forwards and backwards, in its order."""
+        from deepspeed.runtime.pipe import schedule as ds
+
+        of_buffer, next_forward = {}, 0
+        for cmds in ds.TrainSchedule(micro_batches=micro_batches, stages=pp, stage_id=0).steps():
+            for cmd in cmds:
+                if isinstance(cmd, ds.ForwardPass):
+                    of_buffer[cmd.buffer_id] = next_forward
+                    self.forward(next_forward)
+                    next_forward += 1
+                elif isinstance(cmd, ds.BackwardPass):
+                    self.backward(of_buffer[cmd.buffer_id], None)
