@@ -18,7 +18,6 @@ import torch
 
 from ..config import LANGUAGE, HeteroConfig
 from ..config.pipeline import layer_cut
-from ..errors import HeteroConfigError
 from ..models.pipeline import cut_language_stage
 from ..topology.groups import build_groups
 from ..topology.mpu import StageMPU, stage_context
@@ -46,10 +45,6 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
     held = [name for name, layout in cfg.stages.items() if layout.contains(rank)]
     language = cfg.language
     if language.pp > 1:
-        if checkpoint is not None:
-            raise HeteroConfigError(
-                "weights", "per-shard loading into a pipelined language stage (pp > 1) is not supported yet: build "
-                "the model with its weights (from_pretrained) and pass no weights=, or use pp 1")
         if language.contains(rank):  # this rank's pipeline stage only; the others' layers go to meta
             cut = layer_cut(len(modules[LANGUAGE].language_model.layers), language.pp, cfg.pp_layers)
             modules[LANGUAGE] = cut_language_stage(modules[LANGUAGE], language.coord(rank).pp, language.pp, cut)
