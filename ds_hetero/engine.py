@@ -245,15 +245,14 @@ class HeteroEngine:
         if self.config.language.pp > 1:
             raise HeteroConfigError(
                 "hetero_parallel.stages.language.pp", f"{what} with a pipelined language stage (pp > 1) is not "
-                "supported yet (each rank holds one pipeline stage's layers; gathering them is not built); "
-                "train with pp > 1, and save from a pp 1 layout")
+                "supported yet (each pipeline stage's engine would write its own DeepSpeed files and the reshard "
+                "path does not cut layers yet); save_pretrained works, and a pp 1 layout can start from its files")
 
     def save_pretrained(self, save_dir: str | os.PathLike) -> None:
         """A consolidated Hugging Face checkpoint (`from_pretrained(save_dir)`); all ranks call it.
         See checkpoint/hf_gather.py."""
         from .checkpoint.hf_gather import save_pretrained
 
-        self._refuse_pipeline("save_pretrained")
         save_pretrained(self.stages, self.model, save_dir)
 
     # ------------------------------------------------------------------ checkpoints
