@@ -20,7 +20,6 @@ import torch.distributed as dist
 
 from .config import DEFAULT_TIMEOUT_S, HeteroConfig, parse_config, read_ds_config
 from .engine import HeteroEngine
-from .errors import HeteroConfigError
 from .models import adapter_for
 from .planner.auto import resolve_auto
 from .stages.checks import check_all
@@ -60,9 +59,5 @@ def initialize(
     adapter = adapter_for(model)
     checkpoint = open_weights(model, weights)  # headers only; None for a fully built model
     cfg = prepare_config(model, config, adapter, optimizer is not None)
-    if checkpoint is not None and cfg.language.pp > 1:  # on every rank, before any collective of ours
-        raise HeteroConfigError(
-            "weights", "per-shard loading into a pipelined language stage (pp > 1) is not supported yet: build "
-            "the model with its weights (from_pretrained) and pass no weights=, or use pp 1")
     return HeteroEngine(model, cfg, training_data, collate_fn, optimizer=optimizer, seed=seed,
                         adapter=adapter, checkpoint=checkpoint)

@@ -118,3 +118,23 @@ def test_pipeline_save_pretrained(tmp_path):
     assert r["control"] > 1e-3, r
     assert [f for f in r["files"] if f.endswith(".safetensors")] == [
         "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"], r
+
+
+def test_pipeline_per_shard_loading(tmp_path):
+    """weights= with pp2 tp2: each rank reads its pipeline stage's layers only and trains exactly
+    like the same layout built from the full model."""
+    from tests.engine_parity import build_model
+    from tests.pipeline_parity import FOUR_LAYERS, per_shard_loading
+
+    checkpoint = str(tmp_path / "model")
+    build_model("llava", seed=7, **FOUR_LAYERS).save_pretrained(checkpoint)
+    for rank, r in enumerate(run_distributed(per_shard_loading, world_size=4, timeout=900, checkpoint=checkpoint)):
+        built, loaded = r["built"], r["loaded"]
+        for got, want in zip(loaded["losses"], built["losses"]):
+            assert abs(got - want) <= RTOL * abs(want), (rank, loaded["losses"], built["losses"])
+        assert r["same_names"] and r["weight_diff"] <= 1e-6, (rank, r["weight_diff"])
+        # pipeline stage 0 (ranks 0, 1) holds layers 0-1, stage 1 (ranks 2, 3) layers 2-3
+        mine = [rank >= 2] * 2 + [rank < 2] * 2
+        assert loaded["meta_layers"] == mine, (rank, loaded["meta_layers"])
+        read, full = loaded["report"]["language"]
+        assert 0 < read < full, (rank, loaded["report"])  # a pipeline stage's layers, tp rows: less than the whole
