@@ -37,7 +37,7 @@ def rank_map(cfg: HeteroConfig) -> str:
     header = ["stage", "layout", "ranks", "seq-parallel", "micro-batches", "samples/micro-batch/dp-rank", "ZeRO",
               "memory options"]
     rows = [
-        [name, f"tp{l.tp} cp{l.cp} dp{l.dp}", _ranges(l.ranks), "yes" if l.sequence_parallel else "no",
+        [name, f"tp{l.tp} cp{l.cp} dp{l.dp}" + (f" pp{l.pp}" if l.pp > 1 else ""), _ranges(l.ranks), "yes" if l.sequence_parallel else "no",
          str(cfg.micro_batches_of(name)),
          str(cfg.micro_batch_size(name)) + (" (items by cost)" if name != "language" and cfg.balance_of(name) == "tokens"
                                             else ""),
@@ -46,12 +46,14 @@ def rank_map(cfg: HeteroConfig) -> str:
     ]
     lines += _table(header, rows)
     lines.append("")
-    header = ["rank"] + [f"{name} (tp,cp,dp)" for name in cfg.stages]
+    # a pipelined stage shows each rank's pipeline stage as a fourth coordinate
+    header = ["rank"] + [f"{name} (tp,cp,dp{',pp' if l.pp > 1 else ''})" for name, l in cfg.stages.items()]
     rows = []
     for rank in range(cfg.world_size):
         row = [str(rank)]
         for layout in cfg.stages.values():
-            row.append("{},{},{}".format(*layout.coord(rank)) if layout.contains(rank) else "-")
+            coord = tuple(layout.coord(rank))[: 4 if layout.pp > 1 else 3] if layout.contains(rank) else None
+            row.append(",".join(map(str, coord)) if coord else "-")
         rows.append(row)
     lines += _table(header, rows)
     return "\n".join(lines)

@@ -22,17 +22,33 @@ import torch.distributed as dist
 from .boundary import BoundaryCommunicator
 from .config import HeteroConfig
 from .data import agreement
+from .errors import HeteroConfigError
 from .data.loader import GlobalBatchLoader
 from .data.samples import as_sample_list
 from .loss import label_token_count
 from .models import adapter_for
 from .result import StepResult
-from .schedule import ColocatedSchedule, DisaggregatedSchedule
+from .schedule import ColocatedSchedule, DisaggregatedSchedule, PipelineSchedule
 from .stages import global_step
 from .stages.build import build_stage_set
 from .step.plan import StepPlan
 from .step.shares import stage_samples
 from .timeline import Timeline, bubble_fraction
+
+
+def boundaries(stages, hidden_size: int) -> dict[str, BoundaryCommunicator]:
+    """A boundary communicator per encoder stage whose exchanges this rank takes part in (it holds
+    the encoder or the destination), over that pair's own group (topology/groups.py).
+
+    The destination is the language stage, or with a pipeline its first pipeline stage (the
+    ranks that hold the embeddings): rows go there only, and their gradients come back from
+    there. With a pipeline the placement of each pair is read from the rank sets.
+    """
+    language = stages.config.language
+    dst = language.chunk(0) if language.pp > 1 else language
+    placement = None if language.pp > 1 or stages.config.placement == "first_stage" else stages.config.placement
+    return {stage.name: BoundaryCommunicator(stage.layout, dst, stages.groups, placement, hidden_size=hidden_size)
+            for stage in stages.encoders if stages.groups.pair_member(stage.name)}
 
 
 class HeteroEngine:
@@ -75,17 +91,12 @@ class HeteroEngine:
         self.adapter = adapter if adapter is not None else adapter_for(model)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.stages, self.load_report = build_stage_set(model, config, self.adapter, self.rank, optimizer, checkpoint)
-        # One communicator per encoder whose exchanges this rank takes part in (it holds the encoder
-        # or the language stage), over that pair's own group (topology/groups.py).
-        self.boundaries = {
-            stage.name: BoundaryCommunicator(stage.layout, config.language, self.stages.groups, config.placement,
-                                             hidden_size=self.adapter.hidden_size)
-            for stage in self.stages.encoders if self.stages.groups.pair_member(stage.name)
-        }
+        self.boundaries = boundaries(self.stages, self.adapter.hidden_size)
         self.timeline = Timeline()
-        # "mixed" (some encoders colocated with the language stage, some apart) runs the pipelined
-        # schedule: it treats a colocated pair as a pair whose exchange copies rows locally.
-        schedule = ColocatedSchedule if config.placement == "colocated" else DisaggregatedSchedule
+        # "mixed" (some encoders colocated with the language stage, some apart) runs the two-stage
+        # 1F1B schedule: it treats a colocated pair as a pair whose exchange copies rows locally.
+        schedule = (PipelineSchedule if config.language.pp > 1 else
+                    ColocatedSchedule if config.placement == "colocated" else DisaggregatedSchedule)
         self.schedule = schedule(self.stages, self.boundaries, self.adapter, self.timeline)
         self.loader = (
             GlobalBatchLoader(training_data, config.global_batch_size, collate_fn, seed=seed)
@@ -176,7 +187,8 @@ class HeteroEngine:
                                           for s in samples)
             except ValueError as exc:  # a malformed light sample, seen only through its token ids
                 problem = str(exc)
-            if language.held and language.coord.tp == 0 and language.coord.cp == 0:
+            # one pipeline stage counts (every pipeline stage of a dp replica reads the same samples)
+            if language.held and language.coord.tp == 0 and language.coord.cp == 0 and language.coord.pp == 0:
                 for m in range(self.config.micro_batches):
                     for p in stage_samples(self.config, language.name, language.coord.dp, m):
                         mine += label_token_count(samples[p]["labels"])
@@ -239,8 +251,17 @@ class HeteroEngine:
         """Forward only, no gradients: the loss of `samples` (full samples, the same list on every
         rank, any number), identical on every rank; see schedule/evaluation.py."""
         from .schedule.evaluation import EvaluationSchedule
+        from .schedule.pipeline_eval import PipelineEvaluationSchedule
 
-        return EvaluationSchedule(self.stages, self.boundaries, self.adapter, self.timeline).run(samples)
+        schedule = PipelineEvaluationSchedule if self.config.language.pp > 1 else EvaluationSchedule
+        return schedule(self.stages, self.boundaries, self.adapter, self.timeline).run(samples)
+
+    def _refuse_pipeline(self, what: str) -> None:
+        if self.config.language.pp > 1:
+            raise HeteroConfigError(
+                "hetero_parallel.stages.language.pp", f"{what} with a pipelined language stage (pp > 1) is not "
+                "supported yet (each pipeline stage's engine would write its own DeepSpeed files and the reshard "
+                "path does not cut layers yet); save_pretrained works, and a pp 1 layout can start from its files")
 
     def save_pretrained(self, save_dir: str | os.PathLike) -> None:
         """A consolidated Hugging Face checkpoint (`from_pretrained(save_dir)`); all ranks call it.
@@ -257,12 +278,14 @@ class HeteroEngine:
         """
         from .checkpoint import save_checkpoint
 
+        self._refuse_pipeline("save_checkpoint")
         return save_checkpoint(self.stages, self.model, save_dir, tag, self.global_steps, self._data_position())
 
     def load_checkpoint(self, load_dir: str | os.PathLike, tag: str | None = None) -> str:
         """Load save_dir's `latest` (or `tag`), saved with this layout or any other; all ranks call it."""
         from .checkpoint import load_checkpoint
 
+        self._refuse_pipeline("load_checkpoint")
         tag, self.global_steps = load_checkpoint(self.stages, load_dir, tag, self._data_position())
         return tag  # the loader continues from the saved step: its order is a function of (seed, step)
 

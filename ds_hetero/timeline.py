@@ -115,3 +115,29 @@ def chrome_trace(spans_per_rank: list[list[Span]]) -> dict:
                 "args": {"step": s.step},
             })
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def pipeline_overlap(spans_per_rank: list[list[Span]], step: int) -> list[dict[str, float]]:
+    """Per rank, in one step: where its time went around a pipelined language stage.
+
+    encoder_s            the rank's encoder forward and backward time
+    language_s           the rank's language (pipeline stage) forward and backward time
+    pipeline_wait_s      time blocked on a pipeline neighbour (fill, drain, stragglers)
+    encoder_in_pipeline_s  encoder time inside the pipeline's window (from the first language
+                         forward to the last language backward on any rank): encoder work that
+                         ran while some pipeline stage was filling or draining
+    """
+    mine = [[s for s in spans if s.step == step] for spans in spans_per_rank]
+    language = [s for spans in mine for s in spans if s.name.startswith("language.")]
+    lo = min((s.start for s in language), default=0.0)
+    hi = max((s.end for s in language), default=0.0)
+    out = []
+    for spans in mine:
+        encoder = [s for s in spans if s.category in ("forward", "backward") and not s.name.startswith("language.")]
+        out.append({
+            "encoder_s": sum(s.end - s.start for s in encoder),
+            "language_s": sum(s.end - s.start for s in spans if s.name.startswith("language.")),
+            "pipeline_wait_s": sum(s.end - s.start for s in spans if s.category == "pipeline"),
+            "encoder_in_pipeline_s": sum(max(0.0, min(s.end, hi) - max(s.start, lo)) for s in encoder),
+        })
+    return out

@@ -2,6 +2,8 @@
 
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_colocated.json
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_disaggregated.json --trace t.json
+    deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_pipeline.json
+    deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_pipeline_first_stage.json
     deepspeed --num_gpus 4 recipes/train_llava.py --model-family omni --deepspeed_config ds_configs/omni_colocated.json
 
 `--model-family omni` trains a tiny Qwen2.5-Omni thinker (vision + audio + language stages) on the
@@ -121,7 +123,8 @@ def main(argv=None) -> int:
         from tqdm import tqdm
 
         print(f"ds_hetero: {cfg.placement}, " + ", ".join(
-            f"{n} tp{l.tp} cp{l.cp} dp{l.dp} ({_memory_options(engine, n)})" for n, l in cfg.stages.items())
+            f"{n} tp{l.tp} cp{l.cp} dp{l.dp}" + (f" pp{l.pp}" if l.pp > 1 else "") + f" ({_memory_options(engine, n)})"
+            for n, l in cfg.stages.items())
             + f"; global batch {cfg.global_batch_size} in {cfg.micro_batches} micro-batches; "
             f"{sum(p.numel() for p in model.parameters()):,} parameters", flush=True)
         bar = tqdm(total=args.steps, desc="train", file=sys.stdout, dynamic_ncols=True)
@@ -154,6 +157,13 @@ def main(argv=None) -> int:
     dist.all_gather_object(sent, sum(r.boundary_bytes for r in history))
     bubbles = [None] * engine.world_size
     dist.all_gather_object(bubbles, round(sum(r.bubble_fraction for r in tail) / len(tail), 3))
+    pipeline = None
+    if cfg.language.pp > 1:  # where each rank's time went around the pipeline, in the last step
+        from ds_hetero.timeline import pipeline_overlap
+
+        last = [None] * engine.world_size
+        dist.all_gather_object(last, engine.timeline.step_spans(len(history) - 1))
+        pipeline = [{k: round(v, 4) for k, v in row.items()} for row in pipeline_overlap(last, len(history) - 1)]
     if args.trace:
         from ds_hetero.timeline import chrome_trace
 
@@ -182,6 +192,8 @@ def main(argv=None) -> int:
         "stage_memory_options": {n: _memory_options(engine, n) for n in cfg.stages},
         "boundary_backward_bytes_per_step_rank0": sum(r.boundary_bytes_backward for r in history) / len(history),
     }
+    if pipeline is not None:
+        summary["pipeline_last_step_per_rank"] = pipeline
     if rank == 0:
         print("\nsummary")
         for key, value in summary.items():

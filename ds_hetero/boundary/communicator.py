@@ -170,7 +170,9 @@ class BoundaryCommunicator:
         self.src, self.dst = src, dst
         self.placement = check_placement(src, dst, placement)
         for layout in (src, dst):
-            if groups.stages[layout.name].layout != layout:
+            built = groups.stages[layout.name].layout
+            # a pipelined destination is its first pipeline stage (StageLayout.chunk(0))
+            if built != layout and not (built.pp > 1 and built.chunk(0) == layout):
                 raise HeteroConfigError(
                     "stages", f"layout of {layout.name!r} differs from the one the groups were built for")
         self.rank = groups.stages[src.name].rank
@@ -186,6 +188,7 @@ class BoundaryCommunicator:
         except KeyError as exc:
             raise HeteroConfigError("stages", f"{exc.args[0]}; the stages {src.name!r} and {dst.name!r} need "
                                     "one") from None
+        self.peers = peers
         # Source replicas hold identical rows; they complete each other's gradients.
         self.replica_group = groups.stages[src.name].model if src.contains(self.rank) else None
         # The plan indexes splits by sorted global rank: the groups must number ranks that way.

@@ -118,6 +118,10 @@ def check_placement(src: StageLayout, dst: StageLayout, placement: str | None) -
     """
     a, b = set(src.ranks), set(dst.ranks)
     actual = "colocated" if a == b else "disaggregated" if not (a & b) else None
+    if actual is None and b < a:
+        # the language's first pipeline stage inside the encoder's ranks (colocated with pp > 1):
+        # the plan is the same arithmetic, rows a rank already holds are copied locally
+        actual = "nested"
     if actual is None:
         raise HeteroConfigError(
             "placement", f"stages {src.name!r} {sorted(a)} and {dst.name!r} {sorted(b)} partly overlap; "

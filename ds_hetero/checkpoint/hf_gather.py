@@ -8,8 +8,8 @@ Per stage, on the stage's ranks only:
                            share the model's parameter objects, so each tensor gets the name(s)
                            the model itself uses (tied aliases keep every name; the writer drops them)
 
-Who writes what: the first rank of each stage writes that stage's weights to its own file
-(`model-0000i-of-0000n.safetensors`), then rank 0 writes the index and the configs from the
+Who writes what: the first rank of each stage (of each pipeline stage of a pipelined language
+stage) writes that stage's weights to its own file (`model-0000i-of-0000n.safetensors`), then rank 0 writes the index and the configs from the
 (small) weight maps every writer reports. Why not gather everything on rank 0: in disaggregated
 placement no rank holds both stages, and moving one stage's full weights over the boundary
 would cost rank 0 the memory of the whole model and the network the whole model's bytes; with
@@ -42,7 +42,9 @@ def _stage_tensors(stages, model) -> dict[str, list[torch.Tensor]]:
                 owner[id(t)] = stage.name
                 tensors.append(t)
         out[stage.name] = tensors
-    missing = sorted(n for n, t in named.items() if id(t) not in owner)
+    # with a pipelined language stage the other pipeline stages' layers are on the meta device
+    # here: their ranks write them (the union is checked after the files are written)
+    missing = sorted(n for n, t in named.items() if id(t) not in owner and not t.is_meta)
     if missing:  # the adapter's stages must cover the whole model, or the checkpoint would be partial
         raise RuntimeError(f"save_pretrained: {len(missing)} model tensors belong to no stage, e.g. {missing[:3]}")
     return out
@@ -69,13 +71,19 @@ def save_pretrained(stages, model, save_dir: str | os.PathLike) -> None:
     for name, t in model.state_dict(keep_vars=True).items():
         names[id(t)].append(name)
     per_stage = _stage_tensors(stages, model)  # raises on every rank alike, before any collective
-    n_files = len(per_stage)
-    report = ({}, 0)
-    for i, stage in enumerate(stages):
+    # one file per stage, and per pipeline stage of a pipelined stage (written by its first rank)
+    first_file = {}
+    for stage in stages:
+        first_file[stage.name] = sum(s.layout.pp for s in stages if list(stages.stages).index(s.name)
+                                     < list(stages.stages).index(stage.name))
+    n_files = sum(s.layout.pp for s in stages)
+    report = ({}, 0, [])  # (checkpoint name -> file, bytes, model names written)
+    for stage in stages:
         if not stage.held:  # disaggregated: another rank set holds it
             continue
+        i = first_file[stage.name] + stage.coord.pp
         on_writer_replica = stage.coord.dp == 0 and stage.coord.cp == 0
-        is_writer = stages.rank == stage.first_rank
+        is_writer = stages.rank == stage.norm_rank  # the stage's (pipeline stage's) first rank
         full = {}
         with stage.context():
             for t in per_stage[stage.name]:
@@ -85,10 +93,13 @@ def save_pretrained(stages, model, save_dir: str | os.PathLike) -> None:
                         full[name] = value
         if is_writer:
             weight_map, size = write_weights_file(save_dir, shard_file_name(i, n_files), full, model)
-            report = ({**report[0], **weight_map}, report[1] + size)
+            report = ({**report[0], **weight_map}, report[1] + size, report[2] + list(full))
     reports = [None] * dist.get_world_size(stages.boundary_group)
     dist.all_gather_object(reports, report, group=stages.boundary_group)
+    weight_map = {k: v for r in reports for k, v in r[0].items()}
+    missing = sorted(set(model.state_dict(keep_vars=True)) - {n for r in reports for n in r[2]})
+    if missing:  # every rank sees the same reports: all raise alike
+        raise RuntimeError(f"save_pretrained: {len(missing)} model tensors were written by no rank, e.g. {missing[:3]}")
     if stages.rank == 0:
-        weight_map = {k: v for r in reports for k, v in r[0].items()}
         write_index(save_dir, weight_map, sum(r[1] for r in reports), model)
     dist.barrier(group=stages.boundary_group)

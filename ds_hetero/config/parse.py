@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from ..errors import HeteroConfigError
+from .pipeline import parse_pipeline
 from .ranks import assign_ranks
 from .read import read_ds_config
 from .stage_options import parse_stage_options
@@ -55,7 +56,7 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
 
     placement = section.get("placement", "colocated")
     if placement not in PLACEMENTS:
-        raise HeteroConfigError(f"{SECTION}.placement", f"got {placement!r}; valid values are {' or '.join(PLACEMENTS)}")
+        raise HeteroConfigError(f"{SECTION}.placement", f"got {placement!r}; valid values are {', '.join(PLACEMENTS[:-1])} or {PLACEMENTS[-1]}")
     micro_batches = _positive_int(section.get("micro_batches", 1), f"{SECTION}.micro_batches")
     timeout_s = section.get("timeout_s", DEFAULT_TIMEOUT_S)
     if (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0
@@ -106,6 +107,7 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
         encoder_micro_batches=MappingProxyType(encoder_mbs),
         encoder_balance=MappingProxyType(encoder_balance),
         options=MappingProxyType({name: spec["options"] for name, spec in specs.items()}),
+        pp_layers=specs[LANGUAGE]["pp_layers"],
     )
 
 
@@ -147,9 +149,9 @@ def _encoder_micro_batches(specs: dict[str, dict[str, Any]], micro_batches: int,
                     field, f"got {value}; the language stage's micro-batches are {SECTION}.micro_batches "
                     f"({micro_batches}): remove this key or set {SECTION}.micro_batches")
             continue
-        if placement in ("disaggregated", "mixed") and value != micro_batches:
+        if placement != "colocated" and value != micro_batches:
             raise HeteroConfigError(
-                field, f"got {value}, but placement {placement!r} pipelines encoder and language "
+                field, f"got {value}, but placement \"{placement}\" pipelines encoder and language "
                 f"micro-batches one for one (1F1B), so an encoder takes {SECTION}.micro_batches ({micro_batches}) "
                 "passes; remove the key or use placement \"colocated\"")
         if micro_batches % value:
@@ -194,6 +196,7 @@ def _stage_specs(section: Mapping[str, Any], placement: str) -> dict[str, dict[s
             "balance": raw.get("balance"),
             "options": parse_stage_options(raw, sfield),
         }
+        spec["pp"], spec["pp_layers"] = parse_pipeline(name, raw, _positive_int)
         if not isinstance(spec["sequence_parallel"], bool):
             raise HeteroConfigError(f"{sfield}.sequence_parallel", f"must be true or false, got {spec['sequence_parallel']!r}")
         if name != LANGUAGE and spec["cp"] != 1:

@@ -1,5 +1,6 @@
 """Which global ranks each stage runs on: colocated (all of them), disaggregated (disjoint sets), or
-mixed (each encoder on the language stage's ranks or on ranks of its own)."""
+mixed (each encoder on the language stage's ranks or on ranks of its own) or first_stage (every
+encoder on the ranks of the language's first pipeline stage)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,17 @@ from typing import Any
 
 from ..errors import HeteroConfigError
 from ..topology.layout import StageLayout
-from .schema import SECTION
+from .schema import LANGUAGE, SECTION
 
 
 def assign_ranks(specs: dict[str, dict[str, Any]], placement: str, world_size: int) -> dict[str, StageLayout]:
-    sizes = {name: s["tp"] * s["cp"] * s["dp"] for name, s in specs.items()}
+    sizes = {name: s["tp"] * s["cp"] * s["dp"] * s.get("pp", 1) for name, s in specs.items()}
     field = f"{SECTION}.stages"
 
     def explain(name):
         s = specs[name]
+        if s.get("pp", 1) > 1:
+            return f"tp x cp x dp x pp = {s['tp']} x {s['cp']} x {s['dp']} x {s['pp']} = {sizes[name]}"
         return f"tp x cp x dp = {s['tp']} x {s['cp']} x {s['dp']} = {sizes[name]}"
 
     for name, spec in specs.items():
@@ -31,6 +34,8 @@ def assign_ranks(specs: dict[str, dict[str, Any]], placement: str, world_size: i
     layouts: dict[str, StageLayout] = {}
     if placement == "mixed":
         return _mixed(specs, sizes, world_size, explain)
+    if placement == "first_stage":
+        return _first_stage(specs, sizes, explain, world_size)
     if placement == "colocated":
         everyone = tuple(range(world_size))
         for name, spec in specs.items():
@@ -114,9 +119,34 @@ def _mixed(specs, sizes, world_size: int, explain) -> dict[str, StageLayout]:
     return {name: _layout(name, spec, ranks[name]) for name, spec in specs.items()}
 
 
+def _first_stage(specs, sizes, explain, world_size: int) -> dict[str, StageLayout]:
+    """The language spans the world; every encoder takes exactly its first pipeline stage's ranks."""
+    field = f"{SECTION}.stages"
+    language = specs[LANGUAGE]
+    if sizes[LANGUAGE] != world_size:
+        raise HeteroConfigError(f"{field}.{LANGUAGE}", f"{explain(LANGUAGE)} but placement \"first_stage\" runs the "
+                                f"language stage on all {world_size} ranks; choose sizes whose product is {world_size}")
+    first = language["tp"] * language["cp"] * language["dp"]
+    language_ranks = language["ranks"] or tuple(range(world_size))
+    layouts = {}
+    for name, spec in specs.items():
+        if name == LANGUAGE:
+            continue
+        if sizes[name] != first:
+            raise HeteroConfigError(
+                f"{field}.{name}", f"{explain(name)}, but placement \"first_stage\" puts the encoder on the {first} "
+                f"ranks of the language's first pipeline stage (tp x cp x dp); choose sizes whose product is {first}")
+        if spec["ranks"] is not None:
+            raise HeteroConfigError(f"{field}.{name}.ranks", "placement \"first_stage\" places the encoder on the "
+                                    "language's first pipeline stage itself; remove the key")
+        layouts[name] = _layout(name, spec, language_ranks[:first])
+    layouts[LANGUAGE] = _layout(LANGUAGE, language, language_ranks)
+    return {name: layouts[name] for name in specs}  # config order
+
+
 def _layout(name: str, spec: dict[str, Any], ranks: tuple[int, ...]) -> StageLayout:
     return StageLayout(
         name=name, tp=spec["tp"], cp=spec["cp"], dp=spec["dp"], ranks=tuple(ranks),
-        sequence_parallel=spec["sequence_parallel"],
+        sequence_parallel=spec["sequence_parallel"], pp=spec.get("pp", 1),
     )
 

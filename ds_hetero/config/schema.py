@@ -5,14 +5,15 @@ rejects unknown keys inside its own sections), so the plugin owns one top-level 
 
     "train_batch_size": 16,                      # the global batch: samples per optimizer step
     "hetero_parallel": {
-        "placement": "colocated",                # or "disaggregated", or "mixed" (docs/multi-encoder.md)
+        "placement": "colocated",                # or "disaggregated", "mixed" (docs/multi-encoder.md), "first_stage"
         "micro_batches": 2,                      # gradient accumulation steps of every stage
         "timeout_s": 300,                        # a collective that waits longer raises
         "balance": "tokens",                     # encoder images to dp ranks by cost, or "position"
         "stages": {
             "vision":   {"tp": 1, "dp": 4, "micro_batches": 1},   # encoder passes per step
             "audio":    {"tp": 2, "dp": 2, "balance": "position"}, # per-encoder balance (docs/multi-encoder.md)
-            "language": {"tp": 2, "cp": 1, "dp": 2, "sequence_parallel": false}
+            "language": {"tp": 2, "cp": 1, "dp": 2, "sequence_parallel": false,
+                         "pp": 1, "pp_layers": null}         # pipeline stages (config/pipeline.py)
         }                                        # + recompute, zero_stage, freeze (stage_options.py)
     }
 
@@ -33,7 +34,10 @@ from ..topology.layout import StageLayout
 from .stage_options import OPTION_KEYS, StageOptions
 
 SECTION = "hetero_parallel"
-PLACEMENTS = ("colocated", "disaggregated", "mixed")
+# mixed: each encoder on the language stage's ranks or on ranks of its own (docs/multi-encoder.md).
+# first_stage: every encoder on exactly the ranks of the language's first pipeline stage (any
+# layout over them): with the language's tp it is Megatron's single layout, the usual baseline.
+PLACEMENTS = ("colocated", "disaggregated", "mixed", "first_stage")
 LANGUAGE = "language"
 ENCODER_STAGES = ("vision", "audio")
 STAGE_NAMES = ENCODER_STAGES + (LANGUAGE,)
@@ -41,7 +45,7 @@ SECTION_KEYS = ("placement", "micro_batches", "stages", "timeout_s", "balance")
 DEFAULT_TIMEOUT_S = 300.0  # a collective waiting longer than this raises instead of hanging
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # process-group timeouts are integer milliseconds: keep them finite and sane
 BALANCES = ("tokens", "position")  # how encoder images go to dp ranks (step/balance.py)
-STAGE_KEYS = ("tp", "cp", "dp", "ranks", "sequence_parallel", "micro_batches", "balance") + OPTION_KEYS
+STAGE_KEYS = ("tp", "cp", "dp", "ranks", "sequence_parallel", "micro_batches", "balance", "pp", "pp_layers") + OPTION_KEYS
 # DeepSpeed batch keys that ds_hetero derives per stage.
 DERIVED_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -78,6 +82,8 @@ class HeteroConfig:
             return own
         section = self.ds_config.get("zero_optimization")
         return int(section.get("stage", 0)) if isinstance(section, Mapping) else 0
+
+    pp_layers: tuple[int, ...] | None = None  # the language's layers per pipeline stage (None: even cut)
 
     def micro_batches_of(self, stage: str) -> int:
         """Forward/backward passes of `stage` per step (its DeepSpeed gradient_accumulation_steps)."""

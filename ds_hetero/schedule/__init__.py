@@ -2,5 +2,6 @@
 
 from .colocated import ColocatedSchedule
 from .disaggregated import DisaggregatedSchedule
+from .pipeline import PipelineSchedule
 
-__all__ = ["ColocatedSchedule", "DisaggregatedSchedule"]
+__all__ = ["ColocatedSchedule", "DisaggregatedSchedule", "PipelineSchedule"]

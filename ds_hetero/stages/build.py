@@ -4,7 +4,9 @@ In an order every rank follows identically (group creation and `deepspeed.initia
 collective): process groups of every stage -> shard each stage over its tp group -> cut the
 model into stage modules -> read each held stage's weights shard (if a checkpoint was given)
 -> free the modules of stages this rank does not hold -> one `deepspeed.initialize` per held
-stage, each with its own StageMPU and batch keys.
+stage, each with its own StageMPU and batch keys. With a pipelined language stage (pp > 1) a rank
+holds one pipeline stage of it (models/pipeline.py): its Stage's module and engine are that
+chunk's, its mpu answers for the chunk's tp/cp/dp groups (gradients reduced over the chunk's dp).
 
 Frozen parameters (`stages.<name>.freeze`, or `requires_grad=False` set by the user) are marked
 before sharding (models/freeze.py); a stage with none left to train gets an engine without an
@@ -19,8 +21,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..config import HeteroConfig
+from ..config import LANGUAGE, HeteroConfig
+from ..config.pipeline import layer_cut
 from ..models.freeze import apply_freeze, trainable_parameters
+from ..models.pipeline import cut_language_stage
 from ..models.recompute import enable_recompute
 from ..topology.groups import build_groups
 from ..topology.mpu import StageMPU, stage_context
@@ -41,6 +45,11 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
     adapter.shard(groups, cfg)  # per-stage tensor parallelism (checks first, then shards)
     modules = adapter.split()
     held = [name for name, layout in cfg.stages.items() if layout.contains(rank)]
+    language = cfg.language
+    if language.pp > 1:
+        if language.contains(rank):  # this rank's pipeline stage only; the others' layers go to meta
+            cut = layer_cut(len(modules[LANGUAGE].language_model.layers), language.pp, cfg.pp_layers)
+            modules[LANGUAGE] = cut_language_stage(modules[LANGUAGE], language.coord(rank).pp, language.pp, cut)
     load_report = None if checkpoint is None else load_stages(
         model, {n: modules[n] for n in held}, {n: (groups[n].coord.tp, cfg.stages[n].tp) for n in held}, checkpoint)
     stages = {}

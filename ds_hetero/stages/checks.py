@@ -40,6 +40,7 @@ def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) 
             f"hetero_parallel.stages.{extra[0]}",
             f"no model adapter has an {extra[0]!r} encoder stage yet (they have {', '.join(known)}); remove it")
     check_sequence_shards(cfg, cfg.zero_stage_of(cfg.language.name))
+    check_pipeline(cfg, cfg.zero_stage_of(cfg.language.name))
     if "optimizer" not in ds and not has_client_optimizer:
         raise HeteroConfigError(
             "optimizer", 'missing; every stage engine builds its optimizer from it, e.g. '
@@ -90,6 +91,40 @@ def check_sequence_shards(cfg: HeteroConfig, zero: int) -> None:
             "differ; remove the key (default true)")
 
 
+def check_pipeline(cfg: HeteroConfig, zero: int) -> None:
+    """What a pipelined language stage (pp > 1) runs with today."""
+    language = cfg.language
+    if language.pp == 1:
+        return
+    field = "hetero_parallel.stages.language.pp"
+    if zero == 3:
+        raise HeteroConfigError(
+            "zero_optimization.stage", "ZeRO stage 3 with a pipelined language stage (pp > 1) is not supported: each "
+            "pipeline stage's engine would gather its parameters around point-to-point sends it does not see; use "
+            "ZeRO stage 0, 1 or 2")
+    if language.cp > 1 or language.sequence_parallel:
+        raise HeteroConfigError(
+            field, f"got {language.pp} with a sequence-sharded language stage (cp > 1 or sequence_parallel): "
+            "pipeline stages with sequence shards are not supported yet; use pp 1 or cp 1 without sequence_parallel")
+
+
+def check_pipeline_model(cfg: HeteroConfig, model) -> None:
+    """The layer cut fits the decoder, and no weight is shared between the first and last chunk."""
+    from ..config.pipeline import layer_cut
+
+    if cfg.language.pp == 1:
+        return
+    text = getattr(model.config, "text_config", model.config)
+    layer_cut(text.num_hidden_layers, cfg.language.pp, cfg.pp_layers)
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if head is not None and embed is not None and head.weight is embed.weight:
+        raise HeteroConfigError(
+            "model.config.tie_word_embeddings",
+            "tied input and output embeddings with a pipelined language stage (pp > 1): the embeddings live on the "
+            "first pipeline stage and the head on the last, and summing their gradients over both (Megatron's "
+            "embedding group) is not built yet; untie them or use pp 1")
+
+
 def check_model(cfg: HeteroConfig, model) -> None:
     """The model-level checks: an adapter exists, every tp divides what it must (heads, kv
     heads, MLP width, vocabulary), every freeze entry names parameters and something trains.
@@ -105,6 +140,7 @@ def check_model(cfg: HeteroConfig, model) -> None:
     adapter.check_layouts(cfg)
     check_freeze(cfg, adapter)
     check_recompute(cfg, adapter)
+    check_pipeline_model(cfg, model)
 
 
 def check_all(cfg: HeteroConfig, model=None, has_client_optimizer: bool = False) -> None:

@@ -1,7 +1,8 @@
 """The optimizer step of all stages as of one model: one gradient norm over every stage, one clip.
 
 Each stage's gradient norm is identical on its ranks (clipping.stage_norm); the stage's first
-rank alone contributes it, so one all-reduce over the boundary group gives every rank the
+rank alone contributes it (with a pipelined language stage, the first rank of every pipeline
+stage contributes that stage's layers: their squares add up to the stage's norm), so one all-reduce over the boundary group gives every rank the
 model's norm. The same all-reduce carries the step's loss sum and label count, which is how a
 rank that holds no language stage (disaggregated placement) learns the loss.
 """
@@ -31,13 +32,14 @@ def combine_norms_and_loss(stages: StageSet, norms: dict[str, float], loss_sum: 
                            n_labels: int) -> tuple[float, float, int]:
     """(all-stage gradient norm, global loss sum, global label count) on every rank, in one all-reduce.
 
-    The local loss sums come from tp rank 0 of every cp shard of every language dp replica,
-    the label count from the language stage's first rank.
+    The local loss sums come from tp rank 0 of every cp shard of every language dp replica
+    (with a pipeline only the last pipeline stage has a loss: the others pass 0), the label
+    count from the language stage's first rank.
     """
     all_stages = list(stages)
     vec = torch.zeros(len(all_stages) + 2, dtype=torch.float64, device=stages.device)
     for i, stage in enumerate(all_stages):
-        if stage.name in norms and stages.rank == stage.first_rank:
+        if stage.name in norms and stages.rank == stage.norm_rank:
             norm = norms[stage.name]
             # DeepSpeed reports an invalid norm as -1: carry it as inf so every stage skips
             vec[i] = norm * norm if norm >= 0 and math.isfinite(norm) else float("inf")

@@ -61,6 +61,17 @@ class Stage:
         """The stage's rank 0 (it writes the stage's files and contributes its gradient norm once)."""
         return self.layout.ranks[0]
 
+    @property
+    def norm_rank(self) -> int:
+        """The rank that contributes this rank's part of the stage to the global gradient norm:
+        the stage's rank 0, or with a pipeline the rank 0 of this rank's pipeline stage (each
+        pipeline stage's engine holds only its own layers)."""
+        return self.layout.rank_at(pp=self.coord.pp)
+
+    @property
+    def pipeline(self) -> bool:
+        return self.layout.pp > 1
+
     @contextlib.contextmanager
     def context(self) -> Iterator[None]:
         with stage_context(self.mpu):

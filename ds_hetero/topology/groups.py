@@ -61,6 +61,7 @@ class StageGroups:
     model: dist.ProcessGroup | None
     stage: dist.ProcessGroup | None
     ranks_of: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    pp: dist.ProcessGroup | None = None  # this rank's pipeline neighbours (None without a pipeline)
 
     @property
     def is_member(self) -> bool:
@@ -87,6 +88,8 @@ class HeteroGroups:
     boundary: dist.ProcessGroup
     boundary_ranks: tuple[int, ...]
     cache: GroupCache
+    # encoder -> the ranks of its boundary exchanges: its own and its destination's (the language
+    # stage, or with pp > 1 the language's first pipeline stage), one group each
     pairs: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __getitem__(self, stage: str) -> StageGroups:
@@ -140,6 +143,7 @@ def build_groups(
             dp=mine.get("dp"),
             dp_cp=mine.get("dp_cp"),
             model=mine.get("model"),
+            pp=mine.get("pp"),
             stage=stage_group if layout.contains(rank) else None,
             ranks_of=ranks_of,
         )
@@ -147,8 +151,10 @@ def build_groups(
     boundary = cache.get(boundary_ranks)
     pairs = {}
     if language in layouts:
+        lang = layouts[language]
+        destination = lang.chunk(0) if lang.pp > 1 else lang  # the boundary ends at the first pipeline stage
         for name, layout in layouts.items():
-            if name != language:  # colocated: the pair's ranks are the union, the same group
-                pairs[name] = tuple(sorted(set(layout.ranks) | set(layouts[language].ranks)))
+            if name != language:  # colocated without pp: the pair's ranks are the union, the same group
+                pairs[name] = tuple(sorted(set(layout.ranks) | set(destination.ranks)))
                 cache.get(pairs[name])
     return HeteroGroups(stages=stages, boundary=boundary, boundary_ranks=boundary_ranks, cache=cache, pairs=pairs)

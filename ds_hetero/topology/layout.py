@@ -1,9 +1,15 @@
 """Stage layouts: the pure rank arithmetic of one stage (no torch.distributed here).
 
 A stage runs on an explicit tuple of global ranks. Inside the stage the local index of a
-rank orders the axes with tp varying fastest, then cp, then dp (Megatron's convention):
+rank orders the axes with tp varying fastest, then cp, then dp, then pp (Megatron's default
+order and DeepSpeed's `PipeModelDataParallelTopology`: pp outermost):
 
-    local = tp_rank + tp * (cp_rank + cp * dp_rank),    global = ranks[local]
+    local = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank)),    global = ranks[local]
+
+so the first tp*cp*dp ranks of a pipelined (language) stage are its first pipeline stage, and
+`chunk(k)` is pipeline stage k's own tp x cp x dp layout over its rank subset. The tp, cp, dp
+and model groups are groups inside one pipeline stage; the pp groups join the ranks at the
+same (tp, cp, dp) coordinate of every pipeline stage (point-to-point neighbours).
 
 Every group of the stage is a tuple of global ranks, listed in a fixed order so that every
 process enumerates them identically (group construction is collective over the world).
@@ -19,11 +25,12 @@ AXES = ("tp", "cp", "dp")
 
 
 class Coord(NamedTuple):
-    """A rank's position inside one stage."""
+    """A rank's position inside one stage (pp 0 in a stage without a pipeline)."""
 
     tp: int
     cp: int
     dp: int
+    pp: int = 0
 
 
 @dataclass(frozen=True)
@@ -40,16 +47,18 @@ class StageLayout:
     dp: int
     ranks: tuple[int, ...]
     sequence_parallel: bool = False
+    pp: int = 1  # pipeline stages (the language stage only; config/parse.py refuses it elsewhere)
 
     def __post_init__(self) -> None:
         # Config validation gives users field-level messages; these asserts guard direct use.
-        for axis in AXES:
+        for axis in AXES + ("pp",):
             size = getattr(self, axis)
             if not isinstance(size, int) or size < 1:
                 raise ValueError(f"stage {self.name!r}: {axis} must be a positive int, got {size!r}")
-        if self.tp * self.cp * self.dp != len(self.ranks):
+        if self.tp * self.cp * self.dp * self.pp != len(self.ranks):
+            axes = "tp*cp*dp*pp" if self.pp > 1 else "tp*cp*dp"
             raise ValueError(
-                f"stage {self.name!r}: tp*cp*dp = {self.tp * self.cp * self.dp} "
+                f"stage {self.name!r}: {axes} = {self.tp * self.cp * self.dp * self.pp} "
                 f"but {len(self.ranks)} ranks were given"
             )
         if len(set(self.ranks)) != len(self.ranks):
@@ -69,17 +78,35 @@ class StageLayout:
             local = self.ranks.index(rank)
         except ValueError:
             raise KeyError(f"rank {rank} is not in stage {self.name!r} (ranks {self.ranks})") from None
-        return Coord(tp=local % self.tp, cp=(local // self.tp) % self.cp, dp=local // (self.tp * self.cp))
+        return self._coord_of(local)
 
-    def rank_at(self, tp: int = 0, cp: int = 0, dp: int = 0) -> int:
+    def _coord_of(self, local: int) -> Coord:
+        return Coord(tp=local % self.tp, cp=(local // self.tp) % self.cp, dp=(local // (self.tp * self.cp)) % self.dp,
+                     pp=local // (self.tp * self.cp * self.dp))
+
+    def rank_at(self, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
         """Global rank at a coordinate."""
-        if not (0 <= tp < self.tp and 0 <= cp < self.cp and 0 <= dp < self.dp):
-            raise IndexError(f"coordinate (tp={tp}, cp={cp}, dp={dp}) outside stage {self.name!r} {self.shape}")
-        return self.ranks[tp + self.tp * (cp + self.cp * dp)]
+        if not (0 <= tp < self.tp and 0 <= cp < self.cp and 0 <= dp < self.dp and 0 <= pp < self.pp):
+            raise IndexError(f"coordinate (tp={tp}, cp={cp}, dp={dp}, pp={pp}) outside stage {self.name!r} {self.shape}")
+        return self.ranks[tp + self.tp * (cp + self.cp * (dp + self.dp * pp))]
 
     @property
     def shape(self) -> str:
-        return f"tp{self.tp}cp{self.cp}dp{self.dp}"
+        return f"tp{self.tp}cp{self.cp}dp{self.dp}" + (f"pp{self.pp}" if self.pp > 1 else "")
+
+    # ------------------------------------------------------------------ pipeline stages
+    @property
+    def chunk_size(self) -> int:
+        """Ranks of one pipeline stage (tp x cp x dp)."""
+        return self.tp * self.cp * self.dp
+
+    def chunk(self, k: int) -> "StageLayout":
+        """Pipeline stage k as a layout of its own (pp 1) over its ranks: the boundary's destination
+        is `chunk(0)`, the ranks that hold the embeddings."""
+        if not 0 <= k < self.pp:
+            raise IndexError(f"pipeline stage {k} outside stage {self.name!r} (pp {self.pp})")
+        n = self.chunk_size
+        return StageLayout(self.name, self.tp, self.cp, self.dp, self.ranks[k * n:(k + 1) * n], self.sequence_parallel)
 
     # ------------------------------------------------------------------ groups
     def _groups(self, varying: tuple[str, ...]) -> list[tuple[int, ...]]:
@@ -88,14 +115,14 @@ class StageLayout:
         Groups are listed by the fixed axes in (dp, cp, tp) order; inside a group ranks follow
         the local order (tp fastest). Deterministic on every process.
         """
-        sizes = {"tp": self.tp, "cp": self.cp, "dp": self.dp}
-        fixed = [a for a in ("dp", "cp", "tp") if a not in varying]
+        sizes = {"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp}
+        fixed = [a for a in ("pp", "dp", "cp", "tp") if a not in varying]
         groups = []
         for fixed_values in itertools.product(*(range(sizes[a]) for a in fixed)):
             pinned = dict(zip(fixed, fixed_values))
             members = []
             for local in range(self.size):
-                c = Coord(local % self.tp, (local // self.tp) % self.cp, local // (self.tp * self.cp))
+                c = self._coord_of(local)
                 if all(getattr(c, a) == v for a, v in pinned.items()):
                     members.append(self.ranks[local])
             groups.append(tuple(members))
@@ -118,8 +145,14 @@ class StageLayout:
         """Ranks that together hold one full copy of the parameters (tp x cp)."""
         return self._groups(("tp", "cp"))
 
+    def pp_groups(self) -> list[tuple[int, ...]]:
+        """Ranks at one (tp, cp, dp) coordinate of every pipeline stage, in pipeline order; none
+        without a pipeline (no group of one rank is created for it)."""
+        return self._groups(("pp",)) if self.pp > 1 else []
+
     def groups_of(self, axis: str) -> list[tuple[int, ...]]:
         return {
+            "pp": self.pp_groups,
             "tp": self.tp_groups,
             "cp": self.cp_groups,
             "dp": self.dp_groups,
@@ -134,5 +167,5 @@ class StageLayout:
         raise KeyError(f"rank {rank} is not in stage {self.name!r}")
 
 
-GROUP_KINDS = ("tp", "cp", "dp", "dp_cp", "model")
+GROUP_KINDS = ("tp", "cp", "dp", "dp_cp", "model", "pp")
 

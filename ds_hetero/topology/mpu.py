@@ -100,18 +100,26 @@ class StageMPU:
     def get_sequence_data_parallel_rank(self) -> int:
         return dist.get_rank(group=self.groups.dp_cp)
 
-    # ---------------------------------------------------------------- pipeline (none inside a stage)
+    # ---------------------------------------------------------------- pipeline (the language stage's pp)
+    # Each pipeline stage has its own engine; DeepSpeed reads these for its checkpoint metadata
+    # (engine.py: CHECKPOINT_PP_DEGREE) and for MoE norms only, so no engine reduces over them.
     def get_pipeline_model_parallel_world_size(self) -> int:
-        return 1
+        return self.layout.pp
 
     def get_pipeline_model_parallel_rank(self) -> int:
-        return 0
+        return self._coord.pp
+
+    def get_pipeline_model_parallel_group(self):
+        return self.groups.pp
 
     def get_pipe_parallel_world_size(self) -> int:
-        return 1
+        return self.layout.pp
 
     def get_pipe_parallel_rank(self) -> int:
-        return 0
+        return self._coord.pp
+
+    def get_pipe_parallel_group(self):
+        return self.groups.pp
 
 
 @contextlib.contextmanager

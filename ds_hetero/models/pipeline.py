@@ -1,0 +1,94 @@
+"""One pipeline stage (chunk) of a language stage: a contiguous run of decoder layers.
+
+    first chunk   : embeddings (each encoder's rows replace its placeholders) + its layers -> hidden
+    middle chunk  : hidden -> its layers -> hidden
+    last chunk    : hidden -> its layers -> final norm -> head -> logits
+    (pp 1 is LanguageStage itself, models/stages.py)
+
+How: the chunk runs the Hugging Face decoder's own `forward` (causal mask, rotary or mRoPE
+position embeddings, per-layer attention types) on a shallow copy of the decoder whose `layers`
+is only this chunk's slice, whose `norm` is the identity except on the last chunk, and whose
+embeddings are absent except on the first. Every chunk computes the mask and the position
+embeddings itself from the micro-batch's `attention_mask` and `position_ids`, which every rank
+of the pipeline has (they are cheap); only the hidden states travel between chunks. So the
+chunk's arithmetic is the model's own, layer for layer, and no model family needs its own cut.
+
+Why not DeepSpeed's PipelineModule: it requires the model as a list of LayerSpecs and its
+PipelineEngine owns the whole model, its data loading and its step; a Hugging Face decoder cut
+into per-chunk engines that sit next to the encoders' engines (with one gradient norm over all
+of them) fits neither. The schedule still uses DeepSpeed's 1F1B instruction stream
+(schedule/pipeline.py).
+
+The chunk holds only its own parameters (the rest of the decoder is moved to the meta device by
+`cut_language_stage`), so its DeepSpeed engine reduces and updates exactly them.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from .stages import LanguageStage
+
+
+class PipelineChunk(nn.Module):
+    """Pipeline stage `index` of `pp` of a LanguageStage, holding decoder layers `layers`."""
+
+    def __init__(self, stage: LanguageStage, index: int, pp: int, layers: range):
+        super().__init__()
+        self.index, self.pp, self.layers = index, pp, layers
+        self.is_first, self.is_last = index == 0, index == pp - 1
+        self.token_ids = stage.token_ids
+        decoder = stage.language_model
+        chunk = copy.copy(decoder)  # shares every submodule and parameter with the model ...
+        chunk._modules = dict(decoder._modules)  # ... but owns its table of submodules
+        chunk._parameters = dict(decoder._parameters)
+        chunk._buffers = dict(decoder._buffers)
+        chunk._modules["layers"] = nn.ModuleList([decoder.layers[i] for i in layers])
+        if not self.is_last:
+            chunk._modules["norm"] = nn.Identity()
+        if not self.is_first:
+            chunk._modules["embed_tokens"] = None  # the decoder embeds nothing: it gets inputs_embeds
+        self.decoder = chunk
+        self.embed = decoder.get_input_embeddings() if self.is_first else None
+        self.lm_head = stage.lm_head if self.is_last else None
+
+    def forward(
+        self,
+        hidden_or_ids: torch.Tensor,
+        rows: Sequence[torch.Tensor] = (),
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        n_placeholders: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """First chunk: `input_ids` [b, s] and each encoder's rows; others: hidden [b, s, H].
+        Returns hidden [b, s, H], or logits on the last chunk."""
+        if self.is_first:
+            embeds = self.embed(hidden_or_ids)
+            for e, (token_id, these) in enumerate(zip(self.token_ids, rows, strict=True)):
+                placeholder = hidden_or_ids == token_id
+                n = int(placeholder.sum()) if n_placeholders is None else n_placeholders[e]
+                if n != these.shape[0]:
+                    raise ValueError(f"input_ids hold {n} image placeholder tokens (id {token_id}) but "
+                                     f"{these.shape[0]} image rows arrived")
+                embeds = embeds.masked_scatter(placeholder.unsqueeze(-1), these.to(embeds.dtype))
+        else:
+            embeds = hidden_or_ids
+        hidden = self.decoder(inputs_embeds=embeds, attention_mask=attention_mask,
+                              position_ids=position_ids).last_hidden_state
+        return self.lm_head(hidden) if self.is_last else hidden
+
+
+def cut_language_stage(stage: LanguageStage, index: int, pp: int, cut: Sequence[range]) -> PipelineChunk:
+    """This rank's chunk; every parameter of the language stage outside it goes to the meta
+    device (its memory is freed, and no engine or checkpoint mistakes it for a held one)."""
+    chunk = PipelineChunk(stage, index, pp, cut[index])
+    mine = {id(p) for p in chunk.parameters()}
+    for module in stage.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            if id(p) not in mine and not p.is_meta:
+                setattr(module, name, nn.Parameter(p.detach().to("meta"), requires_grad=p.requires_grad))
+    return chunk

@@ -1,0 +1,268 @@
+"""Pipelined language stage (pp > 1): every encoder outside the pipeline, the language on 1F1B.
+
+One step, in three phases, on every rank in the same order (a pure function of the StepPlan):
+
+1. encoders: every encoder pass, in config order then pass order: its forward on the ranks that
+   hold the encoder, then its boundary exchange, whose destination is the language's FIRST
+   pipeline stage only (the ranks that hold the embeddings); there the rows are cut into the
+   language micro-batches they feed, as detached leaves.
+2. language: 1F1B over the pipeline stages with `micro_batches` micro-batches, in the order of
+   DeepSpeed's own instruction stream (`deepspeed.runtime.pipe.schedule.TrainSchedule`: warm-up
+   forwards, one-forward-one-backward, cool-down backwards, with the even/odd ordering of sends
+   and receives that keeps blocking point-to-point deadlock-free). Activations go to the next
+   pipeline stage and input gradients back to the previous one, point to point in the pp group
+   (`isend` / blocking `recv`; every rank knows each tensor's shape from the plan: [b, s, H] of
+   its dp share of the micro-batch). Only the rank pairs of one pp group talk, so ranks of
+   different pipeline stages are never asked to join the same collective at different times.
+3. encoders again: every pass's row gradients (from the first pipeline stage) go back through
+   the boundary, then the encoder's backward.
+
+In first_stage and disaggregated placement (no encoder rank holds a later pipeline stage) the
+encoder passes run inline instead, inside pipeline stage 0's 1F1B (`_Inline`): that is
+Megatron's single layout, and in disaggregated placement one 1F1B across the encoder and the
+pipeline stages.
+
+Why phases rather than encoder work inside the 1F1B: an encoder's boundary exchange is a
+collective over the encoder's ranks and the first pipeline stage, and in colocated placement
+the encoder's ranks include every pipeline stage, which 1F1B keeps at different micro-batches;
+an exchange inside the pipeline would need every stage at the same point. (Megatron's colocated
+pipeline schedule makes the same choice.) So in colocated placement the encoder does not fill
+the pipeline's fill and drain; where the later pipeline stages are outside every exchange, the
+inline order below does.
+
+Why not DeepSpeed's PipelineEngine, whose schedule this follows: it requires the model as a
+PipelineModule of LayerSpecs and owns the whole model, its data and its optimizer step, while
+here every pipeline stage is an engine next to the encoders' engines, stepped with one gradient
+norm over all of them (stages/global_step.py). Its pure instruction schedule fits; its engine
+does not.
+
+Scaling (stage_work.py): the last pipeline stage hands DeepSpeed `local / N * dp * M` as in
+pp 1; an earlier stage back-propagates `sum(out * grad)` with `scale_wrt_gas=False` (the
+received gradient already carries that scaling), so every chunk's gradients, and the row
+gradients that reach the encoders, are those of the pp-1 stage.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..loss import token_loss_sum
+from ..step.plan import StepPlan
+from .stage_work import StageWork
+
+
+class PipelineSchedule(StageWork):
+    def run(self, samples: Sequence[dict[str, Any]], plan: StepPlan, n_labels: int, step: int) -> torch.Tensor | float:
+        """One step's forward and backward work; this rank's loss sum (0 off the last pipeline stage)."""
+        language = self.stages.language
+        if self._inline():
+            inline = _Inline(self, samples, plan, step)
+            if language.held:
+                return self._pipeline(samples, plan, inline.arrived, n_labels, step, inline)[0]
+            inline.replay(plan.micro_batches, language.layout.pp)  # an encoder-only rank
+            return 0.0
+        sources, arrived = self._encoder_forwards(samples, plan, step)
+        loss_sum, row_grads = 0.0, {}
+        if language.held:
+            loss_sum, row_grads = self._pipeline(samples, plan, arrived, n_labels, step)
+        self._encoder_backwards(plan, sources, row_grads, step)
+        return loss_sum
+
+    def _inline(self) -> bool:
+        """Whether every encoder's exchange leaves out the later pipeline stages (first_stage and
+        disaggregated placement): then each encoder pass runs inside pipeline stage 0's 1F1B,
+        its forward and exchange right before stage 0's forward of its micro-batch, its gradient
+        exchange and backward right after stage 0's backward of it (Megatron's first-stage
+        layout; disaggregated: the encoder's ranks replay stage 0's order, so encoder pass m+1
+        runs while stage 0 computes micro-batch m). The config gives every encoder one pass per
+        language micro-batch in these placements."""
+        language = self.stages.language.layout
+        later = set(language.ranks[language.chunk_size:])
+        return not any(later & set(e.layout.ranks) for e in self.stages.encoders)
+
+    # ------------------------------------------------------------------ phases 1 and 3
+    def _first_stage_rank(self) -> bool:
+        language = self.stages.language
+        return language.held and language.coord.pp == 0
+
+    def _encoder_forwards(self, samples, plan: StepPlan, step: int):
+        """(encoder rows kept for the backward, per encoder; rows arrived for each language
+        micro-batch, per encoder, on the first pipeline stage's ranks)."""
+        sources: dict[tuple[str, int], torch.Tensor] = {}
+        arrived: dict[int, dict[str, torch.Tensor]] = {m: {} for m in range(plan.micro_batches)}
+        for stage in self.stages.encoders:
+            if stage.name not in self.boundaries:  # not in this exchange (a later pipeline stage)
+                continue
+            for p in plan.passes[stage.name]:
+                rows = self.encoder_forward(stage, samples, plan, p.index, step) if stage.held else self.empty_rows()
+                if stage.held:
+                    sources[stage.name, p.index] = rows
+                out = self.send_rows(stage.name, rows.detach() if stage.held else rows, plan, p.index, step)
+                if self._first_stage_rank():
+                    dp = self.stages.language.coord.dp
+                    sizes = [plan.rows_of(stage.name, dp, k) for k in p.feeds] if len(p.feeds) > 1 else [out.shape[0]]
+                    for k, piece in zip(p.feeds, out.split(sizes)):
+                        arrived[k][stage.name] = piece.detach().requires_grad_(True)
+        return sources, arrived
+
+    def _encoder_backwards(self, plan: StepPlan, sources, row_grads, step: int) -> None:
+        for stage in self.stages.encoders:
+            if stage.name not in self.boundaries:
+                continue
+            for p in plan.passes[stage.name]:
+                if self._first_stage_rank():
+                    grad = torch.cat([row_grads[k][stage.name] for k in p.feeds])
+                else:
+                    grad = self.empty_rows()
+                grad = self.send_grads(stage.name, grad, plan, p.index, step)
+                if stage.held:
+                    self.encoder_backward(stage, sources.pop((stage.name, p.index)), grad, plan, p.index, step)
+                    self.micro_step(stage, p.index)
+
+    # ------------------------------------------------------------------ phase 2: 1F1B
+    def _pipeline(self, samples, plan: StepPlan, arrived, n_labels: int, step: int, inline=None):
+        from deepspeed.runtime.pipe import schedule as ds
+
+        language = self.stages.language
+        coord, pp = language.coord, language.layout.pp
+        neighbours = language.groups.ranks_of["pp"]  # this rank's (tp, cp, dp) in every pipeline stage
+        prev = neighbours[coord.pp - 1] if coord.pp > 0 else None
+        nxt = neighbours[coord.pp + 1] if coord.pp < pp - 1 else None
+        group = language.groups.pp
+        state: dict[int, dict[str, Any]] = {}  # micro-batch -> its batch, input, output, gradients
+        of_buffer: dict[int, int] = {}  # DeepSpeed's pipe buffer -> the micro-batch it holds
+        sends: list[tuple[Any, torch.Tensor]] = []  # isend handles, with their tensors kept alive
+        loss_sum = 0.0
+        row_grads: dict[int, dict[str, torch.Tensor]] = {}
+        next_forward = 0
+
+        def micro_batch(m):
+            if m not in state:
+                mine = [samples[p] for p in plan.language_samples(coord.dp, m)]
+                batch, counts, _ = self.language_batch(mine)
+                state[m] = {"batch": batch, "counts": counts}
+            return state[m]
+
+        def hidden_shape(m):
+            ids = micro_batch(m)["batch"]["input_ids"]
+            return (*ids.shape, self.adapter.hidden_size)
+
+        for cmds in ds.TrainSchedule(micro_batches=plan.micro_batches, stages=pp, stage_id=coord.pp).steps():
+            for cmd in cmds:
+                if isinstance(cmd, ds.RecvActivation):
+                    m = of_buffer[cmd.buffer_id] = next_forward
+                    x = torch.empty(hidden_shape(m), dtype=self.stages.dtype, device=self.stages.device)
+                    with self._span(f"pipeline.recv_activation[m={m}]", "pipeline", step):
+                        dist.recv(x, prev, group=group)
+                    micro_batch(m)["input"] = x.requires_grad_(True)
+                elif isinstance(cmd, ds.ForwardPass):
+                    m = of_buffer[cmd.buffer_id] = next_forward
+                    next_forward += 1
+                    if inline is not None and coord.pp == 0:
+                        inline.forward(m)
+                    s = micro_batch(m)
+                    batch = s["batch"]
+                    with self._span(f"language.forward[m={m}]", "forward", step):
+                        if coord.pp == 0:
+                            rows = tuple(arrived[m][e.name] for e in self.stages.encoders)
+                            s["rows"] = rows
+                            out = language(batch["input_ids"], rows, batch["attention_mask"], batch["position_ids"],
+                                           n_placeholders=s["counts"])
+                        else:
+                            out = language(s["input"], (), batch["attention_mask"], batch["position_ids"])
+                        if nxt is None:
+                            out = token_loss_sum(out, batch["labels"], self.lm_head)
+                    s["output"] = out
+                elif isinstance(cmd, ds.SendActivation):
+                    m = of_buffer[cmd.buffer_id]
+                    y = state[m]["output"].detach().contiguous()
+                    sends.append((dist.isend(y, nxt, group=group), y))
+                elif isinstance(cmd, ds.RecvGrad):
+                    m = of_buffer[cmd.buffer_id]
+                    g = torch.empty_like(state[m]["output"])
+                    with self._span(f"pipeline.recv_grad[m={m}]", "pipeline", step):
+                        dist.recv(g, nxt, group=group)
+                    state[m]["output_grad"] = g
+                elif isinstance(cmd, ds.BackwardPass):
+                    m = of_buffer[cmd.buffer_id]
+                    s = state[m]
+                    with self._span(f"language.backward[m={m}]", "backward", step):
+                        if nxt is None:
+                            local = s["output"]
+                            language.backward(local / n_labels * plan.language_scale())
+                            loss_sum += local.detach().double()
+                        else:  # the received gradient carries the last stage's scaling already
+                            with language.context():
+                                language.engine.backward((s["output"] * s.pop("output_grad")).sum(),
+                                                         scale_wrt_gas=False)
+                    s.pop("output")
+                    if coord.pp == 0:
+                        row_grads[m] = {e.name: r.grad if r.grad is not None else torch.zeros_like(r)
+                                        for e, r in zip(self.stages.encoders, s.pop("rows"))}
+                        del state[m]
+                    self.micro_step(language, m)
+                    if inline is not None and coord.pp == 0:
+                        inline.backward(m, row_grads.pop(m))
+                elif isinstance(cmd, ds.SendGrad):
+                    m = of_buffer.pop(cmd.buffer_id)
+                    s = state.pop(m)
+                    x = s["input"]
+                    g = (x.grad if x.grad is not None else torch.zeros_like(x)).contiguous()
+                    sends.append((dist.isend(g, prev, group=group), g))
+                # LoadMicroBatch: batches are built where they are used; ReduceTiedGrads,
+                # ReduceGrads, OptimizerStep: the engines reduce at the accumulation boundary
+                # and stages/global_step.py takes the one clipped step over every stage.
+        with self._span("pipeline.drain_sends", "pipeline", step):
+            for handle, _ in sends:
+                handle.wait()
+        return loss_sum, row_grads
+
+
+class _Inline:
+    """Encoder passes inside pipeline stage 0's 1F1B (see PipelineSchedule._inline)."""
+
+    def __init__(self, work: PipelineSchedule, samples, plan: StepPlan, step: int):
+        self.work, self.samples, self.plan, self.step = work, samples, plan, step
+        self.arrived: dict[int, dict[str, torch.Tensor]] = {}
+        self.sources: dict[tuple[str, int], torch.Tensor] = {}
+
+    def forward(self, m: int) -> None:
+        """Every encoder's pass m: its forward where held, its exchange on every rank of it."""
+        w, plan = self.work, self.plan
+        self.arrived[m] = {}
+        for stage in w.stages.encoders:
+            v = plan.pass_feeding(stage.name, m).index
+            rows = w.encoder_forward(stage, self.samples, plan, v, self.step) if stage.held else w.empty_rows()
+            if stage.held:
+                self.sources[stage.name, v] = rows
+            out = w.send_rows(stage.name, rows.detach() if stage.held else rows, plan, v, self.step)
+            self.arrived[m][stage.name] = out.requires_grad_(True)
+
+    def backward(self, m: int, grads: dict[str, torch.Tensor] | None) -> None:
+        """Every encoder's pass m: its row gradients back, then its backward where held."""
+        w, plan = self.work, self.plan
+        self.arrived.pop(m, None)
+        for stage in w.stages.encoders:
+            v = plan.pass_feeding(stage.name, m).index
+            grad = grads[stage.name] if grads is not None else w.empty_rows()
+            grad = w.send_grads(stage.name, grad, plan, v, self.step)
+            if stage.held:
+                w.encoder_backward(stage, self.sources.pop((stage.name, v)), grad, plan, v, self.step)
+                w.micro_step(stage, v)
+
+    def replay(self, micro_batches: int, pp: int) -> None:
+        """An encoder-only rank: pipeline stage 0's forwards and backwards, in its order."""
+        from deepspeed.runtime.pipe import schedule as ds
+
+        of_buffer, next_forward = {}, 0
+        for cmds in ds.TrainSchedule(micro_batches=micro_batches, stages=pp, stage_id=0).steps():
+            for cmd in cmds:
+                if isinstance(cmd, ds.ForwardPass):
+                    of_buffer[cmd.buffer_id] = next_forward
+                    self.forward(next_forward)
+                    next_forward += 1
+                elif isinstance(cmd, ds.BackwardPass):
+                    self.backward(of_buffer[cmd.buffer_id], None)

@@ -1,0 +1,65 @@
+"""Forward-only evaluation with a pipelined language stage (pp > 1).
+
+The same loss and the same cut into micro-batches as schedule/evaluation.py; per micro-batch:
+every encoder's forward and exchange (to the first pipeline stage only), then the pipeline
+stages one after the other, each sending its hidden states to the next with a blocking
+point-to-point send in the pp group (evaluation has no backward to overlap, so no 1F1B).
+The last pipeline stage's tp rank 0 of every dp replica holds its share of the loss sum; one
+all-reduce over the boundary group gives every rank the loss.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..loss import label_token_count, token_loss_sum
+from ..step.plan import StepPlan
+from .evaluation import EvaluationSchedule
+
+
+class PipelineEvaluationSchedule(EvaluationSchedule):
+    @torch.no_grad()
+    def _loss(self, samples: Sequence[dict[str, Any]]) -> float:
+        samples = self.padded(samples)
+        n_labels = sum(label_token_count(s["labels"]) for s in samples)
+        if n_labels == 0:
+            raise ValueError("eval_batch: the samples have no label tokens (all labels are -100)")
+        plan = StepPlan(self.stages.config, self.ports, samples, len(samples) // self._micro_batch_size(),
+                        per_micro_batch=True)
+        language = self.stages.language
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.stages.device)
+        for m in range(plan.micro_batches):
+            rows_in = []
+            for stage in self.stages.encoders:
+                if stage.name not in self.boundaries:  # a later pipeline stage: not in this exchange
+                    continue
+                rows = self.encoder_forward(stage, samples, plan, m) if stage.held else self.empty_rows()
+                rows_in.append(self.send_rows(stage.name, rows, plan, m, step=None))
+            if language.held:
+                loss_sum += self._chunk_forward(samples, plan, m, rows_in)
+        last = language.held and language.coord.pp == language.layout.pp - 1 and language.coord.tp == 0
+        total = (loss_sum if last else torch.zeros_like(loss_sum)).reshape(1)
+        dist.all_reduce(total, group=self.stages.boundary_group)
+        return total.item() / n_labels
+
+    def _chunk_forward(self, samples, plan: StepPlan, m: int, rows_in) -> torch.Tensor:
+        language = self.stages.language
+        coord, pp = language.coord, language.layout.pp
+        neighbours, group = language.groups.ranks_of["pp"], language.groups.pp
+        mine = [samples[p] for p in plan.language_samples(coord.dp, m)]
+        batch, counts, _ = self.language_batch(mine)
+        args = (batch["attention_mask"], batch["position_ids"])
+        if coord.pp == 0:
+            out = language(batch["input_ids"], tuple(rows_in), *args, n_placeholders=counts)
+        else:
+            x = torch.empty((*batch["input_ids"].shape, self.adapter.hidden_size), dtype=self.stages.dtype,
+                            device=self.stages.device)
+            dist.recv(x, neighbours[coord.pp - 1], group=group)
+            out = language(x, (), *args)
+        if coord.pp < pp - 1:
+            dist.send(out.contiguous(), neighbours[coord.pp + 1], group=group)
+            return torch.zeros((), dtype=torch.float64, device=self.stages.device)
+        return token_loss_sum(out, batch["labels"], self.lm_head).double()
