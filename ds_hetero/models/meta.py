@@ -14,7 +14,20 @@ import torch
 
 from ..errors import HeteroConfigError
 
-BUILTIN = ("tiny-llava", "tiny-qwen2-vl")  # ds_hetero/models/tiny.py, with their default sizes
+# ds_hetero/models/tiny.py and tiny_families.py, with their default sizes
+BUILTIN = ("tiny-llava", "tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-gemma3")
+
+
+def builtin_model(name: str, seed: int = 0) -> torch.nn.Module:
+    """A built-in tiny model by name (on the current default device), seeded."""
+    from .tiny import tiny_llava, tiny_qwen2_vl
+    from .tiny_families import tiny_gemma3, tiny_qwen2_5_vl
+
+    build = {"tiny-llava": tiny_llava, "tiny-qwen2-vl": tiny_qwen2_vl, "tiny-qwen2.5-vl": tiny_qwen2_5_vl,
+             "tiny-gemma3": tiny_gemma3}
+    if name not in build:
+        raise HeteroConfigError("--model", f"{name!r} is not a built-in model; built-in: {', '.join(BUILTIN)}")
+    return build[name](seed=seed)
 
 
 def meta_model(name_or_path, dtype: torch.dtype | None = None) -> torch.nn.Module:
@@ -26,10 +39,8 @@ def meta_model(name_or_path, dtype: torch.dtype | None = None) -> torch.nn.Modul
         with torch.device("meta"):
             return AutoModelForImageTextToText.from_config(name_or_path, **({} if dtype is None else {"dtype": dtype}))
     if name_or_path in BUILTIN:
-        from .tiny import tiny_llava, tiny_qwen2_vl
-
         with torch.device("meta"):
-            return tiny_llava() if name_or_path == "tiny-llava" else tiny_qwen2_vl()
+            return builtin_model(name_or_path)
     path = os.fspath(name_or_path)
     if os.path.isfile(path) and os.path.basename(path) == "config.json":
         path = os.path.dirname(path) or "."

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import HeteroConfigError
+from .family_plans import family_plans
 from .layers import ColumnParallelLinear, RowParallelLinear
 from .regions import EnterRegionHook
 
@@ -72,6 +73,7 @@ PLANS: dict[str, ShardPlan] = {
     _HF + "qwen2_vl.modeling_qwen2_vl:PatchMerger": ShardPlan(column=("mlp.0",), row=("mlp.2",), entry="mlp"),
     # LLaVA projector: linear_1 column, linear_2 row
     _HF + "llava.modeling_llava:LlavaMultiModalProjector": ShardPlan(column=("linear_1",), row=("linear_2",)),
+    **family_plans(ShardPlan, _config_heads, _attr_heads),
 }
 
 

@@ -1,0 +1,34 @@
+"""Tensor-parallel plans of the newer model families (Qwen2.5-VL, Gemma 3), merged into plans.PLANS.
+
+Kept apart from plans.py so a family's entries can be read (and added) on their own; the
+ShardPlan vocabulary is plans.py's.
+
+    Qwen2.5-VL  vision: fused qkv [3 * heads * head_dim] split per segment (stride 3), proj row;
+                the gated MLP (gate/up column, down row, with biases); the merger's mlp.0 column,
+                mlp.2 row (its RMSNorm ln_q replicated, before the region). Text: as Qwen2-VL.
+    Gemma 3     vision: SigLIP (plans.py); the projector (a bare weight after pooling and an
+                RMSNorm) stays replicated. Text: q/k/v column by heads / kv heads (the per-head
+                q_norm / k_norm act on head_dim and stay replicated), o row; gate/up/down.
+"""
+
+from __future__ import annotations
+
+_HF = "transformers.models."
+
+
+def family_plans(shard_plan, config_heads, attr_heads) -> dict:
+    """The entries, built with plans.py's ShardPlan and head readers (passed in: no import cycle)."""
+    qkv_o = dict(column=("q_proj", "k_proj", "v_proj"), row=("o_proj",), heads=config_heads)
+    gate_up_down = shard_plan(column=("gate_proj", "up_proj"), row=("down_proj",))
+    q25 = _HF + "qwen2_5_vl.modeling_qwen2_5_vl:"
+    g3 = _HF + "gemma3.modeling_gemma3:"
+    return {
+        q25 + "Qwen2_5_VLAttention": shard_plan(head_attrs=("num_heads", "num_key_value_heads"), **qkv_o),
+        q25 + "Qwen2MLP": gate_up_down,
+        q25 + "Qwen2_5_VLVisionAttention": shard_plan(
+            column=("qkv",), row=("proj",), heads=attr_heads, head_attrs=("num_heads",), stride=3),
+        q25 + "Qwen2_5_VLMLP": gate_up_down,
+        q25 + "Qwen2_5_VLPatchMerger": shard_plan(column=("mlp.0",), row=("mlp.2",), entry="mlp"),
+        g3 + "Gemma3Attention": shard_plan(**qkv_o),
+        g3 + "Gemma3MLP": gate_up_down,
+    }

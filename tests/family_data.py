@@ -1,0 +1,58 @@
+"""Samples for the Qwen2.5-VL and Gemma 3 tests: variable images per sample, including none.
+
+Qwen2.5-VL samples are Qwen2-VL's (tests/vlm_data.qwen_samples: one image run per grid entry);
+`qwen_multi_samples` puts several images in one sample. Gemma 3 samples put each image as
+<boi> + mm_tokens_per_image placeholders + <eoi>, as Gemma3Processor does, then text.
+"""
+
+import torch
+
+from tests.vlm_data import IGNORE
+
+# (t, h, w) patch grids; 8x8 patches hold four 4x4-patch windows, 4x12 has a partial window
+QWEN25_GRIDS = [(1, 8, 8), None, (1, 4, 8), (1, 4, 12), (1, 4, 4), (1, 8, 4), None, (1, 8, 8)]
+
+
+def qwen_multi_samples(model, images_per_sample, text_len=5, seed=0):
+    """One sample per entry: a list of (t, h, w) grids, each its own <start> run <end>, then text."""
+    cfg = model.config
+    v = cfg.vision_config
+    patch_dim = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size
+    gen = torch.Generator().manual_seed(seed)
+    samples = []
+    for grids in images_per_sample:
+        ids, labels, pixels = [], [], []
+        for t, h, w in grids:
+            n = t * h * w // v.spatial_merge_size**2
+            run = torch.cat([torch.tensor([cfg.vision_start_token_id]), torch.full((n,), cfg.image_token_id),
+                             torch.tensor([cfg.vision_end_token_id])])
+            ids.append(run)
+            labels.append(torch.full((n + 2,), IGNORE))
+            pixels.append(torch.randn(t * h * w, patch_dim, generator=gen))
+        text = torch.randint(2, 250, (text_len,), generator=gen)
+        sample = {"input_ids": torch.cat(ids + [text]), "labels": torch.cat(labels + [text])}
+        if grids:
+            sample["pixel_values"] = torch.cat(pixels)
+            sample["image_grid_thw"] = torch.tensor(grids)
+        samples.append(sample)
+    return samples
+
+
+def gemma3_samples(model, images_per_sample, text_len=6, seed=0):
+    """One sample per entry of `images_per_sample` (an image count, 0 for text only)."""
+    cfg = model.config
+    v = cfg.vision_config
+    t = cfg.mm_tokens_per_image
+    gen = torch.Generator().manual_seed(seed)
+    samples = []
+    for n in images_per_sample:
+        text = torch.randint(3, 250, (text_len,), generator=gen)
+        block = torch.cat([torch.tensor([cfg.boi_token_index]), torch.full((t,), cfg.image_token_id),
+                           torch.tensor([cfg.eoi_token_index])])
+        ids = torch.cat([text[:2]] + [block] * n + [text[2:]])
+        labels = torch.cat([text[:2]] + [torch.full((t + 2,), IGNORE)] * n + [text[2:]])
+        sample = {"input_ids": ids, "labels": labels}
+        if n:
+            sample["pixel_values"] = torch.randn(n, v.num_channels, v.image_size, v.image_size, generator=gen)
+        samples.append(sample)
+    return samples
