@@ -135,3 +135,31 @@ def test_qwen3_vl_moe_is_refused_clearly():
     from ds_hetero.models.refused import refusal
 
     assert "expert parallelism" in refusal("Qwen3VLMoeForConditionalGeneration")
+
+
+def test_the_families_own_processor_output_is_accepted_as_samples():
+    """Samples cut from transformers' own processors (built locally) pass check_sample and the
+    split still equals the fused model on them."""
+    from tests.family_processors import gemma3_processor, processor_samples, qwen2_5_vl_processor
+
+    model = tiny_qwen2_5_vl(seed=3).double()
+    adapter = adapter_for(model)
+    img = "<|vision_start|><|image_pad|><|vision_end|>"
+    samples = processor_samples(qwen2_5_vl_processor(model), [(f"{img} w5 w6 {img} w7", 2), ("w8 w9 w10", 0),
+                                                              (f"w11 {img} w12 w13", 1)], model.config.image_token_id)
+    for i, s in enumerate(samples):
+        adapter.check_sample(s, i)
+    assert len(adapter.image_rows(samples[0])) == 2 and adapter.image_rows(samples[1]) == []
+    logit_err, grad_err = _compare(model, adapter, samples, _qwen_fused)
+    assert logit_err < 1e-12 and grad_err < 1e-12
+
+    model = tiny_gemma3(seed=3).double()
+    adapter = adapter_for(model)
+    samples = processor_samples(gemma3_processor(model), [("w5 <start_of_image> w6 <start_of_image> w7", 2),
+                                                          ("w8 w9", 0), ("<start_of_image> w10 w11", 1)],
+                                model.config.image_token_id)
+    for i, s in enumerate(samples):
+        adapter.check_sample(s, i)
+    assert [len(adapter.image_rows(s)) for s in samples] == [2, 0, 1]
+    logit_err, grad_err = _compare(model, adapter, samples, _gemma_fused)
+    assert logit_err < 1e-12 and grad_err < 1e-12

@@ -1,0 +1,57 @@
+"""Qwen2.5-VL and Gemma 3 through HeteroEngine against the single-process Hugging Face model.
+
+fp32, 5 steps of 2 micro-batches, clipping active: losses (the fused model's own
+`model(**batch).loss`), global norms and every updated weight to relative 1e-5, on
+colocated vision tp2 dp2 + language tp2 dp2, vision dp4 + language tp2 dp2 with `balance:
+tokens`, and disaggregated vision dp2 (ranks 0-1) + language tp2 (ranks 2-3); batches with
+several images per sample, one, and none; boundary bytes at the lower bound. Per family, a
+wrong reference (windows dropped / image blocks causal) ends far away: the check can fail.
+"""
+
+import pytest
+
+from tests.distributed import run_distributed
+from tests.family_parity import train_family
+
+pytestmark = pytest.mark.distributed
+
+RTOL, ATOL, CLIP = 1e-5, 1e-6, 0.3
+
+LAYOUTS = {
+    "colocated vision tp2dp2 + language tp2dp2 zero1 adamw": dict(
+        layout={"vision": {"tp": 2, "dp": 2}, "language": {"tp": 2, "dp": 2}}, zero_stage=1, wrong=True),
+    "vision dp4 + language tp2dp2 balance tokens zero2 sgd": dict(
+        layout={"vision": {"tp": 1, "dp": 4}, "language": {"tp": 2, "dp": 2}}, zero_stage=2, optimizer="sgd",
+        hetero={"balance": "tokens"}),
+    "disaggregated vision dp2 on 0-1 + language tp2 on 2-3 zero1 adamw": dict(
+        layout={"vision": {"dp": 2, "ranks": [0, 1]}, "language": {"tp": 2, "dp": 1, "ranks": [2, 3]}},
+        zero_stage=1, placement="disaggregated", micro_batches=4),
+}
+
+
+def _suite(rank, world_size, family):
+    return {name: train_family(rank, world_size, family, steps=5, clip=CLIP, **kw) for name, kw in LAYOUTS.items()}
+
+
+def _check(results):
+    for rank, per_rank in enumerate(results):
+        for name, r in per_rank.items():
+            assert len(r["losses"]) == len(r["ref_losses"]) == 5, (rank, name)
+            for got, want in zip(r["losses"], r["ref_losses"]):
+                assert abs(got - want) <= RTOL * abs(want), (rank, name, r["losses"], r["ref_losses"])
+            for got, want in zip(r["norms"], r["ref_norms"]):
+                assert abs(got - want) <= 1e-4 * abs(want), (rank, name, r["norms"], r["ref_norms"])
+            assert min(r["ref_norms"]) > CLIP, r["ref_norms"]  # clipping was active
+            err, where, abs_err, compared = r["weight_err"]
+            assert compared > 0, (rank, name)
+            assert err <= RTOL and abs_err <= ATOL, (rank, name, err, where, abs_err)
+            for total, bound in r["boundary"]:
+                assert total == bound, (rank, name, total, bound)
+            if "wrong_weights" in r:
+                rel, _, abs_, compared = r["wrong_weights"]
+                assert compared > 0 and rel > 100 * RTOL and abs_ > 100 * ATOL, (rank, name, r["wrong_weights"])
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3"])
+def test_family_layouts_match_single_process_reference(family):
+    _check(run_distributed(_suite, world_size=4, timeout=1200, family=family))
