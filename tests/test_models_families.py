@@ -163,3 +163,20 @@ def test_the_families_own_processor_output_is_accepted_as_samples():
     assert [len(adapter.image_rows(s)) for s in samples] == [2, 0, 1]
     logit_err, grad_err = _compare(model, adapter, samples, _gemma_fused)
     assert logit_err < 1e-12 and grad_err < 1e-12
+
+
+def test_planner_spec_counts_the_families_parameters_and_sees_windows_and_pooling():
+    from ds_hetero.planner.flops import vision_work
+    from ds_hetero.planner.model_spec import model_spec
+    from ds_hetero.planner.workload import Workload
+
+    for model in (tiny_qwen2_5_vl(), tiny_gemma3()):
+        s, stages = model_spec(model.config), adapter_for(model).split()
+        assert s.vision.params() == sum(p.numel() for p in stages["vision"].parameters()), type(model).__name__
+        assert s.language.params() == sum(p.numel() for p in stages["language"].parameters()), type(model).__name__
+    g = model_spec(tiny_gemma3().config).vision
+    assert g.tokens_per_image == 4 and g.seq_per_image() == 16  # the tower per patch, the boundary per pooled token
+    wl = Workload(seq_len=256, image_tokens=64, global_batch=1, dtype_bytes=4)
+    windowed = vision_work(model_spec(tiny_qwen2_5_vl().config), wl, samples=1, tp=1)
+    full = vision_work(model_spec(tiny_qwen2_5_vl(fullatt_block_indexes=(0, 1, 2)).config), wl, samples=1, tp=1)
+    assert windowed.flops < full.flops

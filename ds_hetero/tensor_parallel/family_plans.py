@@ -7,8 +7,9 @@ ShardPlan vocabulary is plans.py's.
                 the gated MLP (gate/up column, down row, with biases); the merger's mlp.0 column,
                 mlp.2 row (its RMSNorm ln_q replicated, before the region). Text: as Qwen2-VL.
     Gemma 3     vision: SigLIP (plans.py); the projector (a bare weight after pooling and an
-                RMSNorm) stays replicated. Text: q/k/v column by heads / kv heads (the per-head
-                q_norm / k_norm act on head_dim and stay replicated), o row; gate/up/down.
+                RMSNorm) stays replicated. Text: q/k/v column by heads / kv heads, o row; gate/up/down.
+                q_norm / k_norm are one head_dim weight applied to every head: replicated,
+                each tp rank's gradient covers its heads only, so it is summed over tp.
 """
 
 from __future__ import annotations
@@ -29,6 +30,6 @@ def family_plans(shard_plan, config_heads, attr_heads) -> dict:
             column=("qkv",), row=("proj",), heads=attr_heads, head_attrs=("num_heads",), stride=3),
         q25 + "Qwen2_5_VLMLP": gate_up_down,
         q25 + "Qwen2_5_VLPatchMerger": shard_plan(column=("mlp.0",), row=("mlp.2",), entry="mlp"),
-        g3 + "Gemma3Attention": shard_plan(**qkv_o),
+        g3 + "Gemma3Attention": shard_plan(per_head=("q_norm", "k_norm"), **qkv_o),
         g3 + "Gemma3MLP": gate_up_down,
     }

@@ -69,6 +69,7 @@ def apply_sequence_parallel(decoder: nn.Module, group, seq_dim: int = 1, split_i
     hook = SumGradOverGroup(group)
     for part in parts:
         for param in part.parameters():
-            if param.requires_grad and not getattr(param, "tensor_model_parallel", False):
+            if param.requires_grad and not (getattr(param, "tensor_model_parallel", False)
+                                            or getattr(param, "tp_partial_grad", False)):
                 param.sequence_parallel = True
                 param.register_hook(hook)
