@@ -1,7 +1,11 @@
-"""Main job: heterogeneous-parallel training of a small LLaVA on the synthetic shapes-captioning task.
+"""Main job: heterogeneous-parallel training of a small VLM on the synthetic shapes-captioning task.
 
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_colocated.json
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_disaggregated.json --trace t.json
+    deepspeed --num_gpus 4 recipes/train_llava.py --model-family gemma3      # or qwen2-vl, qwen2.5-vl
+
+`--model-family` picks the built-in tiny model (llava, the default; qwen2-vl, qwen2.5-vl, gemma3);
+with `--model PATH` the family is the checkpoint's own (its config's model_type).
 
 The model is built from config with seeded weights (a CLIP tower + projector and a Llama LM),
 unless `--model PATH` names a Hugging Face safetensors checkpoint directory: then every rank
@@ -29,6 +33,10 @@ warnings.filterwarnings("ignore", category=FutureWarning, message=".*torch.distr
 import torch
 
 
+# --model-family -> the built-in tiny model (ds_hetero/models/meta.py)
+FAMILIES = {"llava": "tiny-llava", "qwen2-vl": "tiny-qwen2-vl", "qwen2.5-vl": "tiny-qwen2.5-vl", "gemma3": "tiny-gemma3"}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--deepspeed_config", default="ds_configs/llava_colocated.json",
@@ -37,8 +45,11 @@ def parse_args(argv=None):
     p.add_argument("--samples", type=int, default=4096, help="size of the synthetic dataset")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=None,
-                   help="a LlavaForConditionalGeneration safetensors checkpoint directory, loaded per stage and tp shard")
-    p.add_argument("--vision", default="clip", choices=["clip", "siglip"], help="tower of the built-in tiny model")
+                   help="a safetensors checkpoint directory of a supported family (LLaVA, Qwen2-VL, Qwen2.5-VL, "
+                        "Gemma 3), loaded per stage and tp shard")
+    p.add_argument("--model-family", default="llava", choices=list(FAMILIES),
+                   help="the built-in tiny model to train (ignored with --model, whose config names its family)")
+    p.add_argument("--vision", default="clip", choices=["clip", "siglip"], help="tower of the built-in tiny LLaVA")
     p.add_argument("--save", default=None, help="save a checkpoint here at the end")
     p.add_argument("--summary-json", default=None, help="rank 0 writes the summary here as JSON")
     p.add_argument("--trace", default=None,
@@ -55,6 +66,10 @@ def build_model(args):
         from ds_hetero import meta_model
 
         return meta_model(args.model, dtype=torch.float32), args.model
+    if args.model_family != "llava":
+        from ds_hetero.models.meta import builtin_model
+
+        return builtin_model(FAMILIES[args.model_family], seed=args.seed), None
     from ds_hetero.models.tiny import tiny_llava
 
     return tiny_llava(args.vision, seed=args.seed), None
@@ -74,11 +89,11 @@ def main(argv=None) -> int:
     import torch.distributed as dist
 
     import ds_hetero
-    from ds_hetero.data import ShapesCaptionDataset
+    from ds_hetero.data.family_formats import shapes_dataset_for
 
     torch.manual_seed(args.seed)
     model, weights = build_model(args)
-    dataset = ShapesCaptionDataset.for_llava(model.config, size=args.samples, seed=args.seed)
+    dataset = shapes_dataset_for(model.config, size=args.samples, seed=args.seed)
     engine = ds_hetero.initialize(model, args.deepspeed_config, training_data=dataset, weights=weights,
                                   seed=args.seed)  # the data order too, as the Trainer recipe does
     engine.timeline.trace_window = args.trace_window

@@ -1,0 +1,56 @@
+"""The shapes-captioning dataset in the sample format of each supported model family.
+
+`shapes_dataset_for(model_config, size, seed)` picks the format by the config's `model_type`:
+LLaVA and Qwen2-VL / Qwen2.5-VL use shapes.py's formats (Qwen2.5-VL's processor patchifies
+as Qwen2-VL's does); Gemma 3 puts each image as Gemma3Processor does, <boi> + placeholders +
+<eoi>, with `pixel_values` [1, C, H, W] at the tower's image size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .shapes import ShapesCaptionDataset, Vocabulary, text_labels
+
+
+class Gemma3Format:
+    """[bos] + <boi> + mm_tokens_per_image x <image> + <eoi> + caption + [eos]; `pixel_values` [1, 3, H, W]."""
+
+    def __init__(self, tokens_per_image: int, image_size: int, boi_id: int, eoi_id: int):
+        self.tokens_per_image, self.image_size = tokens_per_image, image_size
+        self.boi_id, self.eoi_id = boi_id, eoi_id
+
+    def check_size(self, hw: tuple[int, int]) -> None:
+        if hw != (self.image_size, self.image_size):
+            raise ValueError(f"Gemma 3's tower takes {self.image_size}x{self.image_size} images, got {hw}")
+
+    def image_tokens(self, hw: tuple[int, int] | None) -> int:
+        return 0 if hw is None else self.tokens_per_image
+
+    def input_ids(self, vocab: Vocabulary, caption_ids, hw: tuple[int, int] | None) -> torch.Tensor:
+        block = [] if hw is None else [self.boi_id, *[vocab.image_token_id] * self.tokens_per_image, self.eoi_id]
+        return torch.tensor([vocab.bos_id, *block, *caption_ids, vocab.eos_id])
+
+    def sample(self, vocab: Vocabulary, caption_ids, image):
+        hw = None if image is None else tuple(image.shape[-2:])
+        ids = self.input_ids(vocab, caption_ids, hw)
+        if image is None:
+            return {"input_ids": ids, "labels": text_labels(ids, 1)}
+        return {"input_ids": ids, "labels": text_labels(ids, 3 + self.tokens_per_image),
+                "pixel_values": image.unsqueeze(0)}
+
+
+def shapes_dataset_for(model_config, size: int, seed: int = 0, **kwargs) -> ShapesCaptionDataset:
+    """The shapes dataset in the sample format of the model family of `model_config`."""
+    kind = model_config.model_type
+    if kind == "llava":
+        return ShapesCaptionDataset.for_llava(model_config, size, seed=seed, **kwargs)
+    if kind in ("qwen2_vl", "qwen2_5_vl"):
+        return ShapesCaptionDataset.for_qwen2_vl(model_config, size, seed=seed, **kwargs)
+    if kind == "gemma3":
+        c, v = model_config, model_config.vision_config
+        vocab = Vocabulary(c.text_config.vocab_size, c.image_token_id, reserved_ids=(c.boi_token_index,
+                                                                                     c.eoi_token_index))
+        fmt = Gemma3Format(c.mm_tokens_per_image, v.image_size, c.boi_token_index, c.eoi_token_index)
+        return ShapesCaptionDataset(size, image_size=v.image_size, seed=seed, vocab=vocab, sample_format=fmt, **kwargs)
+    raise ValueError(f"no shapes-dataset format for model_type {kind!r} (llava, qwen2_vl, qwen2_5_vl, gemma3)")
