@@ -5,7 +5,8 @@ tests/engine_parity.train_both does for LLaVA and Qwen2-VL: the same seeded tiny
 through `ds_hetero.initialize` on the given layout and as a plain single-process Hugging Face
 model on the same global batches (same optimizer, same clipping); the reference's loss is the
 fused model's own. `wrong=True` also trains a deliberately wrong reference (Qwen2.5-VL with its
-attention windows dropped; Gemma 3 without its bidirectional image blocks) whose weights must
+attention windows dropped; Gemma 3 without its bidirectional image blocks; Qwen3-VL with its
+DeepStack levels routed to the wrong decoder layers) whose weights must
 end far from the engine's: the comparison can fail on exactly what the family adds.
 """
 
@@ -17,20 +18,21 @@ from tests.engine_parity import full_named_parameters, max_rel_err
 from tests.family_data import QWEN25_GRIDS, gemma3_samples, qwen_multi_samples
 from tests.vlm_data import qwen_samples
 
-FAMILIES = ("qwen2_5_vl", "gemma3")
+FAMILIES = ("qwen2_5_vl", "gemma3", "qwen3_vl")
+QWEN = ("qwen2_5_vl", "qwen3_vl")  # Qwen2-VL's sample format
 
 
 def build_model(family, seed):
-    from ds_hetero.models.tiny_families import tiny_gemma3, tiny_qwen2_5_vl
+    from ds_hetero.models import tiny_families
 
-    return tiny_qwen2_5_vl(seed=seed) if family == "qwen2_5_vl" else tiny_gemma3(seed=seed)
+    return getattr(tiny_families, f"tiny_{family}")(seed=seed)
 
 
 def make_batches(family, model, steps, batch_size, seed=100):
     """Variable images per sample, text-only samples in every batch, one several-image sample."""
     batches = []
     for step in range(steps):
-        if family == "qwen2_5_vl":
+        if family in QWEN:
             grids = (QWEN25_GRIDS * 2)[step % 4: step % 4 + batch_size - 1]
             samples = qwen_samples(model, grids, text_len=4 + step % 3, seed=seed + step)
             samples += qwen_multi_samples(model, [[(1, 8, 8), (1, 4, 4)]], seed=seed + 50 + step)
@@ -46,7 +48,7 @@ def reference_loss(family, model, adapter, samples, wrong=False):
     batch = adapter.language_inputs(samples)
     vision = adapter.vision_inputs(samples)
     ids, mask = batch["input_ids"], batch["attention_mask"]
-    if family == "qwen2_5_vl":
+    if family in QWEN:
         has = len(vision["image_grid_thw"]) > 0
         return model(input_ids=ids, attention_mask=mask, labels=batch["labels"],
                      pixel_values=vision["pixel_values"] if has else None,
@@ -64,6 +66,8 @@ def reference_train(family, model, batches, make_optimizer, clip, wrong=False):
 
     if wrong and family == "qwen2_5_vl":  # every block full attention: the window mask dropped
         model.model.visual.fullatt_block_indexes = list(range(model.config.vision_config.depth))
+    if wrong and family == "qwen3_vl":  # DeepStack levels routed to the wrong decoder layers
+        model.model.visual.deepstack_visual_indexes = model.model.visual.deepstack_visual_indexes[::-1]
     adapter = adapter_for(model)
     opt = make_optimizer(list(model.parameters()))
     losses, norms = [], []
@@ -107,6 +111,7 @@ def train_family(rank, world_size, family, layout, zero_stage, steps, clip, opti
         "norms": [r.grad_norm for r in results], "ref_norms": ref_norms,
         "weight_err": max_rel_err(got, {n: p.detach() for n, p in reference.named_parameters()}),
         "boundary": [(r.boundary_bytes_total, r.boundary_bytes_lower_bound) for r in results],
+        "row_bytes": engine.adapter.hidden_size * 4,  # fp32 rows; Qwen3-VL: merged + every DeepStack level
     }
     if wrong:
         bad = build_model(family, seed=7)

@@ -170,7 +170,9 @@ def test_planner_spec_counts_the_families_parameters_and_sees_windows_and_poolin
     from ds_hetero.planner.model_spec import model_spec
     from ds_hetero.planner.workload import Workload
 
-    for model in (tiny_qwen2_5_vl(), tiny_gemma3()):
+    from ds_hetero.models.tiny_families import tiny_qwen3_vl
+
+    for model in (tiny_qwen2_5_vl(), tiny_gemma3(), tiny_qwen3_vl()):
         s, stages = model_spec(model.config), adapter_for(model).split()
         assert s.vision.params() == sum(p.numel() for p in stages["vision"].parameters()), type(model).__name__
         assert s.language.params() == sum(p.numel() for p in stages["language"].parameters()), type(model).__name__
@@ -180,3 +182,38 @@ def test_planner_spec_counts_the_families_parameters_and_sees_windows_and_poolin
     windowed = vision_work(model_spec(tiny_qwen2_5_vl().config), wl, samples=1, tp=1)
     full = vision_work(model_spec(tiny_qwen2_5_vl(fullatt_block_indexes=(0, 1, 2)).config), wl, samples=1, tp=1)
     assert windowed.flops < full.flops
+
+
+def test_qwen3_vl_split_equals_fused_with_deepstack_levels():
+    from ds_hetero.models import Qwen3VLAdapter
+    from ds_hetero.models.tiny_families import tiny_qwen3_vl
+
+    model = tiny_qwen3_vl(seed=2).double()
+    adapter = adapter_for(model)
+    assert isinstance(adapter, Qwen3VLAdapter)
+    assert adapter.hidden_size == 3 * model.config.text_config.hidden_size  # merged + 2 DeepStack levels
+    samples = qwen_samples(model, [(1, 8, 8), None, (1, 4, 8)]) + qwen_multi_samples(model, [[(1, 4, 4), (1, 8, 4)]])
+    for i, s in enumerate(samples):
+        adapter.check_sample(s, i)
+    logit_err, grad_err = _compare(model, adapter, samples, _qwen_fused)
+    assert logit_err < 1e-12 and grad_err < 1e-12, (logit_err, grad_err)
+    # every DeepStack merger got a gradient: the levels reached the decoder
+    assert all(p.grad is None for p in model.parameters())  # _compare cleared them after checking
+
+
+def test_qwen3_vl_negative_control_deepstack_level_to_the_wrong_layer():
+    """Levels added after the wrong decoder layers (swapped) change the logits: the check can fail."""
+    from ds_hetero.models.qwen3_vl import Qwen3VLLanguageStage
+    from ds_hetero.models.tiny_families import tiny_qwen3_vl
+
+    class Swapped(Qwen3VLLanguageStage):
+        def forward(self, input_ids, rows, *args, **kwargs):
+            h = self.width
+            rows = torch.cat([rows[:, :h], rows[:, 2 * h:], rows[:, h:2 * h]], dim=-1)
+            return super().forward(input_ids, rows, *args, **kwargs)
+
+    model = tiny_qwen3_vl(seed=2).double()
+    adapter = adapter_for(model)
+    logit_err, _ = _compare(model, adapter, qwen_samples(model, [(1, 8, 8), (1, 4, 8)]), _qwen_fused,
+                            language=Swapped(model))
+    assert logit_err > 1e-4

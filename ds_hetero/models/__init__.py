@@ -9,6 +9,7 @@ from .gemma3 import Gemma3Adapter, split_gemma3
 from .llava import LlavaAdapter, LlavaLanguageStage, LlavaVisionStage, split_llava
 from .qwen2_5_vl import Qwen2_5_VLAdapter, split_qwen2_5_vl
 from .qwen2_vl import Qwen2VLAdapter, split_qwen2_vl
+from .qwen3_vl import Qwen3VLAdapter, split_qwen3_vl
 from .refused import REFUSED, refusal
 
 # Model class name -> adapter. Names, not classes, so a model family's module is only imported
@@ -18,6 +19,7 @@ ADAPTERS = MappingProxyType({
     "Qwen2VLForConditionalGeneration": Qwen2VLAdapter,
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLAdapter,
     "Gemma3ForConditionalGeneration": Gemma3Adapter,
+    "Qwen3VLForConditionalGeneration": Qwen3VLAdapter,
 })
 
 
@@ -39,6 +41,7 @@ def adapter_for(model) -> StageAdapter:
 
 
 __all__ = [
-    "ADAPTERS", "Gemma3Adapter", "IGNORE_INDEX", "LlavaAdapter", "Qwen2_5_VLAdapter", "split_gemma3", "split_qwen2_5_vl", "LlavaLanguageStage", "LlavaVisionStage", "Qwen2VLAdapter",
+    "ADAPTERS", "Gemma3Adapter", "IGNORE_INDEX", "LlavaAdapter", "Qwen2_5_VLAdapter", "Qwen3VLAdapter", "split_gemma3", "split_qwen2_5_vl",
+    "split_qwen3_vl", "LlavaLanguageStage", "LlavaVisionStage", "Qwen2VLAdapter",
     "StageAdapter", "adapter_for", "known_encoder_stages", "split_llava", "split_qwen2_vl",
 ]

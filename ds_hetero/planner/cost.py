@@ -112,7 +112,7 @@ def predict(cand: Candidate, cfg: HeteroConfig, spec: ModelSpec, wl: Workload, m
         times[stage], breakdown[stage] = stage_times(spec, wl, machine, stage, layout, m)
 
     fwd_rows, bwd_rows = boundary_rows(cfg, wl.image_tokens, wl.seq_len)
-    row_bytes = spec.language.hidden * wl.dtype_bytes
+    row_bytes = spec.language.hidden * spec.vision.boundary_levels * wl.dtype_bytes  # Qwen3-VL: + DeepStack levels
     peers = len(set(cand.vision.ranks) | set(cand.language.ranks)) or cfg.world_size
     # each exchange is one all-to-all (its shape consensus runs on the first step only)
     per_exchange = [machine.collective_time("all_to_all", rows * row_bytes / peers, peers)

@@ -109,7 +109,8 @@ def vision_work(spec: ModelSpec, wl: Workload, samples: int, tp: int) -> StageWo
         gemms += [Gemm(rows, i1, o1)]
     else:  # LLaVA's projector, or Qwen's merger on merge^2 concatenated patches: one row per image token
         (i1, o1), (i2, o2) = v.projector
-        gemms += [Gemm(rows, i1, o1 // tp), Gemm(rows, o1 // tp, o2)]  # column, row
+        copies = v.boundary_levels  # Qwen3-VL: the merger and each DeepStack merger
+        gemms += [Gemm(rows, i1, o1 // tp, copies), Gemm(rows, o1 // tp, o2, copies)]  # column, row
     # norms (2), activation, residuals (2), softmax over the scores
     ew = tower * v.hidden * 8 * wl.dtype_bytes * v.layers_forward + score_elems * 3 * wl.dtype_bytes
     ops = VISION_OPS_PER_LAYER * v.layers_forward + VISION_OPS_FIXED

@@ -23,7 +23,7 @@ def _get(cfg: Any, key: str, default: Any = None) -> Any:
 class VisionSpec:
     """A ViT tower plus projector.
 
-    kind               "clip", "siglip", "qwen2_vl", "qwen2_5_vl" or "gemma3" (SigLIP + pooling)
+    kind               "clip", "siglip", "qwen2_vl", "qwen2_5_vl", "qwen3_vl" or "gemma3" (SigLIP + pooling)
     tokens_per_image   image tokens one image gives the language model (LLaVA: fixed by the
                        image size; Qwen2-VL: variable, set by the planner's --image-tokens)
     seq_per_image      tokens inside the tower per image (CLIP adds a CLS token; Qwen2-VL sees
@@ -46,7 +46,10 @@ class VisionSpec:
     full_layers        with a window: how many blocks still attend over the whole image
     gated_mlp          gate/up/down MLP (Qwen2.5-VL) instead of fc1/fc2
     rms_norms          RMSNorms (weight only) instead of LayerNorms (weight and bias)
-    projector_norm     parameters of a norm before the projector (Qwen merger ln_q, Gemma 3 mm_soft_emb_norm)
+    projector_norm     parameters of the norms before the projector(s) (Qwen merger ln_q, Gemma 3
+                       mm_soft_emb_norm, Qwen3-VL's merger and DeepStack merger LayerNorms)
+    deepstack          Qwen3-VL: DeepStack mergers (each the projector's linears again); the
+                       boundary then carries 1 + deepstack row tensors per image token
     """
 
     kind: str
@@ -66,6 +69,12 @@ class VisionSpec:
     gated_mlp: bool = False
     rms_norms: bool = False
     projector_norm: int = 0
+    deepstack: int = 0
+
+    @property
+    def boundary_levels(self) -> int:
+        """Row tensors the boundary carries per image token (the embedding, each DeepStack level)."""
+        return 1 + self.deepstack
 
     def seq_per_image(self, tokens_per_image: int | None = None) -> int:
         k = self.tokens_per_image if tokens_per_image is None else tokens_per_image
@@ -79,7 +88,7 @@ class VisionSpec:
 
     def projector_params(self) -> int:
         biases = 0 if self.kind == "gemma3" else sum(o for _, o in self.projector)
-        return sum(i * o for i, o in self.projector) + biases + self.projector_norm
+        return (1 + self.deepstack) * (sum(i * o for i, o in self.projector) + biases) + self.projector_norm
 
     def params(self) -> int:
         """Parameters the forward touches (the tower's unused tail is excluded, as the engine does)."""
@@ -95,7 +104,7 @@ class VisionSpec:
         """Parameters the tower holds that no gradient reaches (layers after LLaVA's feature layer,
         the post-layernorm); held in memory, not in the optimizer. (SigLIP's pooling head, when the
         config has one, is not counted.)"""
-        if self.kind in ("qwen2_vl", "qwen2_5_vl", "gemma3"):
+        if self.kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3"):
             return 0
         return (self.layers_forward - self.layers_backward) * self.layer_params() + 2 * self.hidden
 
@@ -106,8 +115,9 @@ class VisionSpec:
         per_layer = (2 if self.rms_norms else 4) * h + 2 * h  # two norms; out and fc2 / down biases
         if self.kind == "gemma3":  # the projector is not split: all of it is replicated
             return self.embed_params + self.layers_backward * per_layer + self.projector_params()
-        extra = self.projector_norm if self.kind in ("qwen2_vl", "qwen2_5_vl") else 0  # the merger's ln_q
-        return self.embed_params + self.layers_backward * per_layer + self.projector[-1][1] + extra
+        extra = self.projector_norm if self.kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") else 0  # merger norms
+        return (self.embed_params + self.layers_backward * per_layer + (1 + self.deepstack) * self.projector[-1][1]
+                + extra)
 
 
 @dataclass(frozen=True)
@@ -140,7 +150,7 @@ class LanguageSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    family: str  # "llava", "qwen2_vl", "qwen2_5_vl" or "gemma3"
+    family: str  # "llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl" or "gemma3"
     vision: VisionSpec
     language: LanguageSpec
 
@@ -222,6 +232,29 @@ def _qwen2_5_vl(cfg: Any) -> ModelSpec:
     ), _language(text))
 
 
+def _qwen3_vl(cfg: Any) -> ModelSpec:
+    v, text = _get(cfg, "vision_config"), _get(cfg, "text_config")
+    if str(_get(cfg, "model_type", "")) == "qwen3_vl_moe":
+        raise ValueError("qwen3_vl_moe: the planner (like the engine) has no expert parallelism")
+    e, m, depth = _get(v, "hidden_size"), _get(v, "spatial_merge_size"), _get(v, "depth")
+    merged = e * m * m
+    patch_in = _get(v, "in_channels", 3) * _get(v, "temporal_patch_size") * _get(v, "patch_size") ** 2
+    levels = len(_get(v, "deepstack_visual_indexes"))
+    heads = _get(text, "num_attention_heads")
+    head_dim = _get(text, "head_dim") or _get(text, "hidden_size") // heads
+    language = _language(text)
+    language = LanguageSpec(**{**language.__dict__, "extra_layer_norms": 2 * head_dim})  # q_norm, k_norm
+    return ModelSpec("qwen3_vl", VisionSpec(
+        kind="qwen3_vl", hidden=e, ffn=_get(v, "intermediate_size"), heads=_get(v, "num_heads"),
+        layers_forward=depth, layers_backward=depth, patch_in=patch_in, tokens_per_image=0, merge=m * m,
+        cls_tokens=0, projector=((merged, merged), (merged, _get(v, "out_hidden_size"))),
+        # the merger's LayerNorm over e, each DeepStack merger's over the merged width
+        projector_norm=2 * e + levels * 2 * merged, deepstack=levels,
+        # a Conv3d with bias and the learned position grid
+        embed_params=patch_in * e + e + _get(v, "num_position_embeddings") * e,
+    ), language)
+
+
 def _gemma3(cfg: Any) -> ModelSpec:
     v, text = _get(cfg, "vision_config"), _get(cfg, "text_config")
     vh, th = _get(v, "hidden_size"), _get(text, "hidden_size")
@@ -252,4 +285,6 @@ def model_spec(cfg: Any) -> ModelSpec:
         return _qwen2_5_vl(cfg)
     if model_type == "gemma3":
         return _gemma3(cfg)
-    raise ValueError(f"the planner knows llava, qwen2_vl, qwen2_5_vl and gemma3 configs, got model_type {model_type!r}")
+    if model_type in ("qwen3_vl", "qwen3_vl_moe"):
+        return _qwen3_vl(cfg)
+    raise ValueError(f"the planner knows llava, qwen2_vl, qwen2_5_vl, qwen3_vl and gemma3 configs, got model_type {model_type!r}")

@@ -24,7 +24,7 @@ from ..errors import HeteroConfigError
 from .family_plans import family_plans
 from .layers import ColumnParallelLinear, RowParallelLinear
 from .regions import EnterRegionHook
-from .sequence_parallel import SumGradOverGroup
+from .sequence_parallel import SumGradOverGroup, add_grad_hook
 
 
 def _config_heads(m: nn.Module) -> tuple[int, int]:
@@ -151,4 +151,4 @@ def apply_plans(found, group, sequence_parallel: bool = False, seq_dim: int = 1)
         for child in plan.per_head:
             for param in module.get_submodule(child).parameters():
                 param.tp_partial_grad = True  # sequence parallelism must not sum it again
-                param.register_hook(SumGradOverGroup(group))
+                add_grad_hook(param, SumGradOverGroup(group))

@@ -193,6 +193,8 @@ def _load_stage(stage, names, checkpoint: SafetensorsCheckpoint, tp_rank: int, t
         if isinstance(old, nn.Parameter):
             new = nn.Parameter(tensor, requires_grad=old.requires_grad)
             new.__dict__.update(old.__dict__)  # the tp shard tags
+            for hook in getattr(old, "grad_hooks", ()):  # tensor hooks belong to the old tensor
+                new.register_hook(hook)
         else:
             new = tensor
         for module, table, attr, _ in where:
