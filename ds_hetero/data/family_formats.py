@@ -1,8 +1,8 @@
 """The shapes-captioning dataset in the sample format of each supported model family.
 
 `shapes_dataset_for(model_config, size, seed)` picks the format by the config's `model_type`:
-LLaVA and Qwen2-VL / Qwen2.5-VL use shapes.py's formats (Qwen2.5-VL's processor patchifies
-as Qwen2-VL's does); Gemma 3 puts each image as Gemma3Processor does, <boi> + placeholders +
+LLaVA and Qwen2-VL / Qwen2.5-VL / Qwen3-VL use shapes.py's formats (the newer Qwen processors
+patchify as Qwen2-VL's does); Gemma 3 puts each image as Gemma3Processor does, <boi> + placeholders +
 <eoi>, with `pixel_values` [1, C, H, W] at the tower's image size.
 """
 
@@ -45,7 +45,7 @@ def shapes_dataset_for(model_config, size: int, seed: int = 0, **kwargs) -> Shap
     kind = model_config.model_type
     if kind == "llava":
         return ShapesCaptionDataset.for_llava(model_config, size, seed=seed, **kwargs)
-    if kind in ("qwen2_vl", "qwen2_5_vl"):
+    if kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
         return ShapesCaptionDataset.for_qwen2_vl(model_config, size, seed=seed, **kwargs)
     if kind == "gemma3":
         c, v = model_config, model_config.vision_config
@@ -53,4 +53,4 @@ def shapes_dataset_for(model_config, size: int, seed: int = 0, **kwargs) -> Shap
                                                                                      c.eoi_token_index))
         fmt = Gemma3Format(c.mm_tokens_per_image, v.image_size, c.boi_token_index, c.eoi_token_index)
         return ShapesCaptionDataset(size, image_size=v.image_size, seed=seed, vocab=vocab, sample_format=fmt, **kwargs)
-    raise ValueError(f"no shapes-dataset format for model_type {kind!r} (llava, qwen2_vl, qwen2_5_vl, gemma3)")
+    raise ValueError(f"no shapes-dataset format for model_type {kind!r} (llava, qwen2_vl, qwen2_5_vl, qwen3_vl, gemma3)")
