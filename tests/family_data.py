@@ -56,3 +56,24 @@ def gemma3_samples(model, images_per_sample, text_len=6, seed=0):
             sample["pixel_values"] = torch.randn(n, v.num_channels, v.image_size, v.image_size, generator=gen)
         samples.append(sample)
     return samples
+
+
+def internvl_samples(model, tiles_per_image, text_len=5, seed=0):
+    """One sample per entry: a list of tile counts, one per image (<img> run </img>), then text."""
+    cfg = model.config
+    v = cfg.vision_config
+    t = cfg.image_seq_length
+    size = v.image_size[0] if isinstance(v.image_size, (list, tuple)) else v.image_size
+    gen = torch.Generator().manual_seed(seed)
+    samples = []
+    for images in tiles_per_image:
+        ids, labels = [], []
+        for k in images:
+            ids.append(torch.cat([torch.tensor([297]), torch.full((k * t,), cfg.image_token_id), torch.tensor([296])]))
+            labels.append(torch.full((k * t + 2,), IGNORE))
+        text = torch.randint(2, 250, (text_len,), generator=gen)
+        sample = {"input_ids": torch.cat(ids + [text]), "labels": torch.cat(labels + [text])}
+        if images:
+            sample["pixel_values"] = torch.randn(sum(images), v.num_channels, size, size, generator=gen)
+        samples.append(sample)
+    return samples

@@ -6,7 +6,7 @@ through `ds_hetero.initialize` on the given layout and as a plain single-process
 model on the same global batches (same optimizer, same clipping); the reference's loss is the
 fused model's own. `wrong=True` also trains a deliberately wrong reference (Qwen2.5-VL with its
 attention windows dropped; Gemma 3 without its bidirectional image blocks; Qwen3-VL with its
-DeepStack levels routed to the wrong decoder layers) whose weights must
+DeepStack levels routed to the wrong decoder layers; InternVL with its pixel shuffle transposed) whose weights must
 end far from the engine's: the comparison can fail on exactly what the family adds.
 """
 
@@ -15,10 +15,10 @@ import copy
 import torch
 
 from tests.engine_parity import full_named_parameters, max_rel_err
-from tests.family_data import QWEN25_GRIDS, gemma3_samples, qwen_multi_samples
+from tests.family_data import QWEN25_GRIDS, gemma3_samples, internvl_samples, qwen_multi_samples
 from tests.vlm_data import qwen_samples
 
-FAMILIES = ("qwen2_5_vl", "gemma3", "qwen3_vl")
+FAMILIES = ("qwen2_5_vl", "gemma3", "qwen3_vl", "internvl")
 QWEN = ("qwen2_5_vl", "qwen3_vl")  # Qwen2-VL's sample format
 
 
@@ -36,6 +36,9 @@ def make_batches(family, model, steps, batch_size, seed=100):
             grids = (QWEN25_GRIDS * 2)[step % 4: step % 4 + batch_size - 1]
             samples = qwen_samples(model, grids, text_len=4 + step % 3, seed=seed + step)
             samples += qwen_multi_samples(model, [[(1, 8, 8), (1, 4, 4)]], seed=seed + 50 + step)
+        elif family == "internvl":  # tiles per image: dynamic tiling gives images of 1-3 tiles
+            tiles = ([[2, 1], [], [1], [3], [1, 1], [], [2], [1]] * 2)[step % 3: step % 3 + batch_size]
+            samples = internvl_samples(model, tiles, text_len=4 + step % 3, seed=seed + step)
         else:
             counts = ([2, 0, 1, 3, 1, 0, 2, 1] * 2)[step % 3: step % 3 + batch_size]
             samples = gemma3_samples(model, counts, text_len=5 + step % 3, seed=seed + step)
@@ -55,6 +58,9 @@ def reference_loss(family, model, adapter, samples, wrong=False):
                      image_grid_thw=vision["image_grid_thw"] if has else None,
                      mm_token_type_ids=(ids == model.config.image_token_id).int()).loss
     has = len(vision["pixel_values"]) > 0
+    if family == "internvl":
+        return model(input_ids=ids, attention_mask=mask, labels=batch["labels"],
+                     pixel_values=vision["pixel_values"] if has else None).loss
     # wrong: no token_type_ids, so Gemma3Model builds plain causal masks (no image blocks)
     token_types = None if wrong else (ids == model.config.image_token_id).long()
     return model(input_ids=ids, attention_mask=mask, labels=batch["labels"], token_type_ids=token_types,
@@ -68,6 +74,9 @@ def reference_train(family, model, batches, make_optimizer, clip, wrong=False):
         model.model.visual.fullatt_block_indexes = list(range(model.config.vision_config.depth))
     if wrong and family == "qwen3_vl":  # DeepStack levels routed to the wrong decoder layers
         model.model.visual.deepstack_visual_indexes = model.model.visual.deepstack_visual_indexes[::-1]
+    if wrong and family == "internvl":  # pixel shuffle over transposed tiles: rows in the wrong order
+        shuffle = model.model.pixel_shuffle
+        model.model.pixel_shuffle = lambda f, scale_factor: shuffle(f.transpose(1, 2).contiguous(), scale_factor)
     adapter = adapter_for(model)
     opt = make_optimizer(list(model.parameters()))
     losses, norms = [], []

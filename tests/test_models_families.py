@@ -170,14 +170,16 @@ def test_planner_spec_counts_the_families_parameters_and_sees_windows_and_poolin
     from ds_hetero.planner.model_spec import model_spec
     from ds_hetero.planner.workload import Workload
 
-    from ds_hetero.models.tiny_families import tiny_qwen3_vl
+    from ds_hetero.models.tiny_families import tiny_internvl, tiny_qwen3_vl
 
-    for model in (tiny_qwen2_5_vl(), tiny_gemma3(), tiny_qwen3_vl()):
+    for model in (tiny_qwen2_5_vl(), tiny_gemma3(), tiny_qwen3_vl(), tiny_internvl()):
         s, stages = model_spec(model.config), adapter_for(model).split()
         assert s.vision.params() == sum(p.numel() for p in stages["vision"].parameters()), type(model).__name__
         assert s.language.params() == sum(p.numel() for p in stages["language"].parameters()), type(model).__name__
     g = model_spec(tiny_gemma3().config).vision
     assert g.tokens_per_image == 4 and g.seq_per_image() == 16  # the tower per patch, the boundary per pooled token
+    i = model_spec(tiny_internvl().config).vision
+    assert i.tokens_per_image == 4 and i.seq_per_image() == 17  # per tile: 16 patches + CLS, shuffled to 4
     wl = Workload(seq_len=256, image_tokens=64, global_batch=1, dtype_bytes=4)
     windowed = vision_work(model_spec(tiny_qwen2_5_vl().config), wl, samples=1, tp=1)
     full = vision_work(model_spec(tiny_qwen2_5_vl(fullatt_block_indexes=(0, 1, 2)).config), wl, samples=1, tp=1)
@@ -217,3 +219,67 @@ def test_qwen3_vl_negative_control_deepstack_level_to_the_wrong_layer():
     logit_err, _ = _compare(model, adapter, qwen_samples(model, [(1, 8, 8), (1, 4, 8)]), _qwen_fused,
                             language=Swapped(model))
     assert logit_err > 1e-4
+
+
+def _internvl_fused(model, adapter, samples):
+    batch = adapter.language_inputs(samples)
+    vision = adapter.vision_inputs(samples)
+    has = len(vision["pixel_values"]) > 0
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                pixel_values=vision["pixel_values"].to(model.dtype) if has else None)
+    return batch, vision, out.logits
+
+
+def test_internvl_split_equals_fused_with_dynamic_tiles_and_pixel_shuffle():
+    from ds_hetero.models import InternVLAdapter
+    from ds_hetero.models.tiny_families import tiny_internvl
+    from tests.family_data import internvl_samples
+
+    model = tiny_internvl(seed=2).double()
+    adapter = adapter_for(model)
+    assert isinstance(adapter, InternVLAdapter)
+    samples = internvl_samples(model, [[3, 1], [], [2], [1, 1, 1]])
+    for i, s in enumerate(samples):
+        adapter.check_sample(s, i)
+    assert [adapter.image_rows(s) for s in samples] == [[12, 4], [], [8], [4, 4, 4]]
+    assert adapter.image_cost(12) == 3 * adapter.image_cost(4)  # the tower's work is per tile (per patch)
+    picked = adapter.select_images(samples[0], [1])["pixel_values"]
+    assert torch.equal(picked, samples[0]["pixel_values"][3:4])
+    logit_err, grad_err = _compare(model, adapter, samples, _internvl_fused)
+    assert logit_err < 1e-12 and grad_err < 1e-12, (logit_err, grad_err)
+
+
+def test_internvl_negative_control_without_pixel_shuffle_order():
+    """Rows in the wrong order inside a tile (pixel shuffle transposed) change the logits."""
+    from ds_hetero.models.internvl import InternVLVisionStage
+    from ds_hetero.models.tiny_families import tiny_internvl
+    from tests.family_data import internvl_samples
+
+    class Transposed(InternVLVisionStage):
+        def forward(self, pixel_values):
+            rows = super().forward(pixel_values)
+            return rows.reshape(-1, 2, 2, rows.shape[-1]).transpose(1, 2).reshape(rows.shape)
+
+    model = tiny_internvl(seed=2).double()
+    adapter = adapter_for(model)
+    samples = internvl_samples(model, [[2], [1]])
+    batch, vision, fused = _internvl_fused(model, adapter, samples)
+    rows = Transposed(model)(vision["pixel_values"].double())
+    logits = adapter.split()["language"](batch["input_ids"], rows, batch["attention_mask"], batch["position_ids"])
+    assert float((logits - fused).detach().abs().max()) > 1e-4
+
+
+def test_shapes_dataset_in_each_family_format_is_accepted():
+    from ds_hetero.data.family_formats import shapes_dataset_for
+    from ds_hetero.models.tiny_families import tiny_internvl, tiny_qwen3_vl
+
+    for model in (tiny_qwen2_5_vl(), tiny_qwen3_vl(), tiny_gemma3(), tiny_internvl()):
+        adapter = adapter_for(model)
+        data = shapes_dataset_for(model.config, size=6, seed=1, text_only_every=3)
+        samples = [data[i] for i in range(6)]
+        for i, s in enumerate(samples):
+            adapter.check_sample(s, i)
+            assert torch.equal(s["input_ids"], data.input_ids(i))
+        assert sum(adapter.image_rows(s) == [] for s in samples) == 2  # text-only samples
+    rows = [adapter.image_rows(s) for s in samples]  # InternVL: 1, 2 and 4 tiles of 4 tokens
+    assert rows[:2] == [[4], [8]] and rows[3] == [4]

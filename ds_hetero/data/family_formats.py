@@ -3,7 +3,8 @@
 `shapes_dataset_for(model_config, size, seed)` picks the format by the config's `model_type`:
 LLaVA and Qwen2-VL / Qwen2.5-VL / Qwen3-VL use shapes.py's formats (the newer Qwen processors
 patchify as Qwen2-VL's does); Gemma 3 puts each image as Gemma3Processor does, <boi> + placeholders +
-<eoi>, with `pixel_values` [1, C, H, W] at the tower's image size.
+<eoi>, with `pixel_values` [1, C, H, W] at the tower's image size; InternVL cuts each image into
+tiles (1, 2 or 4 by default), all in one <img> ... </img> run.
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ from __future__ import annotations
 import torch
 
 from .shapes import ShapesCaptionDataset, Vocabulary, text_labels
+
+
+# <img> and </img> of the tiny InternVL (models/tiny_families.py); a real checkpoint's come from its tokenizer
+INTERNVL_TILE_TOKENS = (297, 296)
 
 
 class Gemma3Format:
@@ -40,6 +45,37 @@ class Gemma3Format:
                 "pixel_values": image.unsqueeze(0)}
 
 
+class InternVLFormat:
+    """[bos] + <img> + tiles x image_seq_length x <IMG_CONTEXT> + </img> + caption + [eos].
+
+    An image of (h, w), both multiples of the tile size, is cut into (h / tile) x (w / tile) tiles
+    row by row (the processor's dynamic tiling without its thumbnail): `pixel_values` [tiles, 3, tile, tile].
+    """
+
+    def __init__(self, tokens_per_tile: int, tile: int, start_id: int, end_id: int):
+        self.tokens_per_tile, self.tile, self.start_id, self.end_id = tokens_per_tile, tile, start_id, end_id
+
+    def check_size(self, hw: tuple[int, int]) -> None:
+        if hw[0] % self.tile or hw[1] % self.tile:
+            raise ValueError(f"InternVL image size {hw} must be a multiple of the tile size {self.tile} on both sides")
+
+    def image_tokens(self, hw: tuple[int, int] | None) -> int:
+        return 0 if hw is None else (hw[0] // self.tile) * (hw[1] // self.tile) * self.tokens_per_tile
+
+    def input_ids(self, vocab: Vocabulary, caption_ids, hw: tuple[int, int] | None) -> torch.Tensor:
+        image = [] if hw is None else [self.start_id, *[vocab.image_token_id] * self.image_tokens(hw), self.end_id]
+        return torch.tensor([vocab.bos_id, *image, *caption_ids, vocab.eos_id])
+
+    def sample(self, vocab: Vocabulary, caption_ids, image):
+        hw = None if image is None else tuple(image.shape[-2:])
+        ids = self.input_ids(vocab, caption_ids, hw)
+        if image is None:
+            return {"input_ids": ids, "labels": text_labels(ids, 1)}
+        c, t = image.shape[0], self.tile
+        tiles = image.reshape(c, hw[0] // t, t, hw[1] // t, t).permute(1, 3, 0, 2, 4).reshape(-1, c, t, t)
+        return {"input_ids": ids, "labels": text_labels(ids, 3 + self.image_tokens(hw)), "pixel_values": tiles}
+
+
 def shapes_dataset_for(model_config, size: int, seed: int = 0, **kwargs) -> ShapesCaptionDataset:
     """The shapes dataset in the sample format of the model family of `model_config`."""
     kind = model_config.model_type
@@ -53,4 +89,12 @@ def shapes_dataset_for(model_config, size: int, seed: int = 0, **kwargs) -> Shap
                                                                                      c.eoi_token_index))
         fmt = Gemma3Format(c.mm_tokens_per_image, v.image_size, c.boi_token_index, c.eoi_token_index)
         return ShapesCaptionDataset(size, image_size=v.image_size, seed=seed, vocab=vocab, sample_format=fmt, **kwargs)
-    raise ValueError(f"no shapes-dataset format for model_type {kind!r} (llava, qwen2_vl, qwen2_5_vl, qwen3_vl, gemma3)")
+    if kind == "internvl":
+        c, v = model_config, model_config.vision_config
+        tile = v.image_size if isinstance(v.image_size, int) else v.image_size[0]
+        start, end = INTERNVL_TILE_TOKENS
+        vocab = Vocabulary(c.text_config.vocab_size, c.image_token_id, reserved_ids=(start, end))
+        fmt = InternVLFormat(c.image_seq_length, tile, start, end)
+        sizes = kwargs.pop("image_sizes", ((tile, tile), (tile, 2 * tile), (2 * tile, 2 * tile)))
+        return ShapesCaptionDataset(size, seed=seed, image_sizes=sizes, vocab=vocab, sample_format=fmt, **kwargs)
+    raise ValueError(f"no shapes-dataset format for model_type {kind!r} (llava, qwen2_vl, qwen2_5_vl, qwen3_vl, internvl, gemma3)")

@@ -23,7 +23,7 @@ def _get(cfg: Any, key: str, default: Any = None) -> Any:
 class VisionSpec:
     """A ViT tower plus projector.
 
-    kind               "clip", "siglip", "qwen2_vl", "qwen2_5_vl", "qwen3_vl" or "gemma3" (SigLIP + pooling)
+    kind               "clip", "siglip", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl" or "gemma3" (SigLIP + pooling)
     tokens_per_image   image tokens one image gives the language model (LLaVA: fixed by the
                        image size; Qwen2-VL: variable, set by the planner's --image-tokens)
     seq_per_image      tokens inside the tower per image (CLIP adds a CLS token; Qwen2-VL sees
@@ -70,6 +70,7 @@ class VisionSpec:
     rms_norms: bool = False
     projector_norm: int = 0
     deepstack: int = 0
+    layer_extra: int = 0  # per-layer parameters beyond the formula (InternViT: layer scales, no q/k/v biases)
 
     @property
     def boundary_levels(self) -> int:
@@ -84,7 +85,7 @@ class VisionSpec:
         h, f = self.hidden, self.ffn
         # q, k, v, out (with biases); fc1, fc2 or gate, up, down (with biases); two norms
         mlp = 3 * h * f + 2 * f + h if self.gated_mlp else 2 * h * f + f + h
-        return 4 * h * h + 4 * h + mlp + (2 if self.rms_norms else 4) * h
+        return 4 * h * h + 4 * h + mlp + (2 if self.rms_norms else 4) * h + self.layer_extra
 
     def projector_params(self) -> int:
         biases = 0 if self.kind == "gemma3" else sum(o for _, o in self.projector)
@@ -104,7 +105,7 @@ class VisionSpec:
         """Parameters the tower holds that no gradient reaches (layers after LLaVA's feature layer,
         the post-layernorm); held in memory, not in the optimizer. (SigLIP's pooling head, when the
         config has one, is not counted.)"""
-        if self.kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3"):
+        if self.kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "internvl"):
             return 0
         return (self.layers_forward - self.layers_backward) * self.layer_params() + 2 * self.hidden
 
@@ -115,7 +116,7 @@ class VisionSpec:
         per_layer = (2 if self.rms_norms else 4) * h + 2 * h  # two norms; out and fc2 / down biases
         if self.kind == "gemma3":  # the projector is not split: all of it is replicated
             return self.embed_params + self.layers_backward * per_layer + self.projector_params()
-        extra = self.projector_norm if self.kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") else 0  # merger norms
+        extra = self.projector_norm if self.kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl") else 0
         return (self.embed_params + self.layers_backward * per_layer + (1 + self.deepstack) * self.projector[-1][1]
                 + extra)
 
@@ -150,7 +151,7 @@ class LanguageSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    family: str  # "llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl" or "gemma3"
+    family: str  # "llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl" or "gemma3"
     vision: VisionSpec
     language: LanguageSpec
 
@@ -255,6 +256,32 @@ def _qwen3_vl(cfg: Any) -> ModelSpec:
     ), language)
 
 
+def _internvl(cfg: Any) -> ModelSpec:
+    v, text = _get(cfg, "vision_config"), _get(cfg, "text_config")
+    size, patch = _get(v, "image_size"), _get(v, "patch_size")
+    size, patch = (size if isinstance(size, int) else size[0]), (patch if isinstance(patch, int) else patch[0])
+    h, th = _get(v, "hidden_size"), _get(text, "hidden_size")
+    grid = (size // patch) ** 2
+    shuffle = int(round(1 / _get(cfg, "downsample_ratio", 0.5))) ** 2  # patches folded into one token
+    layers = _get(v, "num_hidden_layers")
+    feature = _get(cfg, "vision_feature_layer", -1)
+    deepest = feature if feature >= 0 else layers + 1 + feature
+    qkv_bias = bool(_get(v, "attention_bias", False))
+    qk_norm = 2 * h if _get(v, "use_qk_norm", False) else 0
+    final_norm = 0 if _get(v, "use_mean_pooling", True) else 2 * h
+    return ModelSpec("internvl", VisionSpec(
+        kind="internvl", hidden=h, ffn=_get(v, "intermediate_size"), heads=_get(v, "num_attention_heads"),
+        layers_forward=layers, layers_backward=deepest, patch_in=_get(v, "num_channels", 3) * patch ** 2,
+        tokens_per_image=_get(cfg, "image_seq_length"), merge=shuffle,
+        cls_tokens=int(_get(cfg, "vision_feature_select_strategy", "default") == "default"),
+        projector=((h * shuffle, th), (th, th)), projector_norm=2 * h * shuffle,
+        # no q/k/v biases unless attention_bias; two layer scales (lambda_1, lambda_2); optional q/k norms
+        layer_extra=(0 if qkv_bias else -3 * h) + 2 * h + qk_norm,
+        # patch conv with bias, CLS token, grid + 1 positions, the final norm (Identity with mean pooling)
+        embed_params=_get(v, "num_channels", 3) * patch ** 2 * h + h + h + (grid + 1) * h + final_norm,
+    ), _language(text))
+
+
 def _gemma3(cfg: Any) -> ModelSpec:
     v, text = _get(cfg, "vision_config"), _get(cfg, "text_config")
     vh, th = _get(v, "hidden_size"), _get(text, "hidden_size")
@@ -287,4 +314,6 @@ def model_spec(cfg: Any) -> ModelSpec:
         return _gemma3(cfg)
     if model_type in ("qwen3_vl", "qwen3_vl_moe"):
         return _qwen3_vl(cfg)
-    raise ValueError(f"the planner knows llava, qwen2_vl, qwen2_5_vl, qwen3_vl and gemma3 configs, got model_type {model_type!r}")
+    if model_type == "internvl":
+        return _internvl(cfg)
+    raise ValueError(f"the planner knows llava, qwen2_vl, qwen2_5_vl, qwen3_vl, internvl and gemma3 configs, got model_type {model_type!r}")
