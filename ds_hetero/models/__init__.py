@@ -7,6 +7,7 @@ from types import MappingProxyType
 from .adapter import IGNORE_INDEX, StageAdapter
 from .gemma3 import Gemma3Adapter, split_gemma3
 from .internvl import InternVLAdapter, split_internvl
+from .llava_onevision import LlavaOnevisionAdapter, split_llava_onevision
 from .llava import LlavaAdapter, LlavaLanguageStage, LlavaVisionStage, split_llava
 from .qwen2_5_vl import Qwen2_5_VLAdapter, split_qwen2_5_vl
 from .qwen2_vl import Qwen2VLAdapter, split_qwen2_vl
@@ -22,6 +23,7 @@ ADAPTERS = MappingProxyType({
     "Gemma3ForConditionalGeneration": Gemma3Adapter,
     "Qwen3VLForConditionalGeneration": Qwen3VLAdapter,
     "InternVLForConditionalGeneration": InternVLAdapter,
+    "LlavaOnevisionForConditionalGeneration": LlavaOnevisionAdapter,
 })
 
 
@@ -44,6 +46,7 @@ def adapter_for(model) -> StageAdapter:
 
 __all__ = [
     "ADAPTERS", "Gemma3Adapter", "IGNORE_INDEX", "LlavaAdapter", "Qwen2_5_VLAdapter", "Qwen3VLAdapter", "split_gemma3", "split_qwen2_5_vl",
-    "split_qwen3_vl", "InternVLAdapter", "split_internvl", "LlavaLanguageStage", "LlavaVisionStage", "Qwen2VLAdapter",
+    "split_qwen3_vl", "InternVLAdapter", "split_internvl",
+    "LlavaOnevisionAdapter", "split_llava_onevision", "LlavaLanguageStage", "LlavaVisionStage", "Qwen2VLAdapter",
     "StageAdapter", "adapter_for", "known_encoder_stages", "split_llava", "split_qwen2_vl",
 ]

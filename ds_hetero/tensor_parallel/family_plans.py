@@ -1,4 +1,5 @@
-"""Tensor-parallel plans of the newer model families (Qwen2.5-VL, Qwen3-VL, InternVL, Gemma 3), merged into plans.PLANS.
+"""Tensor-parallel plans of the newer model families (Qwen2.5-VL, Qwen3-VL, InternVL, LLaVA-OneVision,
+Gemma 3), merged into plans.PLANS.
 
 Kept apart from plans.py so a family's entries can be read (and added) on their own; the
 ShardPlan vocabulary is plans.py's.
@@ -12,6 +13,7 @@ ShardPlan vocabulary is plans.py's.
     InternVL    vision: q/k/v column, projection_layer row (embed_dim made local: the forward
                 reshapes by it); fc1 column, fc2 row; projector: LayerNorm replicated, linear_1
                 column, linear_2 row. Text: Qwen2 / Llama (plans.py).
+    OneVision   vision: SigLIP (plans.py); projector linear_1 column, linear_2 row. Text: Qwen2.
     Gemma 3     vision: SigLIP (plans.py); the projector (a bare weight after pooling and an
                 RMSNorm) stays replicated. Text: q/k/v column by heads / kv heads, o row; gate/up/down.
                 q_norm / k_norm are one head_dim weight applied to every head: replicated,
@@ -31,6 +33,7 @@ def family_plans(shard_plan, config_heads, attr_heads) -> dict:
     g3 = _HF + "gemma3.modeling_gemma3:"
     q3 = _HF + "qwen3_vl.modeling_qwen3_vl:"
     iv = _HF + "internvl.modeling_internvl:"
+    ov = _HF + "llava_onevision.modeling_llava_onevision:"
     return {
         q25 + "Qwen2_5_VLAttention": shard_plan(head_attrs=("num_heads", "num_key_value_heads"), **qkv_o),
         q25 + "Qwen2MLP": gate_up_down,
@@ -50,6 +53,7 @@ def family_plans(shard_plan, config_heads, attr_heads) -> dict:
             head_attrs=("num_heads", "embed_dim")),
         iv + "InternVLVisionMLP": shard_plan(column=("fc1",), row=("fc2",)),
         iv + "InternVLMultiModalProjector": shard_plan(column=("linear_1",), row=("linear_2",), entry="linear_1"),
+        ov + "LlavaOnevisionMultiModalProjector": shard_plan(column=("linear_1",), row=("linear_2",)),
         g3 + "Gemma3Attention": shard_plan(per_head=("q_norm", "k_norm"), **qkv_o),
         g3 + "Gemma3MLP": gate_up_down,
     }
