@@ -2,9 +2,10 @@
 
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_colocated.json
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_disaggregated.json --trace t.json
-    deepspeed --num_gpus 4 recipes/train_llava.py --model-family gemma3      # or qwen2-vl, qwen2.5-vl, qwen3-vl, internvl
+    deepspeed --num_gpus 4 recipes/train_llava.py --model-family gemma3      # or qwen2-vl, qwen2.5-vl, qwen3-vl, internvl, llava-onevision
 
-`--model-family` picks the built-in tiny model (llava, the default; qwen2-vl, qwen2.5-vl, qwen3-vl, internvl, gemma3);
+`--model-family` picks the built-in tiny model (llava, the default; qwen2-vl, qwen2.5-vl, qwen3-vl, internvl, llava-onevision,
+gemma3);
 with `--model PATH` the family is the checkpoint's own (its config's model_type).
 
 The model is built from config with seeded weights (a CLIP tower + projector and a Llama LM),
@@ -35,7 +36,8 @@ import torch
 
 # --model-family -> the built-in tiny model (ds_hetero/models/meta.py)
 FAMILIES = {"llava": "tiny-llava", "qwen2-vl": "tiny-qwen2-vl", "qwen2.5-vl": "tiny-qwen2.5-vl",
-            "qwen3-vl": "tiny-qwen3-vl", "gemma3": "tiny-gemma3", "internvl": "tiny-internvl"}
+            "qwen3-vl": "tiny-qwen3-vl", "gemma3": "tiny-gemma3", "internvl": "tiny-internvl",
+            "llava-onevision": "tiny-llava-onevision"}
 
 
 def parse_args(argv=None):
@@ -47,7 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=None,
                    help="a safetensors checkpoint directory of a supported family (LLaVA, Qwen2-VL, Qwen2.5-VL, "
-                        "Qwen3-VL, InternVL, Gemma 3), loaded per stage and tp shard")
+                        "Qwen3-VL, InternVL, LLaVA-OneVision, Gemma 3), loaded per stage and tp shard")
     p.add_argument("--model-family", default="llava", choices=list(FAMILIES),
                    help="the built-in tiny model to train (ignored with --model, whose config names its family)")
     p.add_argument("--vision", default="clip", choices=["clip", "siglip"], help="tower of the built-in tiny LLaVA")

@@ -77,3 +77,22 @@ def internvl_samples(model, tiles_per_image, text_len=5, seed=0):
             sample["pixel_values"] = torch.randn(sum(images), v.num_channels, size, size, generator=gen)
         samples.append(sample)
     return samples
+
+
+def onevision_model_inputs(adapter, samples, dtype, wrong=False):
+    """LlavaOnevisionForConditionalGeneration's own image inputs for these samples: every image's
+    tiles padded to the batch's largest count (5-D), image_sizes, images per sample. `wrong`:
+    the any-resolution tiles of each image in reverse order (a negative control)."""
+    with_image = [s for s in samples if s.get("image_sizes") is not None]
+    if not with_image:
+        return {}
+    per_image = []
+    for s in with_image:
+        pixels, counts = adapter._tiles_of(s)
+        for p in pixels.split(counts):
+            per_image.append(torch.cat([p[:1], p[1:].flip(0)]) if wrong else p)
+    most = max(p.shape[0] for p in per_image)
+    padded = torch.stack([torch.cat([p, p.new_zeros(most - p.shape[0], *p.shape[1:])]) for p in per_image])
+    return {"pixel_values": padded.to(dtype),
+            "image_sizes": torch.cat([s["image_sizes"].reshape(-1, 2) for s in with_image]),
+            "batch_num_images": torch.tensor([s["image_sizes"].reshape(-1, 2).shape[0] for s in with_image])}

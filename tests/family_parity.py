@@ -6,7 +6,8 @@ through `ds_hetero.initialize` on the given layout and as a plain single-process
 model on the same global batches (same optimizer, same clipping); the reference's loss is the
 fused model's own. `wrong=True` also trains a deliberately wrong reference (Qwen2.5-VL with its
 attention windows dropped; Gemma 3 without its bidirectional image blocks; Qwen3-VL with its
-DeepStack levels routed to the wrong decoder layers; InternVL with its pixel shuffle transposed) whose weights must
+DeepStack levels routed to the wrong decoder layers; InternVL with its pixel shuffle transposed; LLaVA-OneVision with each image's
+tiles in reverse order) whose weights must
 end far from the engine's: the comparison can fail on exactly what the family adds.
 """
 
@@ -15,10 +16,11 @@ import copy
 import torch
 
 from tests.engine_parity import full_named_parameters, max_rel_err
-from tests.family_data import QWEN25_GRIDS, gemma3_samples, internvl_samples, qwen_multi_samples
+from tests.family_data import (QWEN25_GRIDS, gemma3_samples, internvl_samples, onevision_model_inputs,
+                               qwen_multi_samples)
 from tests.vlm_data import qwen_samples
 
-FAMILIES = ("qwen2_5_vl", "gemma3", "qwen3_vl", "internvl")
+FAMILIES = ("qwen2_5_vl", "gemma3", "qwen3_vl", "internvl", "llava_onevision")
 QWEN = ("qwen2_5_vl", "qwen3_vl")  # Qwen2-VL's sample format
 
 
@@ -36,6 +38,13 @@ def make_batches(family, model, steps, batch_size, seed=100):
             grids = (QWEN25_GRIDS * 2)[step % 4: step % 4 + batch_size - 1]
             samples = qwen_samples(model, grids, text_len=4 + step % 3, seed=seed + step)
             samples += qwen_multi_samples(model, [[(1, 8, 8), (1, 4, 4)]], seed=seed + 50 + step)
+        elif family == "llava_onevision":  # the processor's own output: any-resolution, several images, none
+            from tests.family_processors import llava_onevision_processor, processor_samples
+
+            texts = [("w5 <image> w6 w7", 1), ("w8 w9 w10", 0), ("<image> w11 <image> w12", 2), ("w13 <image>", 1)]
+            texts = (texts * 4)[step % 3: step % 3 + batch_size]
+            samples = processor_samples(llava_onevision_processor(model), texts, model.config.image_token_id,
+                                        seed=seed + step)
         elif family == "internvl":  # tiles per image: dynamic tiling gives images of 1-3 tiles
             tiles = ([[2, 1], [], [1], [3], [1, 1], [], [2], [1]] * 2)[step % 3: step % 3 + batch_size]
             samples = internvl_samples(model, tiles, text_len=4 + step % 3, seed=seed + step)
@@ -58,6 +67,9 @@ def reference_loss(family, model, adapter, samples, wrong=False):
                      image_grid_thw=vision["image_grid_thw"] if has else None,
                      mm_token_type_ids=(ids == model.config.image_token_id).int()).loss
     has = len(vision["pixel_values"]) > 0
+    if family == "llava_onevision":
+        return model(input_ids=ids, attention_mask=mask, labels=batch["labels"],
+                     **onevision_model_inputs(adapter, samples, model.dtype, wrong)).loss
     if family == "internvl":
         return model(input_ids=ids, attention_mask=mask, labels=batch["labels"],
                      pixel_values=vision["pixel_values"] if has else None).loss

@@ -63,13 +63,33 @@ def processor_samples(processor, texts_and_images, image_token_id, seed=0):
     rng = np.random.default_rng(seed)
     samples = []
     for text, n in texts_and_images:
-        images = [rng.integers(0, 256, (int(rng.choice([32, 48, 64])), int(rng.choice([32, 64])), 3),
+        images = [rng.integers(0, 256, (int(rng.choice([20, 32, 48])), int(rng.choice([16, 32, 40])), 3),
                                dtype=np.uint8) for _ in range(n)]
         out = processor(text=[text], images=[images] if images else None, return_tensors="pt")
         ids = out["input_ids"][0]
         sample = {"input_ids": ids, "labels": ids.masked_fill(ids == image_token_id, -100)}
-        for key in ("pixel_values", "image_grid_thw"):
+        for key in ("pixel_values", "image_grid_thw", "image_sizes"):
             if images and key in out:
                 sample[key] = out[key]
         samples.append(sample)
     return samples
+
+
+def llava_onevision_processor(model):
+    from transformers import LlavaOnevisionImageProcessorPil, LlavaOnevisionProcessor
+
+    cfg, v = model.config, model.config.vision_config
+
+    class ImagesOnly(LlavaOnevisionProcessor):
+        """No video processor: transformers cannot type-check an absent one without torchvision."""
+
+        @classmethod
+        def get_attributes(cls):
+            return ["image_processor", "tokenizer"]
+
+    tokenizer = _tokenizer({"<image>": cfg.image_token_id, "<video>": cfg.video_token_id}, {})
+    images = LlavaOnevisionImageProcessorPil(size={"height": v.image_size, "width": v.image_size},
+                                             image_grid_pinpoints=cfg.image_grid_pinpoints)
+    return ImagesOnly(image_processor=images, tokenizer=tokenizer, num_image_tokens=(v.image_size // v.patch_size) ** 2,
+                      vision_feature_select_strategy=cfg.vision_feature_select_strategy,
+                      vision_aspect_ratio=cfg.vision_aspect_ratio)

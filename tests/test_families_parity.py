@@ -1,4 +1,4 @@
-"""Qwen2.5-VL, Gemma 3, Qwen3-VL and InternVL through HeteroEngine against the single-process Hugging Face model.
+"""Qwen2.5-VL, Gemma 3, Qwen3-VL, InternVL and LLaVA-OneVision through HeteroEngine against the single-process Hugging Face model.
 
 fp32, 5 steps of 2 micro-batches, clipping active: losses (the fused model's own
 `model(**batch).loss`), global norms and every updated weight to relative 1e-5, on
@@ -7,7 +7,7 @@ tokens`, and disaggregated vision dp2 (ranks 0-1) + language tp2 (ranks 2-3); ba
 several images per sample, one, and none; boundary bytes at the lower bound (for Qwen3-VL the
 rows carry the merged embedding and both DeepStack levels: the bound of all of them). Per family, a
 wrong reference (windows dropped / image blocks causal / DeepStack levels in the wrong
-layers / pixel shuffle transposed) ends far away: the check can fail.
+layers / pixel shuffle transposed / any-resolution tiles reversed) ends far away: the check can fail.
 """
 
 import pytest
@@ -54,6 +54,6 @@ def _check(results):
                 assert compared > 0 and rel > 100 * RTOL and abs_ > 100 * ATOL, (rank, name, r["wrong_weights"])
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3", "qwen3_vl", "internvl"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3", "qwen3_vl", "internvl", "llava_onevision"])
 def test_family_layouts_match_single_process_reference(family):
     _check(run_distributed(_suite, world_size=4, timeout=1200, family=family))

@@ -170,11 +170,13 @@ def test_planner_spec_counts_the_families_parameters_and_sees_windows_and_poolin
     from ds_hetero.planner.model_spec import model_spec
     from ds_hetero.planner.workload import Workload
 
-    from ds_hetero.models.tiny_families import tiny_internvl, tiny_qwen3_vl
+    from ds_hetero.models.tiny_families import tiny_internvl, tiny_llava_onevision, tiny_qwen3_vl
 
-    for model in (tiny_qwen2_5_vl(), tiny_gemma3(), tiny_qwen3_vl(), tiny_internvl()):
+    for model in (tiny_qwen2_5_vl(), tiny_gemma3(), tiny_qwen3_vl(), tiny_internvl(), tiny_llava_onevision()):
         s, stages = model_spec(model.config), adapter_for(model).split()
-        assert s.vision.params() == sum(p.numel() for p in stages["vision"].parameters()), type(model).__name__
+        v = stages["vision"]
+        vparams = v.trainable_parameters() if hasattr(v, "trainable_parameters") else list(v.parameters())
+        assert s.vision.params() == sum(p.numel() for p in vparams), type(model).__name__
         assert s.language.params() == sum(p.numel() for p in stages["language"].parameters()), type(model).__name__
     g = model_spec(tiny_gemma3().config).vision
     assert g.tokens_per_image == 4 and g.seq_per_image() == 16  # the tower per patch, the boundary per pooled token
@@ -271,9 +273,10 @@ def test_internvl_negative_control_without_pixel_shuffle_order():
 
 def test_shapes_dataset_in_each_family_format_is_accepted():
     from ds_hetero.data.family_formats import shapes_dataset_for
-    from ds_hetero.models.tiny_families import tiny_internvl, tiny_qwen3_vl
+    from ds_hetero.models.tiny_families import tiny_internvl, tiny_llava_onevision, tiny_qwen3_vl
 
-    for model in (tiny_qwen2_5_vl(), tiny_qwen3_vl(), tiny_gemma3(), tiny_internvl()):
+    onevision = tiny_llava_onevision(seed=1).double()
+    for model in (tiny_qwen2_5_vl(), tiny_qwen3_vl(), tiny_gemma3(), onevision, tiny_internvl()):
         adapter = adapter_for(model)
         data = shapes_dataset_for(model.config, size=6, seed=1, text_only_every=3)
         samples = [data[i] for i in range(6)]
@@ -281,5 +284,48 @@ def test_shapes_dataset_in_each_family_format_is_accepted():
             adapter.check_sample(s, i)
             assert torch.equal(s["input_ids"], data.input_ids(i))
         assert sum(adapter.image_rows(s) == [] for s in samples) == 2  # text-only samples
+        if model is onevision:  # the format's placeholder counts are what the model's packing gives
+            ov_adapter, ov_samples = adapter, [{k: (v.double() if v.is_floating_point() else v)
+                                                for k, v in s.items()} for s in samples]
     rows = [adapter.image_rows(s) for s in samples]  # InternVL: 1, 2 and 4 tiles of 4 tokens
     assert rows[:2] == [[4], [8]] and rows[3] == [4]
+    logit_err, grad_err = _compare(onevision, ov_adapter, ov_samples, _onevision_fused)
+    assert logit_err < 1e-12 and grad_err < 1e-12
+
+
+def _onevision_fused(model, adapter, samples):
+    from tests.family_data import onevision_model_inputs
+
+    batch = adapter.language_inputs(samples)
+    vision = adapter.vision_inputs(samples)
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                **onevision_model_inputs(adapter, samples, model.dtype))
+    return batch, vision, out.logits
+
+
+def test_llava_onevision_processor_samples_split_equals_fused_with_anyres_unpadding_newline():
+    from ds_hetero.models import LlavaOnevisionAdapter
+    from ds_hetero.models.tiny_families import tiny_llava_onevision
+    from tests.family_processors import llava_onevision_processor, processor_samples
+
+    model = tiny_llava_onevision(seed=2).double()
+    adapter = adapter_for(model)
+    assert isinstance(adapter, LlavaOnevisionAdapter)
+    samples = processor_samples(llava_onevision_processor(model), [
+        ("w5 <image> w6 w7", 1), ("w8 w9 w10", 0), ("<image> w11 <image> w12", 2), ("w13 <image> w14", 1)],
+        model.config.image_token_id, seed=4)
+    for i, s in enumerate(samples):
+        adapter.check_sample(s, i)
+    rows = [adapter.image_rows(s) for s in samples]
+    assert rows[1] == [] and rows[2] == [17, 17]  # several images: base tile + one newline each
+    assert rows[0][0] > 17 and rows[3][0] > 17  # alone: any-resolution tiles, unpadded, newlines
+    logit_err, grad_err = _compare(model, adapter, samples, _onevision_fused)
+    assert logit_err < 1e-12 and grad_err < 1e-12, (logit_err, grad_err)
+    # negative control: the newline rows are image rows of the encoder stage (moving it moves them)
+    stage = adapter.split()["vision"]
+    vision = {k: (v.double() if v.is_floating_point() else v) for k, v in adapter.vision_inputs(samples[:1]).items()}
+    with torch.no_grad():
+        model.model.image_newline.add_(1.0)
+        moved = stage(**vision)
+        model.model.image_newline.sub_(1.0)
+        assert float((moved - stage(**vision)).abs().max()) > 0.5

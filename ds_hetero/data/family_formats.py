@@ -4,7 +4,8 @@
 LLaVA and Qwen2-VL / Qwen2.5-VL / Qwen3-VL use shapes.py's formats (the newer Qwen processors
 patchify as Qwen2-VL's does); Gemma 3 puts each image as Gemma3Processor does, <boi> + placeholders +
 <eoi>, with `pixel_values` [1, C, H, W] at the tower's image size; InternVL cuts each image into
-tiles (1, 2 or 4 by default), all in one <img> ... </img> run.
+tiles (1, 2 or 4 by default), all in one <img> ... </img> run; LLaVA-OneVision renders at its
+pinpoint resolutions (a base tile plus the grid, unpadded features and newlines).
 """
 
 from __future__ import annotations
@@ -76,6 +77,52 @@ class InternVLFormat:
         return {"input_ids": ids, "labels": text_labels(ids, 3 + self.image_tokens(hw)), "pixel_values": tiles}
 
 
+class LlavaOnevisionFormat:
+    """[bos] + the image's placeholders + caption + [eos]; `pixel_values` [1 + tiles, 3, t, t], `image_sizes`.
+
+    Images are rendered at one of the model's `image_grid_pinpoints` resolutions, so the
+    processor's any-resolution step keeps them as they are: a base tile (the image resized to
+    one tile) then the grid's tiles row by row. The placeholder count is the processor's own
+    (`LlavaOnevisionProcessor._get_number_of_features`: base tokens, unpadded grid, newlines).
+    """
+
+    def __init__(self, model_config):
+        from transformers import LlavaOnevisionProcessor
+
+        v = model_config.vision_config
+        self.tile, self.pinpoints = v.image_size, [tuple(p) for p in model_config.image_grid_pinpoints]
+        shim = type("Shim", (), {})()  # the processor's arithmetic without its tokenizer and image processor
+        shim.image_processor = type("P", (), {"image_grid_pinpoints": model_config.image_grid_pinpoints})()
+        shim.num_image_tokens = (v.image_size // v.patch_size) ** 2
+        shim.vision_aspect_ratio = model_config.vision_aspect_ratio
+        shim._get_unpadded_features = LlavaOnevisionProcessor._get_unpadded_features.__get__(shim)
+        self._features = LlavaOnevisionProcessor._get_number_of_features.__get__(shim)
+        self._drop_cls = model_config.vision_feature_select_strategy == "default"
+
+    def check_size(self, hw: tuple[int, int]) -> None:
+        if tuple(hw) not in self.pinpoints:
+            raise ValueError(f"LLaVA-OneVision shapes images must have a pinpoint resolution {self.pinpoints}, got {hw}")
+
+    def image_tokens(self, hw: tuple[int, int] | None) -> int:
+        if hw is None:
+            return 0
+        return self._features(hw[0], hw[1], self.tile, self.tile) - int(self._drop_cls)
+
+    def input_ids(self, vocab: Vocabulary, caption_ids, hw: tuple[int, int] | None) -> torch.Tensor:
+        return torch.tensor([vocab.bos_id, *[vocab.image_token_id] * self.image_tokens(hw), *caption_ids, vocab.eos_id])
+
+    def sample(self, vocab: Vocabulary, caption_ids, image):
+        hw = None if image is None else tuple(image.shape[-2:])
+        ids = self.input_ids(vocab, caption_ids, hw)
+        if image is None:
+            return {"input_ids": ids, "labels": text_labels(ids, 1)}
+        c, t = image.shape[0], self.tile
+        base = torch.nn.functional.interpolate(image[None], size=(t, t), mode="bilinear", align_corners=False)
+        grid = image.reshape(c, hw[0] // t, t, hw[1] // t, t).permute(1, 3, 0, 2, 4).reshape(-1, c, t, t)
+        return {"input_ids": ids, "labels": text_labels(ids, 1 + self.image_tokens(hw)),
+                "pixel_values": torch.cat([base, grid]), "image_sizes": torch.tensor([list(hw)])}
+
+
 def shapes_dataset_for(model_config, size: int, seed: int = 0, **kwargs) -> ShapesCaptionDataset:
     """The shapes dataset in the sample format of the model family of `model_config`."""
     kind = model_config.model_type
@@ -97,4 +144,10 @@ def shapes_dataset_for(model_config, size: int, seed: int = 0, **kwargs) -> Shap
         fmt = InternVLFormat(c.image_seq_length, tile, start, end)
         sizes = kwargs.pop("image_sizes", ((tile, tile), (tile, 2 * tile), (2 * tile, 2 * tile)))
         return ShapesCaptionDataset(size, seed=seed, image_sizes=sizes, vocab=vocab, sample_format=fmt, **kwargs)
-    raise ValueError(f"no shapes-dataset format for model_type {kind!r} (llava, qwen2_vl, qwen2_5_vl, qwen3_vl, internvl, gemma3)")
+    if kind == "llava_onevision":
+        fmt = LlavaOnevisionFormat(model_config)
+        vocab = Vocabulary(model_config.text_config.vocab_size, model_config.image_token_id,
+                           reserved_ids=(model_config.video_token_id,))
+        sizes = kwargs.pop("image_sizes", tuple(fmt.pinpoints))
+        return ShapesCaptionDataset(size, seed=seed, image_sizes=sizes, vocab=vocab, sample_format=fmt, **kwargs)
+    raise ValueError(f"no shapes-dataset format for model_type {kind!r} (llava, qwen2_vl, qwen2_5_vl, qwen3_vl, internvl, llava_onevision, gemma3)")

@@ -37,6 +37,16 @@ class LlavaOnevisionVisionStage(nn.Module):
         self.feature_layer = model.config.vision_feature_layer
         self.select_strategy = model.config.vision_feature_select_strategy
         self._pack = type(model.model).pack_image_features  # reads only self.config
+        # image_newline is a parameter of the model itself (not of a submodule), so this stage holds
+        # it directly: keep the model's own reference pointing at the stage's tensor (not a child)
+        object.__setattr__(self, "_newline_owner", model.model)
+
+    def _apply(self, fn, recurse=True):
+        """`.to("meta")` (a stage held elsewhere) or a dtype change replace image_newline here:
+        the model must see the same tensor (its state_dict, save_pretrained)."""
+        out = super()._apply(fn, recurse)
+        self._newline_owner._parameters["image_newline"] = self.image_newline
+        return out
 
     def forward(self, pixel_values: torch.Tensor, image_sizes: torch.Tensor, tiles: torch.Tensor) -> torch.Tensor:
         if tiles.shape[0] == 0:  # a rank with no image: one base tile of a square image

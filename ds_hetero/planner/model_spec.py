@@ -23,7 +23,7 @@ def _get(cfg: Any, key: str, default: Any = None) -> Any:
 class VisionSpec:
     """A ViT tower plus projector.
 
-    kind               "clip", "siglip", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl" or "gemma3" (SigLIP + pooling)
+    kind               "clip", "siglip", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl", "llava_onevision" or "gemma3" (SigLIP + pooling)
     tokens_per_image   image tokens one image gives the language model (LLaVA: fixed by the
                        image size; Qwen2-VL: variable, set by the planner's --image-tokens)
     seq_per_image      tokens inside the tower per image (CLIP adds a CLS token; Qwen2-VL sees
@@ -151,7 +151,7 @@ class LanguageSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    family: str  # "llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl" or "gemma3"
+    family: str  # "llava", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl", "llava_onevision" or "gemma3"
     vision: VisionSpec
     language: LanguageSpec
 
@@ -282,6 +282,17 @@ def _internvl(cfg: Any) -> ModelSpec:
     ), _language(text))
 
 
+def _llava_onevision(cfg: Any) -> ModelSpec:
+    """SigLIP tiles + projector; the image-token count varies with the image (any resolution), so,
+    as for Qwen2-VL, the planner's --image-tokens sets it (one row per tile patch, before unpadding)."""
+    v, text = _get(cfg, "vision_config"), _get(cfg, "text_config")
+    spec = _llava({**({k: _get(cfg, k) for k in ("vision_feature_layer", "vision_feature_select_strategy")}),
+                   "vision_config": v, "text_config": text})
+    vision = VisionSpec(**{**spec.vision.__dict__, "kind": "llava_onevision", "tokens_per_image": 0,
+                           "cls_tokens": 0, "projector_norm": _get(text, "hidden_size")})  # + image_newline
+    return ModelSpec("llava_onevision", vision, spec.language)
+
+
 def _gemma3(cfg: Any) -> ModelSpec:
     v, text = _get(cfg, "vision_config"), _get(cfg, "text_config")
     vh, th = _get(v, "hidden_size"), _get(text, "hidden_size")
@@ -316,4 +327,6 @@ def model_spec(cfg: Any) -> ModelSpec:
         return _qwen3_vl(cfg)
     if model_type == "internvl":
         return _internvl(cfg)
-    raise ValueError(f"the planner knows llava, qwen2_vl, qwen2_5_vl, qwen3_vl, internvl and gemma3 configs, got model_type {model_type!r}")
+    if model_type == "llava_onevision":
+        return _llava_onevision(cfg)
+    raise ValueError(f"the planner knows llava, qwen2_vl, qwen2_5_vl, qwen3_vl, internvl, llava_onevision and gemma3 configs, got model_type {model_type!r}")
