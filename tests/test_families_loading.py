@@ -1,9 +1,9 @@
-"""Qwen2.5-VL and Gemma 3: per-shard loading and save_pretrained.
+"""Qwen2.5-VL, Gemma 3, Qwen3-VL, InternVL and LLaVA-OneVision: per-shard loading and save_pretrained.
 
 A model built on the meta device and filled per stage and tp shard from a safetensors checkpoint
 (`initialize(meta_model(DIR), cfg, weights=DIR)`) trains exactly like the same model fully built
-(vision tp2 dp2 + language tp2 dp2: the fused qkv / merger of Qwen2.5-VL and SigLIP + Gemma 3's
-decoder all sharded), each tp rank reading half of every sharded tensor; then
+(vision tp2 dp2 + language tp2 dp2: every family's tower, projector / mergers and decoder
+sharded), each tp rank reading half of every sharded tensor; then
 `engine.save_pretrained` writes a checkpoint that `from_pretrained` reads back to the trained
 weights.
 """
@@ -66,7 +66,7 @@ def _suite(rank, world_size, checkpoints, out_dirs):
 
 def test_families_load_per_shard_and_save_pretrained(tmp_path):
     checkpoints, out_dirs = {}, {}
-    for family in ("qwen2_5_vl", "gemma3"):
+    for family in ("qwen2_5_vl", "gemma3", "qwen3_vl", "internvl", "llava_onevision"):
         checkpoints[family] = str(tmp_path / family)
         build_model(family, seed=7).save_pretrained(checkpoints[family], max_shard_size="200KB")
         out_dirs[family] = str(tmp_path / f"{family}_saved")

@@ -329,3 +329,22 @@ def test_llava_onevision_processor_samples_split_equals_fused_with_anyres_unpadd
         moved = stage(**vision)
         model.model.image_newline.sub_(1.0)
         assert float((moved - stage(**vision)).abs().max()) > 0.5
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-gemma3", "tiny-internvl",
+                                  "tiny-llava-onevision"])
+def test_builtin_tiny_models_validate_and_plan(name, tmp_path, capsys):
+    import json
+    import pathlib
+
+    from ds_hetero.cli import main
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    assert main(["validate", str(root / "ds_configs/llava_colocated.json"), "--world-size", "4", "--model", name]) == 0
+    assert "valid for 4 ranks" in capsys.readouterr().out
+    out = tmp_path / "planned.json"
+    assert main(["plan", "--model", name, "--world-size", "4", "--seq-len", "64", "--image-tokens", "16",
+                 "--global-batch", "8", "--machine", "h100", "--top", "3", "--write", str(out)]) == 0
+    cfg = json.loads(out.read_text())["hetero_parallel"]["stages"]["language"]
+    if name == "tiny-gemma3":  # the planner proposes only what the adapter accepts
+        assert cfg.get("cp", 1) == 1 and not cfg.get("sequence_parallel", False)
