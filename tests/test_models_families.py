@@ -348,3 +348,20 @@ def test_builtin_tiny_models_validate_and_plan(name, tmp_path, capsys):
     cfg = json.loads(out.read_text())["hetero_parallel"]["stages"]["language"]
     if name == "tiny-gemma3":  # the planner proposes only what the adapter accepts
         assert cfg.get("cp", 1) == 1 and not cfg.get("sequence_parallel", False)
+
+
+def test_qwen2_5_vl_rows_of_an_image_do_not_depend_on_the_other_images_of_its_rank():
+    """Windows and full-attention spans are per image: any subset of images (what an encoder rank
+    holds after balancing) gives each image the rows it has in the whole batch."""
+    model = tiny_qwen2_5_vl(seed=2).double()
+    adapter = adapter_for(model)
+    samples = qwen_samples(model, [(1, 8, 8), (1, 4, 12), (1, 8, 4)])
+    stage = adapter.split()["vision"]
+
+    def rows(subset):
+        v = adapter.vision_inputs(subset)
+        return stage(v["pixel_values"].double(), v["image_grid_thw"])
+
+    whole = rows(samples).detach()
+    alone = torch.cat([rows([s]).detach() for s in samples])
+    assert torch.allclose(whole, alone, rtol=0, atol=1e-12)
