@@ -1,14 +1,16 @@
-"""Main job: heterogeneous-parallel training of a small LLaVA on the synthetic shapes-captioning task.
+"""Main job: heterogeneous-parallel training of a small VLM on the synthetic shapes-captioning task.
 
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_colocated.json
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_disaggregated.json --trace t.json
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_pipeline.json
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_pipeline_first_stage.json
     deepspeed --num_gpus 4 recipes/train_llava.py --model-family omni --deepspeed_config ds_configs/omni_colocated.json
+    deepspeed --num_gpus 4 recipes/train_llava.py --model-family gemma3      # or qwen2-vl, qwen2.5-vl, qwen3-vl, internvl, llava-onevision
 
-`--model-family omni` trains a tiny Qwen2.5-Omni thinker (vision + audio + language stages) on the
-same captions, shown as an image, described by a synthetic clip, both, or neither
-(ds_hetero/data/omni_shapes.py).
+`--model-family` picks the built-in tiny model (llava, the default; qwen2-vl, qwen2.5-vl, qwen3-vl, internvl,
+llava-onevision, gemma3; omni: a Qwen2.5-Omni thinker with vision, audio and language stages, on the same
+captions shown as an image, described by a synthetic clip, both, or neither: ds_hetero/data/omni_shapes.py);
+with `--model PATH` the family is the checkpoint's own (its config's model_type).
 
 The model is built from config with seeded weights (a CLIP tower + projector and a Llama LM),
 unless `--model PATH` names a Hugging Face safetensors checkpoint directory: then every rank
@@ -36,6 +38,12 @@ warnings.filterwarnings("ignore", category=FutureWarning, message=".*torch.distr
 import torch
 
 
+# --model-family -> the built-in tiny model (ds_hetero/models/meta.py)
+FAMILIES = {"llava": "tiny-llava", "qwen2-vl": "tiny-qwen2-vl", "qwen2.5-vl": "tiny-qwen2.5-vl",
+            "qwen3-vl": "tiny-qwen3-vl", "gemma3": "tiny-gemma3", "internvl": "tiny-internvl",
+            "llava-onevision": "tiny-llava-onevision", "omni": "tiny-qwen2.5-omni"}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--deepspeed_config", default="ds_configs/llava_colocated.json",
@@ -44,10 +52,11 @@ def parse_args(argv=None):
     p.add_argument("--samples", type=int, default=4096, help="size of the synthetic dataset")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=None,
-                   help="a LlavaForConditionalGeneration safetensors checkpoint directory, loaded per stage and tp shard")
-    p.add_argument("--vision", default="clip", choices=["clip", "siglip"], help="tower of the built-in tiny model")
-    p.add_argument("--model-family", default="llava", choices=["llava", "omni"],
-                   help="the built-in tiny model and its dataset: LLaVA, or the Qwen2.5-Omni thinker (image + audio)")
+                   help="a safetensors checkpoint directory of a supported family (LLaVA, Qwen2-VL, Qwen2.5-VL, "
+                        "Qwen3-VL, InternVL, LLaVA-OneVision, Gemma 3), loaded per stage and tp shard")
+    p.add_argument("--model-family", default="llava", choices=list(FAMILIES),
+                   help="the built-in tiny model to train (ignored with --model, whose config names its family)")
+    p.add_argument("--vision", default="clip", choices=["clip", "siglip"], help="tower of the built-in tiny LLaVA")
     p.add_argument("--save", default=None, help="save a checkpoint here at the end")
     p.add_argument("--summary-json", default=None, help="rank 0 writes the summary here as JSON")
     p.add_argument("--trace", default=None,
@@ -64,10 +73,12 @@ def build_model(args):
         from ds_hetero import meta_model
 
         return meta_model(args.model, dtype=torch.float32), args.model
-    from ds_hetero.models.tiny import tiny_llava, tiny_qwen2_5_omni
+    if args.model_family != "llava":
+        from ds_hetero.models.meta import builtin_model
 
-    if args.model_family == "omni":
-        return tiny_qwen2_5_omni(seed=args.seed), None
+        return builtin_model(FAMILIES[args.model_family], seed=args.seed), None
+    from ds_hetero.models.tiny import tiny_llava
+
     return tiny_llava(args.vision, seed=args.seed), None
 
 
@@ -76,9 +87,9 @@ def build_dataset(args, model):
         from ds_hetero.data.omni_shapes import OmniShapesDataset
 
         return OmniShapesDataset(args.samples, model.config, seed=args.seed, max_shapes=2)
-    from ds_hetero.data import ShapesCaptionDataset
+    from ds_hetero.data.family_formats import shapes_dataset_for
 
-    return ShapesCaptionDataset.for_llava(model.config, size=args.samples, seed=args.seed)
+    return shapes_dataset_for(model.config, size=args.samples, seed=args.seed)  # the family's own sample format
 
 
 def peak_memory_mb(device: torch.device) -> float:

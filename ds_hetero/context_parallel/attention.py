@@ -50,12 +50,14 @@ from ..errors import HeteroConfigError
 
 ATTENTION_NAME = "ds_hetero_sequence_shards"
 
-# Attention classes of the language decoders this supports (Llama, Qwen2, Qwen2-VL text).
+# Attention classes of the language decoders this supports (Llama, Qwen2, Qwen2-VL, Qwen2.5-VL, Qwen3-VL text).
 _HF = "transformers.models."
 ATTENTION_CLASSES = (
     _HF + "llama.modeling_llama:LlamaAttention",
     _HF + "qwen2.modeling_qwen2:Qwen2Attention",
     _HF + "qwen2_vl.modeling_qwen2_vl:Qwen2VLAttention",
+    _HF + "qwen2_5_vl.modeling_qwen2_5_vl:Qwen2_5_VLAttention",
+    _HF + "qwen3_vl.modeling_qwen3_vl:Qwen3VLTextAttention",
 )
 
 

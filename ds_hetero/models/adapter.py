@@ -1,8 +1,10 @@
 """What the engine needs to know about a multimodal model family, behind one interface.
 
 An adapter cuts a Hugging Face model into stage modules that share its parameters, and turns a
-list of per-sample dicts into each stage's inputs. The boundary tensor is always `[T, H]`: one
-row per image placeholder token, samples in order, placeholders in sequence order.
+list of per-sample dicts into each stage's inputs. The boundary tensor is always `[T, W]`: one
+row per image placeholder token, samples in order, placeholders in sequence order; W is
+`hidden_size` (the language model's width, or for Qwen3-VL that width times 1 + its DeepStack
+levels, carried side by side: models/qwen3_vl.py).
 
 Samples are dicts with at least `input_ids` (1-D, with image placeholder ids) and `labels`
 (1-D, -100 where no loss is taken); image samples add the model's image fields. A sample may
@@ -98,7 +100,7 @@ class StageAdapter:
 
     @property
     def hidden_size(self) -> int:
-        """Width of a boundary row: the language model's hidden size."""
+        """Width of a boundary row: the language model's hidden size (Qwen3-VL: times 1 + DeepStack levels)."""
         return self.model.config.text_config.hidden_size
 
     # ------------------------------------------------------------------ tensor parallelism

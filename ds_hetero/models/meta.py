@@ -14,7 +14,22 @@ import torch
 
 from ..errors import HeteroConfigError
 
-BUILTIN = ("tiny-llava", "tiny-qwen2-vl", "tiny-qwen2.5-omni")  # ds_hetero/models/tiny.py, default sizes
+# ds_hetero/models/tiny.py and tiny_families.py, with their default sizes
+BUILTIN = ("tiny-llava", "tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-gemma3", "tiny-internvl",
+           "tiny-llava-onevision", "tiny-qwen2.5-omni")
+
+
+def builtin_model(name: str, seed: int = 0) -> torch.nn.Module:
+    """A built-in tiny model by name (on the current default device), seeded."""
+    from .tiny import tiny_llava, tiny_qwen2_5_omni, tiny_qwen2_vl
+    from .tiny_families import tiny_gemma3, tiny_internvl, tiny_llava_onevision, tiny_qwen2_5_vl, tiny_qwen3_vl
+
+    build = {"tiny-llava": tiny_llava, "tiny-qwen2-vl": tiny_qwen2_vl, "tiny-qwen2.5-vl": tiny_qwen2_5_vl,
+             "tiny-qwen3-vl": tiny_qwen3_vl, "tiny-gemma3": tiny_gemma3, "tiny-internvl": tiny_internvl,
+             "tiny-llava-onevision": tiny_llava_onevision, "tiny-qwen2.5-omni": tiny_qwen2_5_omni}
+    if name not in build:
+        raise HeteroConfigError("--model", f"{name!r} is not a built-in model; built-in: {', '.join(BUILTIN)}")
+    return build[name](seed=seed)
 
 
 def meta_model(name_or_path, dtype: torch.dtype | None = None) -> torch.nn.Module:
@@ -26,11 +41,8 @@ def meta_model(name_or_path, dtype: torch.dtype | None = None) -> torch.nn.Modul
         with torch.device("meta"):
             return AutoModelForImageTextToText.from_config(name_or_path, **({} if dtype is None else {"dtype": dtype}))
     if name_or_path in BUILTIN:
-        from .tiny import tiny_llava, tiny_qwen2_5_omni, tiny_qwen2_vl
-
-        build = {"tiny-llava": tiny_llava, "tiny-qwen2-vl": tiny_qwen2_vl, "tiny-qwen2.5-omni": tiny_qwen2_5_omni}
         with torch.device("meta"):
-            return build[name_or_path]()
+            return builtin_model(name_or_path)
     path = os.fspath(name_or_path)
     if os.path.isfile(path) and os.path.basename(path) == "config.json":
         path = os.path.dirname(path) or "."

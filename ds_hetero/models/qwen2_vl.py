@@ -58,7 +58,12 @@ class Qwen2VLAdapter(StageAdapter):
         v = cfg.vision_config
         self.merge = v.spatial_merge_size
         self.patch_dim = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size
-        self._vision_width = (v.embed_dim, int(v.embed_dim * v.mlp_ratio))
+        self._vision_width = self.tower_width(v)
+
+    @staticmethod
+    def tower_width(vision_config) -> tuple[int, int]:
+        """(hidden, MLP width) of one vision block, for image_cost."""
+        return vision_config.embed_dim, int(vision_config.embed_dim * vision_config.mlp_ratio)
 
     def image_rows(self, sample: dict[str, Any]) -> list[int]:
         """Each image is one run of placeholders (the processor wraps it in vision start/end)."""

@@ -44,7 +44,15 @@ class LanguageStage(nn.Module):
     ) -> torch.Tensor:
         """`rows`: one `[T_e, H]` tensor per encoder (a single tensor for a single encoder).
         `n_placeholders`: each encoder's placeholder count, when the caller counted it on the
-        host (the engine does); otherwise it is read from `input_ids` (a device sync on a GPU).
+        host (the engine does); otherwise it is read from `input_ids` (a device sync on a GPU)."""
+        embeds = self.embed(input_ids, rows, n_placeholders)
+        hidden = self.language_model(
+            inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids
+        ).last_hidden_state
+        return self.lm_head(hidden)
+
+    def embed(self, input_ids: torch.Tensor, rows, n_placeholders: Sequence[int] | None = None) -> torch.Tensor:
+        """The token embeddings with each encoder's rows in place of its placeholders.
 
         Under sequence parallelism `input_ids` are the tp group's whole (cp) chunk: the
         vocabulary-parallel embedding looks them up and leaves this rank its sequence chunk, whose
@@ -52,7 +60,7 @@ class LanguageStage(nn.Module):
         """
         rows = (rows,) if isinstance(rows, torch.Tensor) else tuple(rows)
         embedding = self.language_model.get_input_embeddings()
-        embeds = embedding(input_ids)
+        embeds = embedding(self.embedding_ids(input_ids))
         local_ids = embedding.local_ids(input_ids) if hasattr(embedding, "local_ids") else input_ids
         for e, (token_id, these) in enumerate(zip(self.token_ids, rows, strict=True)):
             placeholder = local_ids == token_id
@@ -63,7 +71,9 @@ class LanguageStage(nn.Module):
                 )
             # Out of place: the rows keep their own autograd path back to their encoder stage.
             embeds = embeds.masked_scatter(placeholder.unsqueeze(-1), these.to(embeds.dtype))
-        hidden = self.language_model(
-            inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids
-        ).last_hidden_state
-        return self.lm_head(hidden)
+        return embeds
+
+    def embedding_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The ids looked up in the embedding table (a family whose placeholder id lies outside
+        the vocabulary maps it to a valid id first; its row is replaced anyway)."""
+        return input_ids

@@ -57,7 +57,8 @@ def vision_collectives(spec: ModelSpec, wl: Workload, samples: int, layout: Stag
     tower = images * v.seq_per_image(k) * v.hidden * wl.dtype_bytes
     rows = images * k * v.projector[-1][1] * wl.dtype_bytes
     out = _tp_regions(False, tower, tp, 2 * v.layers_forward + 2 * v.layers_backward)
-    out += _tp_regions(False, rows, tp, 2)  # projector / merger: forward output, backward input gradient
+    if len(v.projector) > 1:  # projector / merger: forward output, backward input gradient (Gemma 3's is replicated)
+        out += _tp_regions(False, rows, tp, 2 * v.boundary_levels)  # Qwen3-VL: each DeepStack merger too
     return out + dp_collectives(spec.params_per_rank("vision", tp), wl, layout)
 
 

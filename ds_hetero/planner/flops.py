@@ -5,9 +5,9 @@ GEMM costs two of the same size in the backward (input and weight gradients), ex
 input gradient is needed (the patch embedding of pixels). Attention is two batched GEMMs per
 head (scores q k^T, then probabilities x v):
 
-    vision    full attention within each image (CLIP/SigLIP in LLaVA; Qwen2-VL's tower has no
-              windows: each image attends to all its patches), tower tokens = image tokens x
-              merge (+ CLS)
+    vision    full attention within each image (CLIP/SigLIP in LLaVA and Gemma 3, Qwen2-VL), or
+              within windows in Qwen2.5-VL's windowed blocks; tower tokens = image tokens x
+              merge (+ CLS), merge being Qwen's spatial merge^2 or Gemma 3's pooling kernel^2
     language  causal attention over the whole sequence: `causal` is the share of the score
               matrix a kernel computes (0.5 for flash-style kernels that skip the masked half,
               1.0 for a kernel that computes the full matrix and masks it, as SDPA on CPU)
@@ -82,26 +82,39 @@ def vision_work(spec: ModelSpec, wl: Workload, samples: int, tp: int) -> StageWo
     rows = images * k
     heads = v.heads // tp
     hd = v.hidden // v.heads
+    mlp = 3 if v.gated_mlp else 2  # gate, up, down (Qwen2.5-VL) or fc1, fc2
     layer = (
         Gemm(tower, v.hidden, 3 * v.hidden // tp),  # q, k, v (column)
         Gemm(tower, v.hidden // tp, v.hidden),  # out (row)
-        Gemm(tower, v.hidden, v.ffn // tp),  # fc1 (column)
-        Gemm(tower, v.ffn // tp, v.hidden),  # fc2 (row)
-        Gemm(seq, hd, seq, images * heads),  # scores, full attention within each image
-        Gemm(seq, seq, hd, images * heads),  # probabilities x values
+        Gemm(tower, v.hidden, (mlp - 1) * v.ffn // tp),  # fc1 or gate + up (column)
+        Gemm(tower, v.ffn // tp, v.hidden),  # fc2 or down (row)
     )
     # the forward runs layers_forward layers; the gradient reaches layers_backward of them
     used, unused = v.layers_backward, v.layers_forward - v.layers_backward
     gemms = [Gemm(images * seq - images * v.cls_tokens, v.patch_in, v.hidden, 1, backward=1)]  # patch embedding
     gemms += [Gemm(g.m, g.k, g.n, g.count * used) for g in layer]
     gemms += [Gemm(g.m, g.k, g.n, g.count * unused, backward=0) for g in layer if unused]
-    (i1, o1), (i2, o2) = v.projector
-    # LLaVA's projector, or Qwen2-VL's merger on merge^2 concatenated patches: one row per image token
-    gemms += [Gemm(rows, i1, o1 // tp), Gemm(rows, o1 // tp, o2)]  # column, row
+    # attention within each image, or within windows of it (Qwen2.5-VL: most blocks windowed)
+    score_elems = 0
+    for n_layers, span in v.attention_spans(seq):
+        calls = images * heads * -(-seq // span)  # windows per image (the last one may be partial)
+        grad = min(n_layers, used) if n_layers == v.layers_forward else n_layers
+        gemms += [Gemm(span, hd, span, calls * grad), Gemm(span, span, hd, calls * grad)]  # scores, p x v
+        if n_layers > grad:
+            gemms += [Gemm(span, hd, span, calls * (n_layers - grad), backward=0),
+                      Gemm(span, span, hd, calls * (n_layers - grad), backward=0)]
+        score_elems += calls * span * span * n_layers
+    if len(v.projector) == 1:  # Gemma 3: one projection after pooling, replicated over tp
+        (i1, o1), = v.projector
+        gemms += [Gemm(rows, i1, o1)]
+    else:  # LLaVA's projector, or Qwen's merger on merge^2 concatenated patches: one row per image token
+        (i1, o1), (i2, o2) = v.projector
+        copies = v.boundary_levels  # Qwen3-VL: the merger and each DeepStack merger
+        gemms += [Gemm(rows, i1, o1 // tp, copies), Gemm(rows, o1 // tp, o2, copies)]  # column, row
     # norms (2), activation, residuals (2), softmax over the scores
-    ew = tower * v.hidden * 8 * wl.dtype_bytes + images * heads * seq * seq * 3 * wl.dtype_bytes
+    ew = tower * v.hidden * 8 * wl.dtype_bytes * v.layers_forward + score_elems * 3 * wl.dtype_bytes
     ops = VISION_OPS_PER_LAYER * v.layers_forward + VISION_OPS_FIXED
-    return StageWork(tuple(g for g in gemms if g.count), ew * v.layers_forward, v.layers_forward, used, tower, ops)
+    return StageWork(tuple(g for g in gemms if g.count), ew, v.layers_forward, used, tower, ops)
 
 
 def language_work(spec: ModelSpec, wl: Workload, samples: int, tp: int, cp: int, causal: float,

@@ -52,7 +52,7 @@ def boundary_seconds(cand: Candidate, spec: ModelSpec, wl: Workload, machine: Ma
         fwd_rows, bwd_rows = _plan_rows(cand, wl)
     else:
         fwd_rows, bwd_rows = modelled_rows(cand, wl.global_batch // cand.passes, wl.image_tokens)
-    row_bytes = spec.language.hidden * wl.dtype_bytes
+    row_bytes = spec.language.hidden * spec.vision.boundary_levels * wl.dtype_bytes  # Qwen3-VL: + DeepStack levels
     lang = cand.language
     n_dst = lang.tp * lang.cp * lang.dp  # ranks of the first (or only) language pipeline stage
     peers = n_dst + (cand.vision.tp * cand.vision.dp if cand.disaggregated else 0)

@@ -40,9 +40,23 @@ from .regions import exit_region
 from .vocab import VocabParallelLMHead
 
 
+def embedding_scale(embedding: nn.Module) -> float | None:
+    """The constant factor a scaled word embedding multiplies its lookup by (Gemma's
+    `embed_scale`, sqrt(hidden)), or None for a plain one."""
+    scale = getattr(embedding, "embed_scale", None)
+    if scale is None:
+        return None
+    # the constant as the module holds it (a float32 buffer), read without touching a meta tensor
+    value = getattr(embedding, "scalar_embed_scale", None)
+    return float(torch.tensor(value if value is not None else float(scale), dtype=scale.dtype))
+
+
 def check_plain_embedding(embedding: nn.Module, stage: str) -> None:
-    """Only a plain lookup can be split by rows (no scaling, max_norm or sparse gradient)."""
-    if type(embedding) is not nn.Embedding or embedding.max_norm is not None or embedding.sparse \
+    """Only a lookup, times at most a constant (a scaled word embedding), can be split by rows
+    (no max_norm or sparse gradient)."""
+    plain = type(embedding) is nn.Embedding or (isinstance(embedding, nn.Embedding)
+                                                  and embedding_scale(embedding) is not None)
+    if not plain or embedding.max_norm is not None or embedding.sparse \
             or embedding.scale_grad_by_freq:
         raise HeteroConfigError(
             f"hetero_parallel.stages.{stage}.tp",
@@ -59,8 +73,9 @@ class VocabParallelEmbedding(nn.Module):
     """An input embedding split on the vocabulary over `group` (see the module docstring)."""
 
     def __init__(self, weight: nn.Parameter, group, vocab_size: int, padding_idx: int | None = None,
-                 sequence_parallel: bool = False, seq_dim: int = 1):
+                 sequence_parallel: bool = False, seq_dim: int = 1, scale: float | None = None):
         super().__init__()
+        self.scale = scale  # a scaled word embedding's constant (Gemma's embed_scale), applied as it does
         self.weight = weight
         self.group = group
         self.vocab_size = vocab_size
@@ -99,7 +114,7 @@ class VocabParallelEmbedding(nn.Module):
             full = torch.cat([full, full.new_zeros(extra, full.shape[1])])
         shard = shard_tensor(full, 0, dist.get_rank(group), tp)
         weight = mark_sharded(nn.Parameter(shard, requires_grad=embedding.weight.requires_grad), 0, 1, vocab)
-        return cls(weight, group, vocab, embedding.padding_idx, sequence_parallel, seq_dim)
+        return cls(weight, group, vocab, embedding.padding_idx, sequence_parallel, seq_dim, embedding_scale(embedding))
 
     @classmethod
     def tie_to_head(cls, embedding: nn.Embedding, head: VocabParallelLMHead, sequence_parallel: bool = False,
@@ -111,7 +126,8 @@ class VocabParallelEmbedding(nn.Module):
                 f"hetero_parallel.stages.{stage}",
                 f"tied input embedding {tuple(embedding.weight.shape)} and output head "
                 f"({head.vocab_size}, {head.in_features}) differ in shape")
-        return cls(head.weight, head.group, head.vocab_size, embedding.padding_idx, sequence_parallel, seq_dim)
+        return cls(head.weight, head.group, head.vocab_size, embedding.padding_idx, sequence_parallel, seq_dim,
+                   embedding_scale(embedding))
 
     def local_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The ids whose rows this rank's output holds: all of them, or its sequence chunk under
@@ -132,6 +148,8 @@ class VocabParallelEmbedding(nn.Module):
         # needs only the ids), so their gradient never reaches row 0
         rows = F.embedding(local.masked_fill(outside, 0), self.weight, padding_idx=local_pad)
         rows.masked_fill_(outside.unsqueeze(-1), 0.0)
+        if self.scale is not None:  # as the scaled embedding does: the lookup times its constant, in its dtype
+            rows = rows * torch.tensor(self.scale, dtype=rows.dtype, device=rows.device)
         return exit_region(rows, self.group, self.sequence_parallel, self.seq_dim)
 
     def extra_repr(self) -> str:

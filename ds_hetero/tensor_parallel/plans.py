@@ -21,9 +21,11 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import HeteroConfigError
+from .family_plans import family_plans
 from .layers import ColumnParallelLinear, RowParallelLinear
 from .lora import is_lora_layer, shard_lora_column, shard_lora_row
 from .regions import EnterRegionHook
+from .sequence_parallel import SumGradOverGroup, add_grad_hook
 
 
 def _config_heads(m: nn.Module) -> tuple[int, int]:
@@ -42,6 +44,9 @@ class ShardPlan:
     heads: Callable[[nn.Module], tuple[int, int]] | None = None  # (heads, kv heads) for attention
     head_attrs: tuple[str, ...] = ()  # attributes the forward reads as head counts -> made local
     stride: int = 1  # fused segments per column weight (3 for a fused qkv)
+    # children applied to every head after a column split (Gemma 3 / Qwen3 q_norm, k_norm): their
+    # replicated weights see only this rank's heads, so their gradients are summed over tp
+    per_head: tuple[str, ...] = ()
 
 
 # k_proj and v_proj hold kv_heads * head_dim rows: kv heads divisible by tp keeps GQA groups whole
@@ -88,6 +93,7 @@ PLANS: dict[str, ShardPlan] = {
         column=("fc1",), row=("fc2",), entry="fc1"),
     # LLaVA projector: linear_1 column, linear_2 row
     _HF + "llava.modeling_llava:LlavaMultiModalProjector": ShardPlan(column=("linear_1",), row=("linear_2",)),
+    **family_plans(ShardPlan, _config_heads, _attr_heads),
 }
 
 
@@ -164,3 +170,7 @@ def apply_plans(found, group, sequence_parallel: bool = False, seq_dim: int = 1)
         entry.register_forward_pre_hook(EnterRegionHook(group, sequence_parallel, seq_dim), with_kwargs=True)
         for attr in plan.head_attrs:  # the forward reshapes by these: they must be this rank's counts
             setattr(module, attr, getattr(module, attr) // tp)
+        for child in plan.per_head:
+            for param in module.get_submodule(child).parameters():
+                param.tp_partial_grad = True  # sequence parallelism must not sum it again
+                add_grad_hook(param, SumGradOverGroup(group))

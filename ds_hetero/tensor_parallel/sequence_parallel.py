@@ -41,6 +41,13 @@ class SplitSequenceHook:
         return (split_to_region(args[0], self.seq_dim, self.group), *args[1:]), kwargs
 
 
+def add_grad_hook(param: nn.Parameter, hook) -> None:
+    """Register a gradient hook and list it on the parameter (`grad_hooks`): a parameter replaced
+    by a new tensor later (per-shard loading, weights/materialize.py) gets the same hooks."""
+    param.grad_hooks = (*getattr(param, "grad_hooks", ()), hook)
+    param.register_hook(hook)
+
+
 class SumGradOverGroup:
     """Tensor hook: the gradient summed over the group (a new tensor; the incoming one is untouched)."""
 
@@ -70,6 +77,7 @@ def apply_sequence_parallel(decoder: nn.Module, group, seq_dim: int = 1, split_i
     hook = SumGradOverGroup(group)
     for part in parts:
         for param in part.parameters():
-            if param.requires_grad and not getattr(param, "tensor_model_parallel", False):
+            if param.requires_grad and not (getattr(param, "tensor_model_parallel", False)
+                                            or getattr(param, "tp_partial_grad", False)):
                 param.sequence_parallel = True
-                param.register_hook(hook)
+                add_grad_hook(param, hook)

@@ -159,32 +159,39 @@ def load_stages(
     report = {}
     for stage_name, stage in stages.items():
         _recompute_buffers(model, stage, names, device)
-        report[stage_name] = _load_stage(stage, names, checkpoint, *tp_coords[stage_name], device)
+        report[stage_name] = _load_stage(stage, model, names, checkpoint, *tp_coords[stage_name], device)
         meta = [n for n, t in [*stage.named_parameters(), *stage.named_buffers()] if t.is_meta]
         if meta:
             raise WeightsError(f"stage {stage_name}: {meta[0]!r} is still on the meta device after loading")
     return report
 
 
-def _places(stage: nn.Module) -> list[list[tuple[nn.Module, str, str, torch.Tensor]]]:
+def _places(stage: nn.Module, model: nn.Module) -> list[list[tuple[nn.Module, str, str, torch.Tensor]]]:
     """Per tensor of the stage (parameters, persistent buffers), every (module, table, attribute)
-    holding it: tied tensors appear once, with all their places."""
+    holding it, in the model first (its names are the checkpoint's), then in the stage (a stage
+    may hold a tensor of a model module directly, e.g. LLaVA-OneVision's image_newline): tied
+    tensors appear once, with all their places."""
+    mine = {id(t) for t in [*stage.parameters(), *stage.buffers()]}
     places = defaultdict(list)
-    for module in stage.modules():
+    seen = set()
+    for module in [*model.modules(), *stage.modules()]:
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
         for pname, p in module._parameters.items():
-            if p is not None:
+            if p is not None and id(p) in mine:
                 places[id(p)].append((module, "_parameters", pname, p))
         for bname, b in module._buffers.items():
-            if b is not None and bname not in module._non_persistent_buffers_set:
+            if b is not None and id(b) in mine and bname not in module._non_persistent_buffers_set:
                 places[id(b)].append((module, "_buffers", bname, b))
     return list(places.values())
 
 
 @torch.no_grad()
-def _load_stage(stage, names, checkpoint: SafetensorsCheckpoint, tp_rank: int, tp_size: int, device) -> StageLoad:
+def _load_stage(stage, model, names, checkpoint: SafetensorsCheckpoint, tp_rank: int, tp_size: int, device) -> StageLoad:
     load = StageLoad()
-    for where in _places(stage):
-        full_names = [_prefix(names[id(m)]) + attr for m, _, attr, _ in where]
+    for where in _places(stage, model):
+        full_names = [_prefix(names[id(m)]) + attr for m, _, attr, _ in where if id(m) in names]
         name = next((n for n in full_names if checkpoint.key(n) is not None), None)
         if name is None:  # checked before any collective; only reached for a model changed since
             raise WeightsError(f"no checkpoint tensor for {full_names[0]!r}")
@@ -193,6 +200,8 @@ def _load_stage(stage, names, checkpoint: SafetensorsCheckpoint, tp_rank: int, t
         if isinstance(old, nn.Parameter):
             new = nn.Parameter(tensor, requires_grad=old.requires_grad)
             new.__dict__.update(old.__dict__)  # the tp shard tags
+            for hook in getattr(old, "grad_hooks", ()):  # tensor hooks belong to the old tensor
+                new.register_hook(hook)
         else:
             new = tensor
         for module, table, attr, _ in where:
