@@ -63,7 +63,7 @@ class Qwen3VLLanguageStage(LanguageStage):
         embeds = self.embed(input_ids, merged, n_placeholders)
         hidden = self.language_model(
             inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
-            visual_pos_masks=input_ids == self.token_ids[0],
+            visual_pos_masks=self.local_ids(input_ids) == self.token_ids[0],  # this rank's positions
             deepstack_visual_embeds=[level.to(embeds.dtype) for level in levels] if levels else None,
         ).last_hidden_state
         return self.lm_head(hidden)

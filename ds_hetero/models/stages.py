@@ -59,9 +59,8 @@ class LanguageStage(nn.Module):
         ids (`local_ids`) say where the rows go; `rows` are that chunk's rows.
         """
         rows = (rows,) if isinstance(rows, torch.Tensor) else tuple(rows)
-        embedding = self.language_model.get_input_embeddings()
-        embeds = embedding(self.embedding_ids(input_ids))
-        local_ids = embedding.local_ids(input_ids) if hasattr(embedding, "local_ids") else input_ids
+        embeds = self.language_model.get_input_embeddings()(self.embedding_ids(input_ids))
+        local_ids = self.local_ids(input_ids)
         for e, (token_id, these) in enumerate(zip(self.token_ids, rows, strict=True)):
             placeholder = local_ids == token_id
             n = int(placeholder.sum()) if n_placeholders is None else n_placeholders[e]
@@ -72,6 +71,12 @@ class LanguageStage(nn.Module):
             # Out of place: the rows keep their own autograd path back to their encoder stage.
             embeds = embeds.masked_scatter(placeholder.unsqueeze(-1), these.to(embeds.dtype))
         return embeds
+
+    def local_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The ids of the positions this rank's hidden states hold: `input_ids`, or under sequence
+        parallelism this rank's chunk of them (the vocabulary-parallel embedding says which)."""
+        embedding = self.language_model.get_input_embeddings()
+        return embedding.local_ids(input_ids) if hasattr(embedding, "local_ids") else input_ids
 
     def embedding_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The ids looked up in the embedding table (a family whose placeholder id lies outside
