@@ -50,7 +50,7 @@ def _stage_tensors(stages, model) -> dict[str, list[torch.Tensor]]:
     return out
 
 
-def _full(stage, t: torch.Tensor, on_writer_replica: bool) -> torch.Tensor | None:
+def full_tensor(stage, t: torch.Tensor, on_writer_replica: bool) -> torch.Tensor | None:
     """The full tensor on the ranks of the writer's tp group (None elsewhere); collective over the stage."""
     import deepspeed
 
@@ -87,7 +87,7 @@ def save_pretrained(stages, model, save_dir: str | os.PathLike) -> None:
         full = {}
         with stage.context():
             for t in per_stage[stage.name]:
-                value = _full(stage, t, on_writer_replica)
+                value = full_tensor(stage, t, on_writer_replica)
                 if is_writer:
                     for name in names[id(t)]:
                         full[name] = value

@@ -12,13 +12,12 @@ stages' pieces travel to rank 0 in one all_gather_object, and rank 0 writes them
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
 import torch.distributed as dist
 
-from ..tensor_parallel import gather_full
+from ..checkpoint.hf_gather import full_tensor
 from ..tensor_parallel.lora import is_lora_layer
 
 PEFT_PREFIX = "base_model.model."  # PeftModel.state_dict() names = this + the base model's names
@@ -35,19 +34,6 @@ def _lora_names(engine) -> dict[int, str]:
     return out
 
 
-def _whole(engine, stage, p: torch.Tensor, keep: bool) -> torch.Tensor | None:
-    import deepspeed
-
-    gathered = (deepspeed.zero.GatheredParameters([p], modifier_rank=None) if hasattr(p, "ds_id")
-                else contextlib.nullcontext())
-    with gathered:
-        if not keep:
-            return None
-        if getattr(p, "tensor_model_parallel", False):
-            return gather_full(p.data, p, stage.groups.tp).cpu()
-        return p.detach().to("cpu", copy=True)
-
-
 def gather_lora(engine) -> dict[str, torch.Tensor]:
     """Every LoRA tensor, whole, by base-model name, on rank 0 ({} elsewhere); collective over all ranks."""
     names = _lora_names(engine)
@@ -61,7 +47,7 @@ def gather_lora(engine) -> dict[str, torch.Tensor]:
         with stage.context():
             for p in stage.module.parameters():  # the same order on every rank of the stage
                 if id(p) in names:
-                    value = _whole(engine, stage, p, keep)
+                    value = full_tensor(stage, p, keep)  # the same gather as save_pretrained's
                     if is_first:
                         mine[names[id(p)]] = value
     parts = [None] * dist.get_world_size(stages.boundary_group)
