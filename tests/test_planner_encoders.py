@@ -150,3 +150,15 @@ def test_single_encoder_models_keep_their_spec():
     from ds_hetero.planner.model_source import load_hf_config
 
     assert multi_spec(load_hf_config("tiny-qwen2-vl")) is None
+
+
+def test_auto_options_for_several_encoders():
+    from ds_hetero.errors import HeteroConfigError
+    from ds_hetero.planner.auto import auto_options
+
+    opts = auto_options({"auto": True, "rows": {"audio": 12}, "placement": "mixed"})
+    assert opts["rows"] == {"audio": 12} and opts["placement"] == "mixed"
+    with pytest.raises(HeteroConfigError, match=r"hetero_parallel\.rows"):
+        auto_options({"auto": True, "rows": {"audio": -1}})
+    with pytest.raises(HeteroConfigError, match=r"hetero_parallel\.rows"):
+        auto_options({"auto": True, "rows": [12]})
