@@ -89,9 +89,11 @@ def shard_language_batch(batch: dict[str, Any], layout: StageLayout, rank: int) 
     }
 
 
-def image_positions(samples: Sequence[dict[str, Any]], image_token_id: int) -> list[list[int]]:
-    """Positions of every sample's image placeholders in its (right-padded) sequence."""
-    return [torch.nonzero(s["input_ids"].reshape(-1) == image_token_id).flatten().tolist() for s in samples]
+def image_positions(samples: Sequence[dict[str, Any]], image_token_id: int | Sequence[int]) -> list[list[int]]:
+    """Positions of every sample's placeholders (of any of the ids) in its (right-padded) sequence."""
+    ids = torch.tensor([image_token_id] if isinstance(image_token_id, int) else list(image_token_id))
+    return [torch.nonzero(torch.isin(s["input_ids"].reshape(-1), ids.to(s["input_ids"].dtype))).flatten().tolist()
+            for s in samples]
 
 
 def padded_lengths(samples: Sequence[dict[str, Any]], dst_dp: Sequence[int], layout: StageLayout) -> list[int]:

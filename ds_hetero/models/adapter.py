@@ -31,6 +31,8 @@ class EncoderPort:
     video) adds ports here, not cases there.
 
     token_id   the placeholder id whose positions the encoder's rows replace in `input_ids`
+    more_ids   further placeholder ids of the same encoder (an image tower that also encodes
+               video frames: image and video placeholders take its rows in sequence order)
     rows       sample -> boundary rows of each of its items (images, clips), from `input_ids`
                alone (light samples too, so every rank computes the same plan)
     cost       rows -> the encoder's work for one item (step/balance.py transformer_cost)
@@ -44,10 +46,28 @@ class EncoderPort:
     cost: Callable[[int], int]
     select: Callable[[dict[str, Any], Sequence[int]], dict[str, Any]]
     inputs: Callable[[Sequence[dict[str, Any]]], dict[str, torch.Tensor]]
+    more_ids: tuple[int, ...] = ()
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        """Every placeholder id whose positions this encoder's rows replace."""
+        return (self.token_id, *self.more_ids)
+
+    def mask(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Where this encoder's rows go in `input_ids` (any of its placeholder ids)."""
+        return placeholder_mask(input_ids, self.ids)
 
     def count(self, sample: dict[str, Any]) -> int:
         """Placeholders of this encoder in the sample."""
-        return int((sample["input_ids"] == self.token_id).sum())
+        return int(self.mask(sample["input_ids"]).sum())
+
+
+def placeholder_mask(input_ids: torch.Tensor, ids: int | Sequence[int]) -> torch.Tensor:
+    """`input_ids` equal to any of `ids` (one id: a plain comparison)."""
+    ids = (ids,) if isinstance(ids, int) else tuple(ids)
+    if len(ids) == 1:
+        return input_ids == ids[0]
+    return torch.isin(input_ids, torch.tensor(ids, dtype=input_ids.dtype, device=input_ids.device))
 
 
 class StageAdapter:

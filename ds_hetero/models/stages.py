@@ -7,6 +7,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from .adapter import placeholder_mask
+
 
 def empty_rows(stage: nn.Module, dummy_inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """`[0, H]` rows, computed through the whole stage from a dummy input and multiplied by zero.
@@ -24,11 +26,13 @@ def empty_rows(stage: nn.Module, dummy_inputs: dict[str, torch.Tensor]) -> torch
 class LanguageStage(nn.Module):
     """Embeddings + decoder + head of a Hugging Face VLM; each encoder's rows replace its placeholders.
 
-    `token_ids`: the placeholder id of each encoder stage, in the order of the adapter's
+    `token_ids`: the placeholder id of each encoder stage (or a tuple of ids, when one encoder
+    fills several kinds of placeholder: images and video frames), in the order of the adapter's
     encoders (models/adapter.py); `rows` in forward comes in the same order.
     """
 
-    def __init__(self, language_model: nn.Module, lm_head: nn.Module, token_ids: int | Sequence[int]):
+    def __init__(self, language_model: nn.Module, lm_head: nn.Module,
+                 token_ids: int | Sequence[int | tuple[int, ...]]):
         super().__init__()
         self.language_model = language_model
         self.lm_head = lm_head
@@ -62,7 +66,7 @@ class LanguageStage(nn.Module):
         embeds = self.language_model.get_input_embeddings()(self.embedding_ids(input_ids))
         local_ids = self.local_ids(input_ids)
         for e, (token_id, these) in enumerate(zip(self.token_ids, rows, strict=True)):
-            placeholder = local_ids == token_id
+            placeholder = placeholder_mask(local_ids, token_id)
             n = int(placeholder.sum()) if n_placeholders is None else n_placeholders[e]
             if n != these.shape[0]:
                 raise ValueError(

@@ -25,8 +25,8 @@ from typing import Any, Mapping
 from ..config import SECTION, read_ds_config
 from ..errors import HeteroConfigError
 
-AUTO_KEYS = ("auto", "seq_len", "image_tokens", "machine", "memory_gb", "placement", "micro_batches", "max_tp",
-             "timeout_s", "trial", "trial_steps")
+AUTO_KEYS = ("auto", "seq_len", "image_tokens", "rows", "machine", "memory_gb", "placement", "micro_batches",
+             "max_tp", "timeout_s", "trial", "trial_steps")
 
 
 def is_auto(section: Any) -> bool:
@@ -50,8 +50,14 @@ def auto_options(section: Any) -> dict[str, Any]:
     if mb is not None:
         opts["micro_batches"] = tuple(mb) if isinstance(mb, (list, tuple)) else (mb,)
     placement = opts.get("placement")
-    if placement is not None and placement not in ("colocated", "disaggregated"):
-        raise HeteroConfigError(f"{SECTION}.placement", f"got {placement!r}; valid values are colocated or disaggregated")
+    if placement is not None and placement not in ("colocated", "disaggregated", "mixed"):
+        raise HeteroConfigError(f"{SECTION}.placement",
+                                f"got {placement!r}; valid values are colocated, disaggregated or mixed")
+    rows = opts.get("rows")
+    if rows is not None and (not isinstance(rows, Mapping) or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in rows.values())):
+        raise HeteroConfigError(f"{SECTION}.rows", f"must map encoder stages to rows per sample (integers >= 0), "
+                                                   f"e.g. {{\"audio\": 50}}; got {rows!r}")
     return opts
 
 
@@ -75,7 +81,9 @@ def plan_config(model, ds: Mapping[str, Any], world_size: int, adapter=None, has
     text = model.config.text_config if hasattr(model.config, "text_config") else model.config
     seq_len = opts.get("seq_len") or min(4096, int(getattr(text, "max_position_embeddings", 4096)))
     image_tokens = opts.get("image_tokens")
-    if image_tokens is None:
+    from .encoders import multi_spec
+
+    if image_tokens is None and multi_spec(model.config) is None:
         from .model_spec import model_spec
 
         image_tokens = model_spec(model.config).vision.tokens_per_image
@@ -83,6 +91,10 @@ def plan_config(model, ds: Mapping[str, Any], world_size: int, adapter=None, has
             raise HeteroConfigError(f"{SECTION}.image_tokens", "missing; this model's image tokens vary, give them")
     machine = machine_profile(opts.get("machine") or default_machine())
     base = {k: v for k, v in ds.items() if k != SECTION}
+    from .encoders import multi_spec
+
+    if multi_spec(model.config) is not None:  # several encoders: planner/multi_search.py
+        return _plan_multi(model, ds, world_size, adapter, has_client_optimizer, opts, seq_len, machine, base)
     try:
         result = plan(model, world_size, seq_len, image_tokens, int(ds["train_batch_size"]), machine, base=base,
                       memory_gb=opts.get("memory_gb"), max_tp=opts.get("max_tp"),
@@ -93,6 +105,34 @@ def plan_config(model, ds: Mapping[str, Any], world_size: int, adapter=None, has
         if isinstance(exc, HeteroConfigError):
             raise
         raise HeteroConfigError(SECTION, f"auto: {exc}") from None
+    if not result.predictions:
+        raise HeteroConfigError(SECTION, f"auto: no valid layout for {world_size} ranks "
+                                         f"(rejections by field: {result.stats['reasons']})")
+    extra = {"timeout_s": opts["timeout_s"]} if "timeout_s" in opts else None
+    return result.ds_config(extra_section=extra), result
+
+
+def _plan_multi(model, ds, world_size, adapter, has_client_optimizer, opts, seq_len, machine, base):
+    """plan_config for a model with several encoders: each encoder's rows from `rows` (and
+    `image_tokens` for the vision stage)."""
+    from .multi_search import plan_encoders
+
+    if opts.get("trial"):
+        raise HeteroConfigError(f"{SECTION}.trial", "trials do not run models with several encoders yet: remove trial")
+    rows = dict(opts.get("rows") or {})
+    if opts.get("image_tokens") is not None:
+        rows.setdefault("vision", opts["image_tokens"])
+    try:
+        result = plan_encoders(model, world_size, seq_len, rows, int(ds["train_batch_size"]), machine, base=base,
+                               memory_gb=opts.get("memory_gb"), max_tp=opts.get("max_tp"),
+                               placements=(opts["placement"],) if opts.get("placement")
+                               else ("colocated", "disaggregated", "mixed"),
+                               micro_batches=opts.get("micro_batches"), adapter=adapter,
+                               has_client_optimizer=has_client_optimizer)
+    except ValueError as exc:
+        if isinstance(exc, HeteroConfigError):
+            raise
+        raise HeteroConfigError(f"{SECTION}.rows" if "rows" in str(exc) else SECTION, f"auto: {exc}") from None
     if not result.predictions:
         raise HeteroConfigError(SECTION, f"auto: no valid layout for {world_size} ranks "
                                          f"(rejections by field: {result.stats['reasons']})")

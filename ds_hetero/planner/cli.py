@@ -17,13 +17,17 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--image-tokens", type=int, help="image tokens per sample the language model receives")
     p.add_argument("--encoder-tokens", type=int,
                    help="instead of --image-tokens: tokens per sample the encoder sees (before its spatial merge)")
+    p.add_argument("--rows", action="append", default=[], metavar="STAGE=N",
+                   help="a model with several encoders: boundary rows per sample of encoder STAGE (repeat per "
+                        "encoder; --image-tokens gives the vision stage's)")
     p.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step")
     p.add_argument("--machine", default="cpu", help="h100, h200, a100, cpu or calibrate (measure this machine)")
     p.add_argument("--recalibrate", action="store_true", help="with --machine calibrate: measure again")
     p.add_argument("--memory-gb", type=float, help="memory per device (default: the machine's)")
     p.add_argument("--config", help="a DeepSpeed JSON whose other settings (ZeRO, optimizer, bf16) every candidate keeps")
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (default: --config's, else 1)")
-    p.add_argument("--placement", choices=("colocated", "disaggregated"), help="only this placement")
+    p.add_argument("--placement", choices=("colocated", "disaggregated", "mixed"),
+                   help="only this placement (mixed: models with several encoders)")
     p.add_argument("--micro-batches", type=int, nargs="+", help="only these micro-batch counts")
     p.add_argument("--max-tp", type=int, help="largest tp to consider (default: devices per node)")
     p.add_argument("--top", type=int, default=10)
@@ -45,6 +49,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from ..config import read_ds_config
     from .calibrate import machine_profile
     from .report import breakdown_table, ranked_table
+    from .multi_search import plan_multi_from_args, ranked_table_multi
     from .search import base_config, plan, write_config
 
     try:
@@ -55,7 +60,8 @@ def run_plan(args: argparse.Namespace) -> int:
             base = base_config(None, args.global_batch, args.zero, machine.dtype_bytes == 2)
         elif args.zero is not None:
             base = base_config(base, args.global_batch, args.zero, False)
-        result = plan(args.model, args.world_size, args.seq_len, args.image_tokens, args.global_batch, machine,
+        multi = plan_multi_from_args(args, base, machine)
+        result = multi or plan(args.model, args.world_size, args.seq_len, args.image_tokens, args.global_batch, machine,
                       base=base, memory_gb=args.memory_gb, max_tp=args.max_tp,
                       placements=(args.placement,) if args.placement else ("colocated", "disaggregated"),
                       micro_batches=tuple(args.micro_batches) if args.micro_batches else None,
@@ -67,13 +73,16 @@ def run_plan(args: argparse.Namespace) -> int:
     if not result.predictions:
         print(f"plan: no valid configuration ({result.stats['reasons']})", file=sys.stderr)
         return 1
-    print(ranked_table(result, args.top))
+    print(ranked_table_multi(result, args.top) if multi else ranked_table(result, args.top))
     print()
     print(breakdown_table(result, args.breakdown))
     if not result.runnable:
         print("plan: no configuration the engine runs today (the rows above are modelled only)", file=sys.stderr)
         return 1 if (args.trial or args.write) else 0
     chosen = result.best
+    if args.trial and multi:
+        print("plan: --trial does not run models with several encoders yet", file=sys.stderr)
+        return 1
     if args.trial:
         from .trials import launch_trials, trial_table
 

@@ -92,6 +92,8 @@ def vision_work(spec: ModelSpec, wl: Workload, samples: int, tp: int) -> StageWo
     # the forward runs layers_forward layers; the gradient reaches layers_backward of them
     used, unused = v.layers_backward, v.layers_forward - v.layers_backward
     gemms = [Gemm(images * seq - images * v.cls_tokens, v.patch_in, v.hidden, 1, backward=1)]  # patch embedding
+    if v.stem_in:  # a second embedding layer (an audio encoder's strided convolution)
+        gemms.append(Gemm(tower, v.stem_in, v.hidden))
     gemms += [Gemm(g.m, g.k, g.n, g.count * used) for g in layer]
     gemms += [Gemm(g.m, g.k, g.n, g.count * unused, backward=0) for g in layer if unused]
     # attention within each image, or within windows of it (Qwen2.5-VL: most blocks windowed)

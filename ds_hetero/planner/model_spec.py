@@ -71,6 +71,10 @@ class VisionSpec:
     projector_norm: int = 0
     deepstack: int = 0
     layer_extra: int = 0  # per-layer parameters beyond the formula (InternViT: layer scales, no q/k/v biases)
+    stem_in: int = 0  # a second embedding GEMM per tower token, [stem_in -> hidden], with input gradient
+    #                   (an audio encoder's second convolution: planner/encoders.py)
+    held: int = 0  # parameters held but never trained, beyond the unused tail (an audio encoder's bos/eos)
+    replicated_projector: bool = False  # the projector is not split over tp (every tp rank holds it whole)
 
     @property
     def boundary_levels(self) -> int:
@@ -107,6 +111,8 @@ class VisionSpec:
         config has one, is not counted.)"""
         if self.kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "internvl"):
             return 0
+        if self.held:
+            return self.held
         return (self.layers_forward - self.layers_backward) * self.layer_params() + 2 * self.hidden
 
     def replicated_params(self) -> int:
@@ -114,7 +120,7 @@ class VisionSpec:
         (added after the reduction); everything else is split over tp."""
         h = self.hidden
         per_layer = (2 if self.rms_norms else 4) * h + 2 * h  # two norms; out and fc2 / down biases
-        if self.kind == "gemma3":  # the projector is not split: all of it is replicated
+        if self.kind == "gemma3" or self.replicated_projector:  # the projector is not split: all of it is replicated
             return self.embed_params + self.layers_backward * per_layer + self.projector_params()
         extra = self.projector_norm if self.kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl") else 0
         return (self.embed_params + self.layers_backward * per_layer + (1 + self.deepstack) * self.projector[-1][1]

@@ -103,7 +103,7 @@ class StageWork:
         host = self.adapter.language_inputs(mine, multiple=num_shards(layout))
         # counted on the host, so the stage's placeholder check needs no device read
         ids = shard_input_ids(host["input_ids"], layout, self.stages.rank) if sharded else host["input_ids"]
-        counts = tuple(int((ids == port.token_id).sum()) for port in self.ports.values())
+        counts = tuple(int(port.mask(ids).sum()) for port in self.ports.values())
         batch = {k: (t.to(self.stages.device) if t is not None else None) for k, t in host.items()}
         if sharded:  # this rank's sequence shard (the [b, 1, S, S] mask is built on the device)
             batch = shard_language_batch(batch, layout, self.stages.rank)

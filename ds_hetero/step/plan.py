@@ -124,7 +124,7 @@ class StepPlan:
             # a sample is padded to the longest of its dp replica's share of its own micro-batch
             # (a pass may feed several micro-batches)
             replica = [(p // self.micro_batch_size, d) for p, d in zip(positions, inputs.dst_dp)]
-            inputs = dataclasses.replace(inputs, positions=image_positions(mine, port.token_id),
+            inputs = dataclasses.replace(inputs, positions=image_positions(mine, port.ids),
                                          seq_len=padded_lengths(mine, replica, language))
         return EncoderPass(name, v, a, inputs, range(v * per, (v + 1) * per))
 

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+from typing import Mapping, Sequence
+
 from torch import nn
 
 from ..errors import HeteroConfigError
 from .lora import is_lora_layer
 from .plans import planned_modules
 
+LANGUAGE = "language"
 
-def lora_problems(model: nn.Module, vision_modules: list[nn.Module], vision_tp: int, language_tp: int,
+
+def lora_problems(model: nn.Module, encoder_modules: Mapping[str, Sequence[nn.Module]], tp: Mapping[str, int],
                   sequence_parallel: bool = False) -> list[str]:
-    """What keeps the model's LoRA layers from training exactly in this layout (pure: no communication)."""
+    """What keeps the model's LoRA layers from training exactly in this layout (pure: no communication).
+
+    `encoder_modules`: each encoder stage's modules (the adapter's `encoder_modules()`); a LoRA
+    layer inside none of them belongs to the language stage. `tp`: every stage's tp size, by name.
+    """
     planned = {id(module.get_submodule(child)) for _, module, plan in planned_modules(model)
                for child in (*plan.column, *plan.row)}
-    in_vision = {id(m) for v in vision_modules for m in v.modules()}
+    stage_of = {id(m): name for name, modules in encoder_modules.items() for top in modules for m in top.modules()}
     problems = []
     for name, m in model.named_modules():
         if type(m).__name__ == "ModulesToSaveWrapper":
@@ -22,28 +30,30 @@ def lora_problems(model: nn.Module, vision_modules: list[nn.Module], vision_tp: 
                             f"frozen")
         if not is_lora_layer(m):
             continue
-        stage, tp = ("vision", vision_tp) if id(m) in in_vision else ("language", language_tp)
+        stage = stage_of.get(id(m), LANGUAGE)
+        size = tp[stage]
         if getattr(m, "lora_variant", None):
             problems.append(f"{name}: LoRA variants (DoRA, ...) are not supported; use plain LoRA (use_dora=False)")
-        if tp > 1 and id(m) not in planned:
+        if size > 1 and id(m) not in planned:
             problems.append(f"{name}: a LoRA layer on a module tensor parallelism does not shard, in the {stage} stage "
-                            f"with tp={tp}; leave it out of target_modules or use tp=1 there")
-        if tp > 1 and any(getattr(d, "p", 0) for d in m.lora_dropout.values()):
-            problems.append(f"{name}: lora_dropout > 0 with tp={tp} in the {stage} stage (the tp ranks would drop "
+                            f"with tp={size}; leave it out of target_modules or use tp=1 there")
+        if size > 1 and any(getattr(d, "p", 0) for d in m.lora_dropout.values()):
+            problems.append(f"{name}: lora_dropout > 0 with tp={size} in the {stage} stage (the tp ranks would drop "
                             f"different entries of the same input); set lora_dropout=0")
-        if stage == "language" and sequence_parallel:
+        if stage == LANGUAGE and sequence_parallel:
             problems.append(f"{name}: LoRA with sequence parallelism is not supported; set sequence_parallel=false")
     return problems
 
 
 def check_lora(model: nn.Module, adapter, cfg) -> None:
     """Raise the same HeteroConfigError on every rank, before any collective, for LoRA layers this layout
-    cannot train exactly (nothing to check without LoRA layers)."""
+    cannot train exactly (nothing to check without LoRA layers). Every encoder stage of the adapter
+    is checked against its own tp size."""
     if not any(is_lora_layer(m) for m in model.modules()):
         return
-    language = cfg.stages["language"]
-    problems = lora_problems(model, adapter.vision_modules(), cfg.stages["vision"].tp, language.tp,
-                             bool(getattr(language, "sequence_parallel", False)))
+    encoders = adapter.encoder_modules()
+    tp = {name: cfg.stages[name].tp for name in (*encoders, LANGUAGE)}
+    problems = lora_problems(model, encoders, tp, bool(getattr(cfg.stages[LANGUAGE], "sequence_parallel", False)))
     if problems:
         more = f"\n  ... and {len(problems) - 8} more" if len(problems) > 8 else ""
         raise HeteroConfigError("hetero_parallel.stages", "LoRA layers that cannot train exactly in this layout:\n  - "

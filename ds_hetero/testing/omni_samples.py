@@ -1,10 +1,11 @@
-"""Samples for the Qwen2.5-Omni thinker (shared by its tests and benchmark): images and audio clips,
-interleaved in one sample in any order, or neither.
+"""Samples for the Qwen2.5-Omni thinker (shared by its tests and benchmark): images, videos and
+audio clips, interleaved in one sample in any order, or none.
 
     omni_samples(model, items_per_sample, text_len, seed)
 
-`items_per_sample`: one list per sample of ("image", (t, h, w)) and ("audio", frames) items in
-sequence order. Layout: text, then per item its start token, placeholders, end token, then
+`items_per_sample`: one list per sample of ("image", (t, h, w)), ("video", (t, h, w)) and
+("audio", frames) items in sequence order (a video's seconds per temporal patch: 0.5, 1.0, 1.5,
+... by its index in the sample). Layout: text, then per item its start token, placeholders, end token, then
 text; labels ignore the placeholders and delimiters.
 """
 
@@ -27,13 +28,15 @@ def omni_samples(model, items_per_sample, text_len=4, seed=0):
         text = torch.randint(2, 250, (text_len,), generator=gen)
         ids, labels = [text], [text.clone()]
         pixels, grids, frames, lengths = [], [], [], []
+        video_pixels, video_grids = [], []
         for kind, shape in items:
-            if kind == "image":
+            if kind in ("image", "video"):
                 t, h, w = shape
                 n = t * h * w // v.spatial_merge_size**2
-                start, token, end = cfg.vision_start_token_id, cfg.image_token_id, cfg.vision_end_token_id
-                pixels.append(torch.randn(t * h * w, patch_dim, generator=gen))
-                grids.append(torch.tensor([[t, h, w]]))
+                token = cfg.image_token_id if kind == "image" else cfg.video_token_id
+                start, end = cfg.vision_start_token_id, cfg.vision_end_token_id
+                (pixels if kind == "image" else video_pixels).append(torch.randn(t * h * w, patch_dim, generator=gen))
+                (grids if kind == "image" else video_grids).append(torch.tensor([[t, h, w]]))
             else:
                 n = audio_output_length(shape)
                 start, token, end = cfg.audio_start_token_id, cfg.audio_token_id, cfg.audio_end_token_id
@@ -47,6 +50,9 @@ def omni_samples(model, items_per_sample, text_len=4, seed=0):
         sample = {"input_ids": torch.cat(ids), "labels": torch.cat(labels)}
         if grids:
             sample.update(pixel_values=torch.cat(pixels), image_grid_thw=torch.cat(grids))
+        if video_grids:
+            sample.update(pixel_values_videos=torch.cat(video_pixels), video_grid_thw=torch.cat(video_grids),
+                          video_second_per_grid=0.5 * torch.arange(1, len(video_grids) + 1, dtype=torch.float))
         if lengths:
             sample.update(input_features=torch.cat(frames, dim=1), audio_feature_lengths=torch.tensor(lengths))
         samples.append(sample)
@@ -57,11 +63,13 @@ def hf_inputs(model, adapter, samples):
     """The unmodified thinker's own keyword arguments for these samples padded into one batch
     (audio as the processor gives it: [clips, mel, frames] padded, with its feature_attention_mask)."""
     batch = adapter.language_inputs(samples)
-    vision = adapter.vision_inputs(samples)
     audio = adapter.audio_inputs(samples)
     kwargs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
-    if len(vision["image_grid_thw"]):
-        kwargs.update(pixel_values=vision["pixel_values"], image_grid_thw=vision["image_grid_thw"])
+    # images and videos as the processor gives them: each kind in its own fields, samples in order
+    for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "video_second_per_grid"):
+        parts = [s[key] for s in samples if s.get(key) is not None]
+        if parts:
+            kwargs[key] = torch.cat([p.reshape(-1, 3) if key.endswith("grid_thw") else p for p in parts])
     lens = audio["feature_lens"]
     if len(lens):
         longest = int(lens.max())
