@@ -2,7 +2,8 @@
 the manifest records the layer cut, so a checkpoint moves across the cut (pp2 -> pp1, pp1 -> pp2,
 pp2 [1, 3] -> pp2 [2, 2], with tp, dp and ZeRO changing too) and continues exactly like a
 single-process Hugging Face run from the same full state (tests/helpers/checkpoint_reference.py);
-the same layout resumes bit-exactly. One 4-rank launch (tests/helpers/pipeline_checkpoints.py).
+the same layout resumes bit-exactly; a disaggregated pp3 continues from a colocated pp2
+checkpoint, and `convert --to-hf` merges a pp3 checkpoint's chunks into the live weights. One 4-rank launch (tests/helpers/pipeline_checkpoints.py).
 
 Negative controls: a manifest whose cut disagrees with the chunks' recorded layers is refused on
 every rank with nothing changed; the continuation without Adam's moments differs.
@@ -68,6 +69,29 @@ def test_pipeline_checkpoints_move_across_the_layer_cut(tmp_path):
     _assert_close(r0["d_losses"], continue_single_process(state_c, fourth, **FOUR_LAYERS),
                   "pp2 [1,3] tp2 ZeRO 0 -> pp2 [2,2] dp2 ZeRO 1")
     assert all(r["d_losses"] == r0["d_losses"] for r in results)  # every rank learns the step's loss
+    # disaggregated, vision on rank 0 and language pp3 [2, 1, 1] on ranks 1-3, from the same checkpoint
+    assert [r["e_held"] for r in results] == [["vision"]] + [["language"]] * 3
+    _assert_close(r0["e_losses"], continue_single_process(state_c, fourth, **FOUR_LAYERS),
+                  "colocated pp2 [1,3] tp2 ZeRO 0 -> disaggregated pp3 [2,1,1] ZeRO 1")
+    assert all(r["e_losses"] == r0["e_losses"] for r in results)
+    assert r0["e_files"] == ["pp_00", "pp_01", "pp_02"], r0["e_files"]
+
+    # `ds-hetero checkpoint convert --to-hf` merges the three chunks' files: the live weights
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from ds_hetero.checkpoint.hf_convert import convert_to_hf
+    from ds_hetero.checkpoint.manifest import format_manifest, read_manifest
+
+    state_e = _merge(results, "state_e")
+    hf = convert_to_hf(tmp_path / "ckpt_e", tmp_path / "hf_e")
+    files = {n: p.detach() for n, p in
+             AutoModelForImageTextToText.from_pretrained(hf, dtype=torch.float32).named_parameters()}
+    assert set(files) == set(state_e) == names
+    assert max((files[n] - state_e[n]["fp32"]).abs().max().item() for n in names) == 0.0
+    assert max((files[n] - state_c[n]["fp32"]).abs().max().item() for n in names) > 0  # it trained on
+    info = format_manifest(read_manifest(tmp_path / "ckpt_e"))
+    assert "language  tp1 cp1 dp1 pp3 layers [2, 1, 1] ranks [1, 2, 3]" in info, info
 
     # negative control: without the Adam moments the continuation is measurably different
     fresh = continue_single_process(state_a, second, moments=False, **FOUR_LAYERS)

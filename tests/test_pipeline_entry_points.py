@@ -4,7 +4,7 @@ vision dp4: ds_configs/llava_pipeline.json), under their real launchers, checkpo
 Launches (tests/helpers/pipeline_entry_driver.py; each costs tens of seconds on the 2-core box):
     deepspeed --num_gpus 4 ... trainer     main job 4 steps; Trainer 2 steps + checkpoint-2 (save_strategy
                                            "steps"), then resume_from_checkpoint to step 4, eval, save_model
-    accelerate launch ... accelerate       2 steps + save_state, then load_state and on to step 4
+    accelerate launch recipes/accelerate_llava.py (twice)   2 steps + save_state; load_state and on to step 4
 
 Same config, seed and data everywhere: fp32 losses and grad norms equal within 1e-6 relative to the
 main job's (whose pipeline training is checked against the single-process reference in
@@ -57,9 +57,18 @@ def runs(tmp_path_factory):
     yaml = out / "pipeline.yaml"
     yaml.write_text(open(os.path.join(ROOT, "ds_configs/accelerate_disaggregated.yaml")).read()
                     .replace("ds_configs/llava_disaggregated.json", os.path.join(ROOT, "ds_configs/llava_pipeline.json")))
-    acc = _run([f"{BIN}/accelerate", "launch", "--config_file", str(yaml), "--main_process_port", _port(),
-                DRIVER, "accelerate", str(out)])
-    return {"out": out, "trainer": _ranks(trainer, out, "trainer"), "accelerate": _ranks(acc, out, "accelerate")}
+    state = out / "acc_state"
+    acc = {}
+    for name, args in (("first", ["--steps", "2", "--save-state-every", "2", "--state-dir", str(state)]),
+                       ("resumed", ["--steps", "4", "--resume-from", str(state / "step2")])):
+        proc = _run([f"{BIN}/accelerate", "launch", "--config_file", str(yaml), "--main_process_port", _port(),
+                     "recipes/accelerate_llava.py", "--samples", "64", *args,
+                     "--summary-json", str(out / f"acc_{name}.json")])
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+        if name == "first":
+            acc["state_2"] = sorted(os.path.relpath(os.path.join(d, f), state / "step2")
+                                    for d, _, files in os.walk(state / "step2") for f in files)
+    return {"out": out, "trainer": _ranks(trainer, out, "trainer"), "accelerate": acc}
 
 
 def _json(runs, name):
@@ -106,7 +115,7 @@ def test_accelerate_saves_and_loads_state_with_a_pipeline(runs):
     assert sorted(first, key=int) == ["0", "1"] and sorted(resumed, key=int) == ["2", "3"]  # resumed at step 3
     losses = {**first, **resumed}
     assert [losses[str(k)] for k in range(4)] == pytest.approx(main["losses"], rel=REL)
-    for r in runs["accelerate"]:
-        files = _chunk_files(r["state_2"])
-        assert any(f.startswith("global_step2/language/pp_00/") for f in files), files
-        assert any(f.startswith("global_step2/language/pp_01/") for f in files), files
+    files = _chunk_files(runs["accelerate"]["state_2"])
+    for k in ("00", "01"):
+        assert f"global_step2/language/pp_{k}/params.json" in files, files
+        assert f"global_step2/language/pp_{k}/global_step2/mp_rank_01_model_states.pt" in files, files

@@ -7,7 +7,9 @@ checkpoint must replace them all).
     B   vision tp2 dp2, language tp2 dp2 (pp 1), ZeRO 2: load ckpt_a (pp2 -> pp1), 2 steps, save ckpt_b
     C   vision dp4, language tp2 pp2 [1, 3], ZeRO 0: load ckpt_b (pp1 -> pp2), 2 steps, save ckpt_c
     D   A's layout: load ckpt_c (pp2 [1, 3] tp2 -> pp2 [2, 2] dp2, ZeRO 0 -> 1), 2 steps
-    E   a copy of ckpt_c whose manifest says the cut was [2, 2]: refused on every rank (the
+    E   disaggregated, vision on rank 0, language pp3 on ranks 1-3, ZeRO 1: load ckpt_c, the same
+        2 steps as D, save ckpt_e (a vision-only rank writes the manifest of a pipelined stage)
+    F   a copy of ckpt_c whose manifest says the cut was [2, 2]: refused on every rank (the
         chunks' recorded layers do not match it), nothing changed
 """
 
@@ -22,6 +24,8 @@ BATCH, MICRO = 16, 4
 A = dict(layout={"vision": {"dp": 4}, "language": {"dp": 2, "pp": 2}}, zero=1)
 B = dict(layout={"vision": {"tp": 2, "dp": 2}, "language": {"tp": 2, "dp": 2}}, zero=2)
 C = dict(layout={"vision": {"dp": 4}, "language": {"tp": 2, "dp": 1, "pp": 2, "pp_layers": [1, 3]}}, zero=0)
+E = dict(layout={"vision": {"dp": 1, "ranks": [0]}, "language": {"dp": 1, "pp": 3, "ranks": [1, 2, 3]}}, zero=1,
+         placement="disaggregated")
 
 
 def batches():
@@ -71,6 +75,7 @@ def chain(rank, world_size, tmp):
             engine.load_checkpoint(os.path.join(tmp, load))
             out[f"{name}_step"] = engine.global_steps
         out[f"{name}_losses"] = [engine.train_batch(s).loss for s in steps_data]
+        out[f"{name}_held"] = [s.name for s in engine.stages.held]
         if save:
             engine.save_checkpoint(os.path.join(tmp, save))
             out[f"state_{name}"] = portable(live_full_state(engine))
@@ -90,8 +95,9 @@ def chain(rank, world_size, tmp):
     run("b", B, "ckpt_a", second, save="ckpt_b")
     run("c", C, "ckpt_b", third, save="ckpt_c")
     run("d", A, "ckpt_c", fourth)
+    run("e", E, "ckpt_c", fourth, save="ckpt_e")
 
-    # E: the manifest's cut disagrees with the chunks' recorded layers: refused, weights untouched
+    # F: the manifest's cut disagrees with the chunks' recorded layers: refused, weights untouched
     if rank == 0:
         _tamper_cut(os.path.join(tmp, "ckpt_c"), os.path.join(tmp, "ckpt_bad"), [2, 2])
     dist.barrier()

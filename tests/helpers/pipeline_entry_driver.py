@@ -1,15 +1,14 @@
-"""Run by tests/test_pipeline_entry_points.py: the entry points with a pipelined language stage
-(ds_configs/llava_pipeline.json: vision dp4, language tp2 pp2), under their real launchers.
+"""Run by tests/test_pipeline_entry_points.py: the main job and the HF Trainer with a pipelined
+language stage (ds_configs/llava_pipeline.json: vision dp4, language tp2 pp2), under `deepspeed`.
 
     deepspeed --num_gpus 4 tests/helpers/pipeline_entry_driver.py trainer OUT_DIR
         recipes/train_llava.py for 4 steps (the reference losses); recipes/hf_trainer_llava.py for
         2 steps with save_strategy "steps" (checkpoint-2), then again with resume_from_checkpoint
         for one epoch (to step 4), evaluating and saving at step 4, save_model at the end
-    accelerate launch --config_file OUT_DIR/pipeline.yaml tests/helpers/pipeline_entry_driver.py accelerate OUT_DIR
-        recipes/accelerate_llava.py for 2 steps with save_state, then again from load_state to step 4
 
-One set of processes per launcher (a launch costs tens of seconds on the 2-core box); each rank
-writes what it saw to OUT_DIR/<mode>_rank<r>.json.
+One set of processes (a launch costs tens of seconds on the 2-core box); each rank writes what it
+saw to OUT_DIR/trainer_rank<r>.json. (Accelerate runs one Accelerator per process: the test
+launches recipes/accelerate_llava.py itself, once to save_state and once to load_state.)
 """
 
 import importlib.util
@@ -61,21 +60,9 @@ def trainer(out):
     return report
 
 
-def accelerate(out):
-    accelerate_llava = _recipe("accelerate_llava")
-    state = f"{out}/acc_state"
-    accelerate_llava.main(["--steps", "2", "--save-state-every", "2", "--state-dir", state,
-                           "--summary-json", f"{out}/acc_first.json", *COMMON])
-    report = {"state_2": _listing(f"{state}/step2")}
-    _fresh_accelerate_state()
-    accelerate_llava.main(["--steps", "4", "--resume-from", f"{state}/step2", "--summary-json",
-                           f"{out}/acc_resumed.json", *COMMON])
-    return report
-
-
 def main(mode, out):
     try:
-        report = {"trainer": trainer, "accelerate": accelerate}[mode](out)
+        report = {"trainer": trainer}[mode](out)
     except Exception:
         report = {"crash": traceback.format_exc()}
     with open(os.path.join(out, f"{mode}_rank{os.environ['RANK']}.json"), "w") as f:
