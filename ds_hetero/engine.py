@@ -22,7 +22,6 @@ import torch.distributed as dist
 from .boundary import BoundaryCommunicator
 from .config import HeteroConfig
 from .data import agreement
-from .errors import HeteroConfigError
 from .data.loader import GlobalBatchLoader
 from .data.samples import as_sample_list
 from .loss import label_token_count
@@ -256,13 +255,6 @@ class HeteroEngine:
         schedule = PipelineEvaluationSchedule if self.config.language.pp > 1 else EvaluationSchedule
         return schedule(self.stages, self.boundaries, self.adapter, self.timeline).run(samples)
 
-    def _refuse_pipeline(self, what: str) -> None:
-        if self.config.language.pp > 1:
-            raise HeteroConfigError(
-                "hetero_parallel.stages.language.pp", f"{what} with a pipelined language stage (pp > 1) is not "
-                "supported yet (each pipeline stage's engine would write its own DeepSpeed files and the reshard "
-                "path does not cut layers yet); save_pretrained works, and a pp 1 layout can start from its files")
-
     def save_pretrained(self, save_dir: str | os.PathLike) -> None:
         """A consolidated Hugging Face checkpoint (`from_pretrained(save_dir)`); all ranks call it.
         See checkpoint/hf_gather.py."""
@@ -273,20 +265,20 @@ class HeteroEngine:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None) -> str:
         """Save every stage under save_dir/<tag> with a manifest, then publish `latest`; all ranks call it.
+        A pipelined language stage is saved by each chunk's engine, with the layer cut recorded.
 
         See ds_hetero/checkpoint/: `latest` names only a checkpoint every rank finished writing.
         """
         from .checkpoint import save_checkpoint
 
-        self._refuse_pipeline("save_checkpoint")
         return save_checkpoint(self.stages, self.model, save_dir, tag, self.global_steps, self._data_position())
 
     def load_checkpoint(self, load_dir: str | os.PathLike, tag: str | None = None) -> str:
-        """Load save_dir's `latest` (or `tag`), saved with this layout or any other; all ranks call it."""
+        """Load save_dir's `latest` (or `tag`), saved with this layout or any other (tp, dp, pp and the
+        layer cut included); all ranks call it."""
         from .checkpoint import load_checkpoint
 
-        self._refuse_pipeline("load_checkpoint")
-        tag, self.global_steps = load_checkpoint(self.stages, load_dir, tag, self._data_position())
+        tag, self.global_steps = load_checkpoint(self.stages, load_dir, tag, self._data_position(), self.model)
         return tag  # the loader continues from the saved step: its order is a function of (seed, step)
 
     def _data_position(self) -> dict[str, Any]:

@@ -8,7 +8,8 @@ another layout, and Hugging Face export.
 
     manifest.py      what a checkpoint records (layouts, step, data position, versions, parameters)
     publish.py       temporary name -> barrier -> one rename; the kill-point test hook
-    full_state.py    a stage's DeepSpeed files (any tp, dp, ZeRO 0/1/2) -> full per-parameter tensors
+    layer_map.py     a pipelined stage's files per chunk, and its chunks' layers <-> the model's names
+    full_state.py    a stage's DeepSpeed files (any tp, dp, pp, ZeRO 0/1/2) -> full per-parameter tensors
     reshard.py       full per-parameter tensors -> a live stage engine of any layout
     store.py         save / load orchestration used by HeteroEngine
     hf_export.py     full tensors -> Hugging Face files (the one writer of save_pretrained and convert)

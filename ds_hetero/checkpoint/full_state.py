@@ -1,7 +1,11 @@
 """A stage's DeepSpeed checkpoint files, of any tp, dp and ZeRO stage 0/1/2, as full tensors.
 
     state = stage_full_state(ckpt_dir, "language", manifest)   # cached in ckpt_dir/full_state/
-    state["params"][name] = {"fp32": full tensor, "exp_avg": ..., "exp_avg_sq": ...}
+    state["params"][hf_name] = {"fp32": full tensor, "exp_avg": ..., "exp_avg_sq": ...}
+
+Keyed by the model's own (Hugging Face) parameter names, not the stage module's: a pipelined
+stage is saved as one set of files per chunk, each naming its layers locally; merged under the
+model's names (layer_map.py) they load into any cut, or none.
     state["step"], state["lr_scheduler"], state["global_steps"], state["global_samples"], ...
 
 Why not DeepSpeed's Universal Checkpointing (`ds_to_universal` + `"load_universal": true`),
@@ -28,9 +32,11 @@ from typing import Any
 import torch
 
 from ..tensor_parallel.layers import merge_shards
-from .manifest import CheckpointError, read_stage_params, saved_stage_zero
+from .layer_map import check_layer_map, part_dirs, saved_pp
+from .manifest import CheckpointError, pipeline_of, read_stage_params, saved_stage_zero
 
 CACHE = "full_state"
+CACHE_FILE = "{}.hf.pt"  # keyed by the model's names (an older cache, keyed by module names, is not read)
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
@@ -94,15 +100,10 @@ def _merge_zero_partitions(stage_dir: str, t: int, shard: dict, steps: set) -> N
             shard[name][key] = torch.cat(pieces).reshape(shape)
 
 
-def read_stage(ckpt_dir: str, stage: str, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Read and merge (no cache): the full state of one stage."""
-    meta = read_stage_params(ckpt_dir, stage)
-    layout = manifest["stages"][stage]
-    zero = saved_stage_zero(manifest, stage)
-    if zero not in (0, 1, 2):
-        raise CheckpointError(f"{ckpt_dir}: ZeRO stage {zero} checkpoints cannot be resharded yet (ZeRO 0, 1, 2 can)")
-    # the stage engine's DeepSpeed files: ckpt_dir/<stage>/<tag>/ (store.py)
-    slices, common = _tp_slices(os.path.join(ckpt_dir, stage, manifest["tag"]), meta, zero, layout["tp"])
+def _read_part(part: str, tag: str, meta: dict[str, Any], zero: int, tp: int) -> tuple[dict, dict]:
+    """One folder of DeepSpeed files (a stage's, or one pipeline chunk's) merged over ZeRO and tp,
+    keyed by the model's parameter names."""
+    slices, common = _tp_slices(os.path.join(part, tag), meta, zero, tp)
     params = {}
     for name, info in meta["params"].items():
         split = info["tp_split"]
@@ -112,19 +113,51 @@ def read_stage(ckpt_dir: str, stage: str, manifest: dict[str, Any]) -> dict[str,
             merged[key] = (merge_shards(pieces, split["dim"], split["stride"], info["shape"][split["dim"]])
                            if split else pieces[0])
             if list(merged[key].shape) != info["shape"]:
-                raise CheckpointError(f"{ckpt_dir}/{stage}: {name} {key} merges to {list(merged[key].shape)}, "
+                raise CheckpointError(f"{part}: {name} {key} merges to {list(merged[key].shape)}, "
                                       f"params.json says {info['shape']}")
-        params[name] = merged
+        params[info["hf_name"]] = merged
+    return params, common
+
+
+def saved_metas(ckpt_dir: str, stage: str, manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """params.json of every part of a saved stage (one, or one per pipeline chunk), after checking
+    the chunks' layer map against the manifest's cut (CheckpointError if it does not hold)."""
+    pipe = pipeline_of(manifest, stage)
+    metas = [read_stage_params(ckpt_dir, stage, part) for part in part_dirs(ckpt_dir, stage, saved_pp(manifest, stage))]
+    problem = check_layer_map(metas, pipe["pp_layers"] if pipe["pp"] > 1 else None, f"{ckpt_dir}/{stage}")
+    if problem:
+        raise CheckpointError(problem)
+    return metas
+
+
+def read_stage(ckpt_dir: str, stage: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Read and merge (no cache): the full state of one stage, over its pipeline chunks if it had any."""
+    layout = manifest["stages"][stage]
+    zero = saved_stage_zero(manifest, stage)
+    if zero not in (0, 1, 2):
+        raise CheckpointError(f"{ckpt_dir}: ZeRO stage {zero} checkpoints cannot be resharded yet (ZeRO 0, 1, 2 can)")
+    metas = saved_metas(ckpt_dir, stage, manifest)
+    params, common, steps = {}, None, set()
+    # the engine's DeepSpeed files: ckpt_dir/<stage>/<tag>/, or ckpt_dir/<stage>/pp_<k>/<tag>/ (store.py)
+    for part, meta in zip(part_dirs(ckpt_dir, stage, len(metas)), metas):
+        part_params, part_common = _read_part(part, manifest["tag"], meta, zero, layout["tp"])
+        params.update(part_params)  # check_layer_map: no name in two chunks
+        common = common or part_common  # the scheduler and counters: every chunk's engine steps alike
+        if part_common["step"] is not None:
+            steps.add(part_common["step"])
+    if len(steps) > 1:
+        raise CheckpointError(f"{ckpt_dir}/{stage}: pipeline chunks at different optimizer steps {sorted(steps)}")
+    common["step"] = steps.pop() if steps else None
     return {"params": params, **common}
 
 
 def stage_full_state(ckpt_dir: str, stage: str, manifest: dict[str, Any]) -> dict[str, Any]:
-    """The cached full state (ckpt_dir/full_state/<stage>.pt), converting first if absent.
+    """The cached full state (ckpt_dir/full_state/<stage>.hf.pt), converting first if absent.
 
     Written under a temporary name and renamed, so a reader never sees half a file; two ranks
     converting the same stage at once write identical content.
     """
-    path = os.path.join(ckpt_dir, CACHE, f"{stage}.pt")
+    path = os.path.join(ckpt_dir, CACHE, CACHE_FILE.format(stage))
     if not os.path.isfile(path):
         state = read_stage(ckpt_dir, stage, manifest)
         os.makedirs(os.path.dirname(path), exist_ok=True)

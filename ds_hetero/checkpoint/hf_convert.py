@@ -3,7 +3,7 @@
     convert_to_hf("ckpt", "hf_out")      # == `ds-hetero checkpoint convert ckpt --to-hf hf_out`
 
 Each stage is merged to full tensors by the reader a layout change uses (full_state.py: fp32
-master weights, merged over ZeRO partitions and tp shards), renamed to the model's own names
+master weights, merged over ZeRO partitions and tp shards), keyed by the model's own names
 (params.json), cast to the dtype the run trained in, and written as one safetensors file per
 stage by the same writer as `HeteroEngine.save_pretrained` (hf_export.py). The model object the
 writer needs for its config and name mapping is built on the meta device from the manifest:
@@ -17,7 +17,7 @@ import os
 import torch
 
 from .full_state import stage_full_state
-from .manifest import CheckpointError, read_manifest, read_stage_params, resolve_tag
+from .manifest import CheckpointError, read_manifest, resolve_tag
 
 
 def meta_model(manifest: dict):
@@ -48,9 +48,8 @@ def convert_to_hf(load_dir: str | os.PathLike, out_dir: str | os.PathLike, tag: 
     total, written = 0, set()
     stages = list(manifest["stages"])
     for i, stage in enumerate(stages):
-        meta = read_stage_params(ckpt_dir, stage)["params"]
-        state = stage_full_state(ckpt_dir, stage, manifest)["params"]
-        tensors = {meta[name]["hf_name"]: entry["fp32"].to(dtype) for name, entry in state.items()}
+        state = stage_full_state(ckpt_dir, stage, manifest)["params"]  # keyed by the model's names
+        tensors = {name: entry["fp32"].to(dtype) for name, entry in state.items()}
         written |= set(tensors)
         files, size = write_weights_file(out_dir, shard_file_name(i, len(stages)), tensors, model)
         weight_map.update(files)

@@ -6,13 +6,15 @@
                   the epoch; resuming at `step` continues the same data order (the loader's
                   order is a pure function of (seed, step))
     placement, world_size, zero_stage, dtype, optimizer
-    stages        per stage: tp, cp, dp, ranks, sequence_parallel
+    stages        per stage: tp, cp, dp, ranks, sequence_parallel, zero_stage; pp and pp_layers
+                  (the layers of each pipeline chunk, as cut) for a pipelined stage
     model         the Hugging Face class and config (for `ds-hetero checkpoint convert --to-hf`)
     versions      ds_hetero, deepspeed, torch, transformers
 
 Each stage folder also holds `params.json`, written by the stage's first rank (in disaggregated
 placement rank 0 does not hold every stage): every parameter's full shape, its tp split (dim,
 stride) and Hugging Face name, and the optimizer's parameter order (ZeRO 0 files index by it).
+A pipelined stage has one folder per chunk, each with its params.json (layer_map.py).
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ import json
 import os
 from typing import Any
 
+from .layer_map import chunk_record, current_counts
+
 FORMAT = "ds_hetero.checkpoint/1"
 MANIFEST = "manifest.json"
 PARAMS = "params.json"
 LAYOUT_KEYS = ("tp", "cp", "dp", "ranks", "sequence_parallel")
+PIPELINE_DEFAULTS = {"pp": 1, "pp_layers": None}  # what a manifest without these keys was saved with
 
 
 class CheckpointError(ValueError):
@@ -68,7 +73,8 @@ def engine_facts(stages) -> dict[str, Any]:
         "stages": {name: {"tp": l.tp, "cp": l.cp, "dp": l.dp, "ranks": list(l.ranks),
                           "sequence_parallel": l.sequence_parallel,
                           # each stage's own: stages.<name>.zero_stage, and 0 for a stage that trains nothing
-                          "zero_stage": stage_zero(stages, name)} for name, l in cfg.stages.items()},
+                          "zero_stage": stage_zero(stages, name),
+                          "pp": l.pp, "pp_layers": current_counts(stages, name)} for name, l in cfg.stages.items()},
     }
 
 
@@ -118,7 +124,7 @@ def stage_params(stage, model) -> dict[str, Any]:
     order = []
     if hasattr(optimizer, "param_groups") and not hasattr(optimizer, "bit16_groups"):
         order = [names[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in names]
-    return {"params": params, "optimizer_order": order}
+    return {"params": params, "optimizer_order": order, "chunk": chunk_record(stage)}
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:
@@ -153,16 +159,25 @@ def read_manifest(load_dir: str | os.PathLike, tag: str | None = None) -> dict[s
     return manifest
 
 
-def read_stage_params(ckpt_dir: str, stage: str) -> dict[str, Any]:
-    with open(os.path.join(ckpt_dir, stage, PARAMS)) as f:
+def read_stage_params(ckpt_dir: str, stage: str, part: str | None = None) -> dict[str, Any]:
+    """params.json of a stage, or of its pipeline chunk folder `part` (layer_map.part_dirs)."""
+    with open(os.path.join(part or os.path.join(ckpt_dir, stage), PARAMS)) as f:
         return json.load(f)
+
+
+def pipeline_of(facts: dict[str, Any], stage: str) -> dict[str, Any]:
+    """{"pp", "pp_layers"} of a stage in a manifest or the running engine's facts."""
+    l = facts["stages"].get(stage, {})
+    return {k: l.get(k, d) for k, d in PIPELINE_DEFAULTS.items()}
 
 
 def describe_layout(facts: dict[str, Any], stage: str) -> str:
     l = facts["stages"].get(stage)
     if l is None:
         return "absent"
-    return (f"tp{l['tp']} cp{l['cp']} dp{l['dp']} ranks {l['ranks']}, {facts['placement']}, "
+    pipe = pipeline_of(facts, stage)
+    pp = f" pp{pipe['pp']} layers {pipe['pp_layers']}" if pipe["pp"] > 1 else ""
+    return (f"tp{l['tp']} cp{l['cp']} dp{l['dp']}{pp} ranks {l['ranks']}, {facts['placement']}, "
             f"ZeRO {saved_stage_zero(facts, stage)}, {facts['dtype']}")
 
 
@@ -173,7 +188,7 @@ def same_layout(saved: dict[str, Any], current: dict[str, Any]) -> bool:
                     for s in current["stages"])
     return all(saved[k] == current[k] for k in keys) and same_zero and all(
         {k: saved["stages"].get(s, {}).get(k) for k in LAYOUT_KEYS} == {k: l[k] for k in LAYOUT_KEYS}
-        for s, l in current["stages"].items())
+        and pipeline_of(saved, s) == pipeline_of(current, s) for s, l in current["stages"].items())
 
 
 def format_manifest(manifest: dict[str, Any]) -> str:
@@ -183,7 +198,9 @@ def format_manifest(manifest: dict[str, Any]) -> str:
              f"{manifest['dtype']}, optimizer {manifest['optimizer']}",
              "stages:"]
     for name, l in manifest["stages"].items():
-        lines.append(f"  {name:<9} tp{l['tp']} cp{l['cp']} dp{l['dp']} ranks {l['ranks']} "
+        pipe = pipeline_of(manifest, name)
+        pp = f" pp{pipe['pp']} layers {pipe['pp_layers']}" if pipe["pp"] > 1 else ""
+        lines.append(f"  {name:<9} tp{l['tp']} cp{l['cp']} dp{l['dp']}{pp} ranks {l['ranks']} "
                      f"ZeRO {saved_stage_zero(manifest, name)}"
                      + (" sequence-parallel" if l["sequence_parallel"] else ""))
     d = manifest["data"]

@@ -7,11 +7,13 @@ On disk:
     DIR/<tag>/<stage>/params.json    the stage's parameters: full shapes, tp splits, HF names
     DIR/<tag>/<stage>/<tag>/...      the stage engine's own DeepSpeed files (a plain DeepSpeed
                                      checkpoint folder: `zero_to_fp32.py` etc. work on it)
-    DIR/<tag>/full_state/<stage>.pt  cache: the stage as full tensors (made by a layout change)
+    DIR/<tag>/<stage>/pp_<k>/...     a pipelined stage: params.json and DeepSpeed files per chunk
+                                     (layer_map.py)
+    DIR/<tag>/full_state/<stage>.hf.pt  cache: the stage as full tensors (made by a layout change)
 
 Loading with the layout that saved it is DeepSpeed's own per-engine load (bit-exact resume).
-Another layout (tp, dp, placement, ZeRO 0/1/2, dtype) goes through full per-parameter tensors
-(full_state.py, reshard.py); what cannot be loaded is refused on every rank before anything
+Another layout (tp, dp, pp and the layer cut, placement, ZeRO 0/1/2, dtype) goes through full
+per-parameter tensors keyed by the model's names (full_state.py, reshard.py); what cannot be loaded is refused on every rank before anything
 changes, naming the saved and the current layout of every stage.
 """
 
@@ -24,10 +26,10 @@ import torch
 import torch.distributed as dist
 
 from . import publish
-from .full_state import stage_full_state
+from .full_state import saved_metas, stage_full_state
+from .layer_map import hf_names, stage_dir
 from .manifest import (MANIFEST, PARAMS, CheckpointError, build_manifest, describe_layout, engine_facts,
-                       read_manifest, read_stage_params, resolve_tag, same_layout, saved_stage_zero, stage_params,
-                       write_json)
+                       read_manifest, resolve_tag, same_layout, saved_stage_zero, stage_params, write_json)
 from .reshard import apply_full_state
 
 
@@ -62,15 +64,15 @@ def save_checkpoint(stages, model, save_dir: str | os.PathLike, tag: str | None,
     held = stages.held
     for i, stage in enumerate(held):
         with stage.context():
-            stage.engine.save_checkpoint(os.path.join(partial, stage.name), tag=tag, save_latest=False,
+            stage.engine.save_checkpoint(stage_dir(partial, stage), tag=tag, save_latest=False,
                                          client_state={"ds_hetero_global_steps": step})
         if i == 0 and len(held) > 1:
             publish.kill_point("stage_written", rank)
     problem = None
     try:  # our own files: a failure (disk full, permissions) makes every rank raise, none waits
         for stage in held:
-            if rank == stage.first_rank:
-                write_json(os.path.join(partial, stage.name, PARAMS), stage_params(stage, model))
+            if rank == stage.norm_rank:  # the stage's first rank, or its pipeline chunk's
+                write_json(os.path.join(stage_dir(partial, stage), PARAMS), stage_params(stage, model))
         if rank == 0:
             write_json(os.path.join(partial, MANIFEST), build_manifest(stages, model, tag, step, data))
     except OSError as exc:
@@ -83,7 +85,7 @@ def save_checkpoint(stages, model, save_dir: str | os.PathLike, tag: str | None,
     return tag
 
 
-def refusal(manifest: dict[str, Any], current: dict[str, Any], ckpt_dir: str, stages) -> str | None:
+def refusal(manifest: dict[str, Any], current: dict[str, Any], ckpt_dir: str, stages, model) -> str | None:
     """Why this checkpoint cannot be loaded into these stages (None if it can). Pure reads."""
     reasons = []
     if set(manifest["stages"]) != set(current["stages"]):
@@ -97,24 +99,34 @@ def refusal(manifest: dict[str, Any], current: dict[str, Any], ckpt_dir: str, st
         current_opt = {stage.optimizer_name for stage in stages.held if stage.trains}
         if current_opt and manifest["optimizer"] is not None and manifest["optimizer"] not in current_opt:
             reasons.append(f"optimizer differs: saved {manifest['optimizer']}, current {sorted(current_opt)[0]}")
-    for stage in stages.held:  # the stages this rank holds: their parameters match
+    model_names = {n for n, _ in model.named_parameters()}
+    for stage in stages.held:  # the stages this rank holds: their parameters match, by the model's names
         name = stage.name
         if name not in manifest["stages"]:
             continue
-        saved = read_stage_params(ckpt_dir, name)["params"]
+        try:  # every chunk's params.json, its layer map checked against the saved cut
+            saved = {info["hf_name"]: info["shape"] for meta in saved_metas(ckpt_dir, name, manifest)
+                     for info in meta["params"].values()}
+        except CheckpointError as exc:
+            reasons.append(f"stage {name}: {exc}")
+            continue
         here = {}
+        to_hf = hf_names(stage.engine.module, model)
         for pname, p in stage.engine.module.named_parameters():
             shape = list(getattr(p, "ds_shape", p.shape))  # ZeRO 3 keeps only a partition in p
             if getattr(p, "tensor_model_parallel", False) and current["stages"][name]["tp"] > 1:
                 shape[p.partition_dim] = p.partition_full_size
-            here[pname] = shape
-        if set(saved) != set(here):
-            missing, extra = sorted(set(saved) - set(here)), sorted(set(here) - set(saved))
+            here[to_hf[pname]] = shape
+        # a pipeline chunk holds a part of the stage: its names are among the saved ones, and the
+        # saved ones among the model's (every rank checks its chunk, so together they cover the stage)
+        missing = sorted(set(saved) - set(here)) if not stage.pipeline else sorted(set(saved) - model_names)
+        extra = sorted(set(here) - set(saved))
+        if missing or extra:
             reasons.append(f"stage {name}: not the same model (saved only: {missing[:3]}, current only: {extra[:3]})")
         else:
-            bad = [n for n in here if here[n] != saved[n]["shape"]]
+            bad = [n for n in here if here[n] != saved[n]]
             if bad:
-                reasons.append(f"stage {name}: not the same model ({bad[0]}: saved {saved[bad[0]]['shape']}, "
+                reasons.append(f"stage {name}: not the same model ({bad[0]}: saved {saved[bad[0]]}, "
                                f"current {here[bad[0]]})")
     if not reasons:
         return None
@@ -123,7 +135,8 @@ def refusal(manifest: dict[str, Any], current: dict[str, Any], ckpt_dir: str, st
     return f"checkpoint {ckpt_dir} cannot be loaded into this layout: {'; '.join(reasons)}\n{layouts}"
 
 
-def load_checkpoint(stages, load_dir: str | os.PathLike, tag: str | None, data: dict[str, Any]) -> tuple[str, int]:
+def load_checkpoint(stages, load_dir: str | os.PathLike, tag: str | None, data: dict[str, Any],
+                    model) -> tuple[str, int]:
     """Load DIR (its `latest`, or `tag`) into the stages, whatever layout saved it; all ranks call it.
 
     Returns (the tag, the saved step). `data` is the current loader's position: a warning says
@@ -136,7 +149,7 @@ def load_checkpoint(stages, load_dir: str | os.PathLike, tag: str | None, data: 
         tag = resolve_tag(load_dir, tag)
         manifest = read_manifest(load_dir, tag)
         ckpt_dir = os.path.join(load_dir, tag)
-        problem = refusal(manifest, facts, ckpt_dir, stages)
+        problem = refusal(manifest, facts, ckpt_dir, stages, model)
     except (OSError, ValueError, KeyError) as exc:
         problem = f"{type(exc).__name__}: {exc}" if isinstance(exc, KeyError) else str(exc)
     _agree(stages, problem, "read the checkpoint")
@@ -144,15 +157,16 @@ def load_checkpoint(stages, load_dir: str | os.PathLike, tag: str | None, data: 
     if same_layout(manifest, facts):
         for stage in stages.held:
             with stage.context():
-                path, _ = stage.engine.load_checkpoint(os.path.join(ckpt_dir, stage.name), tag=tag)
+                path, _ = stage.engine.load_checkpoint(stage_dir(ckpt_dir, stage), tag=tag)
             if path is None:
-                raise CheckpointError(f"DeepSpeed found no checkpoint in {os.path.join(ckpt_dir, stage.name, tag)}")
+                raise CheckpointError(f"DeepSpeed found no checkpoint in {os.path.join(stage_dir(ckpt_dir, stage), tag)}")
     else:
         _convert(stages, ckpt_dir, manifest)
         for stage in stages.held:
             state = stage_full_state(ckpt_dir, stage.name, manifest)
+            to_hf = hf_names(stage.engine.module, model)  # the cache is keyed by the model's names
             with stage.context():
-                apply_full_state(stage.engine, dict(stage.engine.module.named_parameters()), state,
+                apply_full_state(stage.engine, {to_hf[n]: p for n, p in stage.engine.module.named_parameters()}, state,
                                  stage.coord.tp, stage.layout.tp, saved_stage_zero(facts, stage.name))
     _warn_if_data_differs(stages.rank, manifest["data"], data)
     dist.barrier(group=stages.boundary_group)

@@ -31,7 +31,8 @@ def config(layout, zero, placement="colocated", batch_size=8, micro_batches=2):
 
 @torch.no_grad()
 def live_full_state(engine):
-    """{hf_name: {"fp32", "exp_avg", "exp_avg_sq", "step"}} of the stages whose first rank this is."""
+    """{hf_name: {"fp32", "exp_avg", "exp_avg_sq", "step"}} of the stages (or pipeline chunks) whose
+    first rank this is."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
     from ds_hetero.tensor_parallel import gather_full
@@ -41,7 +42,7 @@ def live_full_state(engine):
     for stage, e in engine.engines.items():
         tp_group = engine.groups[stage].tp
         zero = e.zero_optimization_stage()
-        first = engine.rank == engine.config.stages[stage].ranks[0]
+        first = engine.rank == engine.stages[stage].norm_rank  # with a pipeline: its chunk's first rank
         for p in e.module.parameters():
             optimized = hasattr(p, "_hp_mapping") if zero else p in e.optimizer.state
             if not optimized:  # not in the optimizer (never gets a gradient): weights only
@@ -61,9 +62,9 @@ def live_full_state(engine):
     return out
 
 
-def continue_single_process(state, batches, family="llava", clip=1.0, moments=True):
+def continue_single_process(state, batches, family="llava", clip=1.0, moments=True, **model_kw):
     """Losses of a plain HF model + torch AdamW started from `state` (moments=False: a negative control)."""
-    model = build_model(family, seed=123)  # other weights: the state must overwrite them all
+    model = build_model(family, seed=123, **model_kw)  # other weights: the state must overwrite them all
     params = dict(model.named_parameters())
     assert set(params) == set(state), (set(params) ^ set(state))
     opt = make_optimizer(list(model.parameters()))
