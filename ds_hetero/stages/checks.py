@@ -30,6 +30,13 @@ def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) 
                 field, f"stage {name!r}: ZeRO stage 3 is not supported with placement {cfg.placement!r}: "
                 "DeepSpeed's ZeRO-3 parameter trace check broadcasts over the world group from inside each stage's "
                 "forward, which the other stage never joins; use stage 1 or 2 (or placement \"colocated\")")
+        encoder = name != cfg.language.name and not cfg.options_of(name).frozen
+        if cfg.placement == "first_stage" and zero == 3 and encoder:
+            raise HeteroConfigError(
+                field, f"stage {name!r}: ZeRO stage 3 is not supported on an encoder in placement \"first_stage\": "
+                "the encoder runs on the first pipeline stage's ranks only, and DeepSpeed's ZeRO-3 optimizer calls a "
+                "barrier over the world group while it is built (stage3.py, partitioning its parameters), which the "
+                "other ranks never join; give the encoder \"zero_stage\": 1 or 2 (the language stage may keep 3)")
     check_stage_options(cfg)
     from ..models import known_encoder_stages
 

@@ -61,7 +61,8 @@ def zero3_layouts(rank, world_size):
     """ZeRO 3 on every stage with a pipelined language stage: pp2 dp2 (vision dp4: its four passes'
     backwards run back to back) with eval_batch, pp4 (1F1B's cool-down runs back-to-back
     backwards), pp2 cp2 (with the dp x cp partitioning of stages/zero3_sequence.py), first_stage
-    (the encoder on pipeline stage 0's ranks only), and the negative control (one launch).
+    with ZeRO 3 on the language stage (the encoder on pipeline stage 0's ranks only, ZeRO 1: see
+    stages/checks.py), and the negative control (one launch).
 
     DeepSpeed numbers ZeRO-3 parameters and modules with process-wide counters (`Init.param_id`,
     the default argument `count` of `DeepSpeedZeRoOffload._register_deepspeed_module`) and its
@@ -80,9 +81,9 @@ def zero3_layouts(rank, world_size):
             layout={"vision": {"tp": 2, "dp": 2}, "language": {"dp": 1, "pp": 4}}, zero_stage=3, optimizer="sgd"),
         "vision dp4 + language pp2cp2 zero3 adamw": dict(
             layout={"vision": {"dp": 4}, "language": {"cp": 2, "dp": 1, "pp": 2}}, zero_stage=3),
-        "first_stage vision tp2 + language pp2tp2 zero3 adamw": dict(
-            layout={"vision": {"tp": 2, "dp": 1}, "language": {"tp": 2, "dp": 1, "pp": 2}}, zero_stage=3,
-            placement="first_stage"),
+        "first_stage vision tp2 zero1 + language pp2tp2 zero3 adamw": dict(
+            layout={"vision": {"tp": 2, "dp": 1, "zero_stage": 1}, "language": {"tp": 2, "dp": 1, "pp": 2}},
+            zero_stage=3, placement="first_stage"),
         ZERO3_CONTROL: dict(layout={"vision": {"dp": 4}, "language": {"dp": 2, "pp": 2}}, zero_stage=3,
                             optimizer="sgd", steps=2, inspect=uncounted_backwards),
     }
