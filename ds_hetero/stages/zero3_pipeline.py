@@ -27,7 +27,9 @@ engine's coordinator gets an instance-level `reset_step` that puts the group's v
 the duration of the call and restores the original after it (single-threaded, so no other caller
 sees it). It is applied to every engine of a pipelined run: an encoder in first_stage placement
 runs on pipeline stage 0's ranks only, where a world broadcast would hang the same way.
-Without a pipeline nothing changes.
+Without a pipeline nothing changes. Cost: the trace is re-recorded (and checked) whenever the
+order of fetches differs between two forwards, which 1F1B and the encoders' phases make common;
+DeepSpeed's own check would run as often, over the world.
 
 Micro-steps: ZeRO 3 accumulates a parameter's gradient partition by copy while
 `micro_step_id == 0` and by addition after it (stage3.py, `partition_grads`), and 0.19 increments
