@@ -6,8 +6,7 @@ stages one after the other, each sending its hidden states to the next with a bl
 point-to-point send in the pp group (evaluation has no backward to overlap, so no 1F1B).
 With cp or sequence parallelism each rank sends its sequence shard (pipeline_shapes.py).
 The last pipeline stage's tp rank 0 of every cp shard of every dp replica holds its share of
-the loss sum; one
-all-reduce over the boundary group gives every rank the loss.
+the loss sum; one all-reduce over the boundary group gives every rank the loss.
 """
 
 from __future__ import annotations
