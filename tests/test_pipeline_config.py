@@ -68,9 +68,10 @@ def test_config_pipeline_placements():
      "first pipeline stage"),
     ({"vision": {"dp": 2, "ranks": [0, 1]}, "language": {"dp": 2, "pp": 2}}, {"placement": "first_stage"},
      "stages.vision.ranks", "remove the key"),
-    ({"vision": {"dp": 4}, "language": {"dp": 1, "cp": 2, "pp": 2}}, {}, "stages.language.pp", "sequence-sharded"),
-    ({"vision": {"dp": 4}, "language": {"dp": 2, "pp": 2}}, {"zero3": True}, "zero_optimization.stage",
-     "ZeRO stage 3 with a pipelined"),
+    ({"vision": {"dp": 2, "ranks": [0, 1]}, "language": {"dp": 1, "pp": 2, "ranks": [2, 3]}},
+     {"placement": "disaggregated", "zero3": True}, "zero_optimization.stage", "placement 'disaggregated'"),
+    ({"vision": {"tp": 2, "dp": 1}, "language": {"tp": 2, "dp": 1, "pp": 2}},
+     {"placement": "first_stage", "zero3": True}, "zero_optimization.stage", "encoder in placement \"first_stage\""),
 ])
 def test_rejections_name_the_field(stages, section, field, match):
     zero3 = section.pop("zero3", False)

@@ -54,6 +54,11 @@ class PipelineChunk(nn.Module):
             chunk._modules["embed_tokens"] = None  # the decoder embeds nothing: it gets inputs_embeds
         self.decoder = chunk
         self.embed = decoder.get_input_embeddings() if self.is_first else None
+        # The language stage's own embedding step (LanguageStage.embed: a family's id mapping, and
+        # under sequence parallelism the vocabulary-parallel lookup that leaves this rank its tp
+        # chunk, whose ids say where the rows go). A bound method, not a submodule: the chunk
+        # must not hold the other chunks' parameters.
+        self._embed_rows = stage.embed if self.is_first else None
         self.lm_head = stage.lm_head if self.is_last else None
 
     def forward(
@@ -65,16 +70,10 @@ class PipelineChunk(nn.Module):
         n_placeholders: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """First chunk: `input_ids` [b, s] and each encoder's rows; others: hidden [b, s, H].
-        Returns hidden [b, s, H], or logits on the last chunk."""
+        Returns hidden [b, s, H], or logits on the last chunk. With sequence shards s is this
+        rank's shard (the ids: the cp chunk; hidden: its tp sub-chunk under sequence parallelism)."""
         if self.is_first:
-            embeds = self.embed(hidden_or_ids)
-            for e, (token_id, these) in enumerate(zip(self.token_ids, rows, strict=True)):
-                placeholder = hidden_or_ids == token_id
-                n = int(placeholder.sum()) if n_placeholders is None else n_placeholders[e]
-                if n != these.shape[0]:
-                    raise ValueError(f"input_ids hold {n} image placeholder tokens (id {token_id}) but "
-                                     f"{these.shape[0]} image rows arrived")
-                embeds = embeds.masked_scatter(placeholder.unsqueeze(-1), these.to(embeds.dtype))
+            embeds = self._embed_rows(hidden_or_ids, rows, n_placeholders)
         else:
             embeds = hidden_or_ids
         hidden = self.decoder(inputs_embeds=embeds, attention_mask=attention_mask,

@@ -12,7 +12,9 @@ One step, in three phases, on every rank in the same order (a pure function of t
    and receives that keeps blocking point-to-point deadlock-free). Activations go to the next
    pipeline stage and input gradients back to the previous one, point to point in the pp group
    (`isend` / blocking `recv`; every rank knows each tensor's shape from the plan: [b, s, H] of
-   its dp share of the micro-batch). Only the rank pairs of one pp group talk, so ranks of
+   its dp share of the micro-batch, or with cp / sequence parallelism its sequence shard,
+   pipeline_shapes.py; the last stage's loss is over that shard, labels shifted on the full
+   sequence, as in pp 1). Only the rank pairs of one pp group talk, so ranks of
    different pipeline stages are never asked to join the same collective at different times.
 3. encoders again: every pass's row gradients (from the first pipeline stage) go back through
    the boundary, then the encoder's backward.
@@ -50,7 +52,9 @@ import torch
 import torch.distributed as dist
 
 from ..loss import token_loss_sum
+from ..stages.zero3_pipeline import count_backward
 from ..step.plan import StepPlan
+from .pipeline_shapes import hidden_shape as shard_shape
 from .stage_work import StageWork
 
 
@@ -70,6 +74,14 @@ class PipelineSchedule(StageWork):
             loss_sum, row_grads = self._pipeline(samples, plan, arrived, n_labels, step)
         self._encoder_backwards(plan, sources, row_grads, step)
         return loss_sum
+
+    def micro_step(self, stage, index: int) -> None:
+        """After every backward but a stage's last: backwards run back to back here (1F1B's
+        cool-down, the encoders' phase 3), so ZeRO 3 must count each one now
+        (stages/zero3_pipeline.py), then DeepSpeed's micro-step."""
+        if index < stage.passes - 1:
+            count_backward(stage.engine)
+        super().micro_step(stage, index)
 
     def _inline(self) -> bool:
         """Whether every encoder's exchange leaves out the later pipeline stages (first_stage and
@@ -142,13 +154,13 @@ class PipelineSchedule(StageWork):
         def micro_batch(m):
             if m not in state:
                 mine = [samples[p] for p in plan.language_samples(coord.dp, m)]
-                batch, counts, _ = self.language_batch(mine)
-                state[m] = {"batch": batch, "counts": counts}
+                batch, counts, sharded = self.language_batch(mine)
+                state[m] = {"batch": batch, "counts": counts, "sharded": sharded}
             return state[m]
 
-        def hidden_shape(m):
-            ids = micro_batch(m)["batch"]["input_ids"]
-            return (*ids.shape, self.adapter.hidden_size)
+        def hidden_shape(m):  # this rank's sequence shard of the hidden states (pipeline_shapes.py)
+            s = micro_batch(m)
+            return shard_shape(language.layout, s["batch"], s["sharded"], self.adapter.hidden_size)
 
         for cmds in ds.TrainSchedule(micro_batches=plan.micro_batches, stages=pp, stage_id=coord.pp).steps():
             for cmd in cmds:
@@ -174,7 +186,7 @@ class PipelineSchedule(StageWork):
                         else:
                             out = language(s["input"], (), batch["attention_mask"], batch["position_ids"])
                         if nxt is None:
-                            out = token_loss_sum(out, batch["labels"], self.lm_head)
+                            out = token_loss_sum(out, batch["labels"], self.lm_head, shifted=s["sharded"])
                     s["output"] = out
                 elif isinstance(cmd, ds.SendActivation):
                     m = of_buffer[cmd.buffer_id]

@@ -4,8 +4,9 @@ The same loss and the same cut into micro-batches as schedule/evaluation.py; per
 every encoder's forward and exchange (to the first pipeline stage only), then the pipeline
 stages one after the other, each sending its hidden states to the next with a blocking
 point-to-point send in the pp group (evaluation has no backward to overlap, so no 1F1B).
-The last pipeline stage's tp rank 0 of every dp replica holds its share of the loss sum; one
-all-reduce over the boundary group gives every rank the loss.
+With cp or sequence parallelism each rank sends its sequence shard (pipeline_shapes.py).
+The last pipeline stage's tp rank 0 of every cp shard of every dp replica holds its share of
+the loss sum; one all-reduce over the boundary group gives every rank the loss.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from ..loss import label_token_count, token_loss_sum
 from ..step.plan import StepPlan
 from .evaluation import EvaluationSchedule
+from .pipeline_shapes import hidden_shape
 
 
 class PipelineEvaluationSchedule(EvaluationSchedule):
@@ -50,16 +52,16 @@ class PipelineEvaluationSchedule(EvaluationSchedule):
         coord, pp = language.coord, language.layout.pp
         neighbours, group = language.groups.ranks_of["pp"], language.groups.pp
         mine = [samples[p] for p in plan.language_samples(coord.dp, m)]
-        batch, counts, _ = self.language_batch(mine)
+        batch, counts, sharded = self.language_batch(mine)
         args = (batch["attention_mask"], batch["position_ids"])
         if coord.pp == 0:
             out = language(batch["input_ids"], tuple(rows_in), *args, n_placeholders=counts)
         else:
-            x = torch.empty((*batch["input_ids"].shape, self.adapter.hidden_size), dtype=self.stages.dtype,
-                            device=self.stages.device)
+            x = torch.empty(hidden_shape(language.layout, batch, sharded, self.adapter.hidden_size),
+                            dtype=self.stages.dtype, device=self.stages.device)
             dist.recv(x, neighbours[coord.pp - 1], group=group)
             out = language(x, (), *args)
         if coord.pp < pp - 1:
             dist.send(out.contiguous(), neighbours[coord.pp + 1], group=group)
             return torch.zeros((), dtype=torch.float64, device=self.stages.device)
-        return token_loss_sum(out, batch["labels"], self.lm_head).double()
+        return token_loss_sum(out, batch["labels"], self.lm_head, shifted=sharded).double()

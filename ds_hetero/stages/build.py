@@ -31,6 +31,7 @@ from ..topology.mpu import StageMPU, stage_context
 from ..weights import load_stages
 from .clipping import check_supported
 from .stage_set import Stage, StageSet
+from .zero3_pipeline import confine_trace_check
 from .zero3_sequence import correct_sequence_average, partition_over_sequence_shards
 
 
@@ -71,6 +72,8 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
             if stage.trains:
                 check_supported(stage.engine, name)
                 correct_sequence_average(stage.engine, layout.cp)
+            if language.pp > 1:  # ZeRO 3: each engine's trace check over its own ranks, not the world
+                confine_trace_check(stage.engine, groups[name].dp_cp)
         stages[name] = stage
     first = next(s for s in stages.values() if s.held)
     param = next(first.engine.module.parameters())

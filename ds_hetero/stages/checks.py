@@ -30,6 +30,13 @@ def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) 
                 field, f"stage {name!r}: ZeRO stage 3 is not supported with placement {cfg.placement!r}: "
                 "DeepSpeed's ZeRO-3 parameter trace check broadcasts over the world group from inside each stage's "
                 "forward, which the other stage never joins; use stage 1 or 2 (or placement \"colocated\")")
+        encoder = name != cfg.language.name and not cfg.options_of(name).frozen
+        if cfg.placement == "first_stage" and zero == 3 and encoder:
+            raise HeteroConfigError(
+                field, f"stage {name!r}: ZeRO stage 3 is not supported on an encoder in placement \"first_stage\": "
+                "the encoder runs on the first pipeline stage's ranks only, and DeepSpeed's ZeRO-3 optimizer calls a "
+                "barrier over the world group while it is built (stage3.py, partitioning its parameters), which the "
+                "other ranks never join; give the encoder \"zero_stage\": 1 or 2 (the language stage may keep 3)")
     check_stage_options(cfg)
     from ..models import known_encoder_stages
 
@@ -40,7 +47,6 @@ def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) 
             f"hetero_parallel.stages.{extra[0]}",
             f"no model adapter has an {extra[0]!r} encoder stage yet (they have {', '.join(known)}); remove it")
     check_sequence_shards(cfg, cfg.zero_stage_of(cfg.language.name))
-    check_pipeline(cfg, cfg.zero_stage_of(cfg.language.name))
     if "optimizer" not in ds and not has_client_optimizer:
         raise HeteroConfigError(
             "optimizer", 'missing; every stage engine builds its optimizer from it, e.g. '
@@ -89,23 +95,6 @@ def check_sequence_shards(cfg: HeteroConfig, zero: int) -> None:
             "false with ZeRO stage 3 on a context-parallel language stage: DeepSpeed 0.19's ZeRO-3 averages the cp "
             "shards' gradients over dp x cp on its reduce-scatter path, which ds_hetero corrects, and its other paths "
             "differ; remove the key (default true)")
-
-
-def check_pipeline(cfg: HeteroConfig, zero: int) -> None:
-    """What a pipelined language stage (pp > 1) runs with today."""
-    language = cfg.language
-    if language.pp == 1:
-        return
-    field = "hetero_parallel.stages.language.pp"
-    if zero == 3:
-        raise HeteroConfigError(
-            "zero_optimization.stage", "ZeRO stage 3 with a pipelined language stage (pp > 1) is not supported: each "
-            "pipeline stage's engine would gather its parameters around point-to-point sends it does not see; use "
-            "ZeRO stage 0, 1 or 2")
-    if language.cp > 1 or language.sequence_parallel:
-        raise HeteroConfigError(
-            field, f"got {language.pp} with a sequence-sharded language stage (cp > 1 or sequence_parallel): "
-            "pipeline stages with sequence shards are not supported yet; use pp 1 or cp 1 without sequence_parallel")
 
 
 def check_pipeline_model(cfg: HeteroConfig, model) -> None:
