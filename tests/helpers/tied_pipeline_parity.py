@@ -1,0 +1,80 @@
+"""Shared by the tied-embedding pipeline tests: layouts of a tied model with a pipelined language
+stage trained against the single-process Hugging Face reference, both copies of the tied weight,
+and the negative controls."""
+
+from tests.helpers.pipeline_parity import FOUR_LAYERS, run_layouts
+
+TIED = {**FOUR_LAYERS, "tie_word_embeddings": True}
+TIED_NAME = {"llava": "model.language_model.embed_tokens.weight", "qwen2_vl": "model.language_model.embed_tokens.weight"}
+
+
+def tied_copies(family):
+    """`after` hook: this rank's copy of the tied weight (full, gathered over tp) as plain numbers,
+    with whether it is the head's copy (last pipeline stage); None where the rank holds neither."""
+    def after(engine, initial, got, results):
+        language = engine.stages.language
+        copy = language.tied if language.held else None
+        if copy is None:
+            return {"tied_copy": None}
+        return {"tied_copy": dict(shared=copy.shared, value=got[TIED_NAME[family]].tolist(),
+                                  own_group=_own_param_group(language.engine, copy.param))}
+    return after
+
+
+def _own_param_group(engine, param):
+    """Whether the optimizer holds the copy in a param group of its own (what ZeRO 1/2 need)."""
+    groups = getattr(engine.optimizer, "param_groups", [])
+    opt = getattr(engine.optimizer, "optimizer", None)
+    groups = opt.param_groups if opt is not None and not groups else groups
+    bit16 = getattr(engine.optimizer, "bit16_groups", None)
+    if bit16 is not None:
+        return any(len(g) == 1 and g[0] is param for g in bit16)
+    return any(len(g["params"]) == 1 and g["params"][0] is param for g in groups)
+
+
+def _no_tied_sum(engine, batches):
+    """Negative control: the copies' gradients are not summed over the embedding group."""
+    from ds_hetero.schedule import pipeline
+
+    pipeline.reduce_tied_gradients = lambda stage: None
+    return {}
+
+
+def _norm_counts_both(engine, batches):
+    """Negative control: the head's copy is counted in the gradient norm too (the tie twice)."""
+    from ds_hetero.stages import clipping, tied_embeddings
+
+    clipping.is_shared_copy = tied_embeddings.is_shared_copy = lambda p: False
+    return {}
+
+
+def run_tied_layouts(rank, world_size, runs):
+    """run_layouts for tied models, undoing the controls' patches after each run."""
+    from ds_hetero.schedule import pipeline
+    from ds_hetero.stages import clipping, tied_embeddings
+
+    saved = (pipeline.reduce_tied_gradients, tied_embeddings.is_shared_copy)
+    out = {}
+    for name, kw in runs.items():
+        family = kw.get("family", "llava")
+        control = {"no_sum": _no_tied_sum, "norm_twice": _norm_counts_both}.get(kw.pop("control", None))
+        kw = {"model_kw": TIED, "after": tied_copies(family), **kw}
+        if control is not None:
+            kw["inspect"] = control
+        try:
+            out.update(run_layouts(rank, world_size, {name: kw}))
+        finally:
+            pipeline.reduce_tied_gradients, tied_embeddings.is_shared_copy = saved
+            clipping.is_shared_copy = saved[1]
+    return out
+
+
+def quick(rank, world_size):
+    import os
+
+    which = os.environ.get("TIED_QUICK", "pp2dp2")
+    runs = {
+        "pp2dp2": dict(layout={"vision": {"dp": 4}, "language": {"dp": 2, "pp": 2}}, zero_stage=1, steps=2),
+        "pp2tp2": dict(layout={"vision": {"dp": 4}, "language": {"tp": 2, "dp": 1, "pp": 2}}, zero_stage=2, steps=2),
+    }
+    return run_tied_layouts(rank, world_size, {which: runs[which]})
