@@ -78,3 +78,58 @@ def quick(rank, world_size):
         "pp2tp2": dict(layout={"vision": {"dp": 4}, "language": {"tp": 2, "dp": 1, "pp": 2}}, zero_stage=2, steps=2),
     }
     return run_tied_layouts(rank, world_size, {which: runs[which]})
+
+
+def save_pretrained_tied(rank, world_size, tmp):
+    """Tied LLaVA, language pp2 tp2 + vision dp4: train 2 steps, save_pretrained; on rank 0 read it
+    back with from_pretrained and compare with every rank's live weights and with the live
+    weights' logits (a model loaded with them by load_state_dict)."""
+    import copy
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from safetensors import safe_open
+    from transformers import AutoModelForImageTextToText
+
+    import ds_hetero
+    from ds_hetero.testing.parity import build_model, full_named_parameters, hf_inputs, make_batches
+
+    model = build_model("llava", seed=7, **TIED)
+    untrained = copy.deepcopy(model).eval()
+    config = {"train_batch_size": 16, "zero_optimization": {"stage": 2}, "gradient_clipping": 0.3,
+              "zero_allow_untested_optimizer": True, "steps_per_print": 10**6,
+              "hetero_parallel": {"micro_batches": 4, "stages": {"vision": {"dp": 4},
+                                                                  "language": {"tp": 2, "dp": 1, "pp": 2}}}}
+    engine = ds_hetero.initialize(model, config, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
+    train, held_out = make_batches("llava", model, 2, 16, seed=40)
+    engine.train_batch(train)
+    engine.save_pretrained(tmp)
+    parts = [None] * world_size
+    dist.all_gather_object(parts, full_named_parameters(engine))
+    out = {}
+    if rank == 0:
+        live = {k: v for p in parts for k, v in p.items()}
+        loaded = AutoModelForImageTextToText.from_pretrained(tmp, dtype=torch.float32).eval()
+        params = dict(loaded.named_parameters())
+        base = dict(untrained.named_parameters())
+        trained = copy.deepcopy(untrained)
+        trained.load_state_dict(live, strict=False)
+        kw = hf_inputs("llava", untrained, held_out)
+        with torch.no_grad():
+            logits_diff = (loaded(**kw).logits - trained(**kw).logits).abs().max().item()
+        keys = []
+        for f in sorted(os.listdir(tmp)):
+            if f.endswith(".safetensors"):
+                with safe_open(os.path.join(tmp, f), "pt") as handle:
+                    keys += list(handle.keys())
+        out = dict(
+            names=sorted(live) == sorted(params) == sorted(base),
+            diff=max((params[k].detach() - v).abs().max().item() for k, v in live.items()),
+            control=max((base[k].detach() - v).abs().max().item() for k, v in live.items()),
+            reloaded_tied=loaded.lm_head.weight is loaded.get_input_embeddings().weight,
+            tied_keys=sorted(k for k in keys if "embed_tokens" in k or "lm_head" in k),
+            logits_diff=logits_diff)
+    engine.groups.destroy()
+    dist.barrier()
+    return out
