@@ -16,7 +16,8 @@ copies on the first and the last pipeline stage are equal to the bit. Layouts on
 Negative controls: the gradients not summed over the embedding group (the first stage's copy
 misses the head's gradient: weights far off, copies differ); the head's copy counted in the norm
 too (norms off). `save_pretrained` at pp2 tp2 writes the tie once and `from_pretrained` gives a
-tied model with the live weights.
+tied model with the live weights; that checkpoint read per shard (`weights=`) gives each rank
+its copy, which stays equal to the other after a step.
 """
 
 import pytest
@@ -109,10 +110,21 @@ def test_tied_qwen2_vl_pipeline_matches_single_process_reference():
 
 def test_tied_pipeline_save_pretrained(tmp_path):
     """pp2 tp2: one tensor for the tie (written by the first pipeline stage), `from_pretrained`
-    gives a tied model whose weights are every rank's live weights, and logits equal."""
+    gives a tied model whose weights are every rank's live weights, and logits equal; per-shard
+    loading of that checkpoint gives both copies."""
     from tests.helpers.tied_pipeline_parity import save_pretrained_tied
 
-    r = run_distributed(save_pretrained_tied, world_size=4, timeout=900, tmp=str(tmp_path))[0]
+    results = run_distributed(save_pretrained_tied, world_size=4, timeout=900, tmp=str(tmp_path))
+    # read back per shard (weights=) into the same layout: each rank's weights exactly the live
+    # ones, the tied copy is the parameter its pipeline stage holds after the load (ranks 0, 1:
+    # the embedding's; 2, 3: the head's), and one step later the copies are still equal
+    for rank, r in enumerate(results):
+        reload = r["reload"]
+        assert reload["same_names"] and reload["weight_diff"] == 0.0, (rank, reload)
+        assert reload["copy_is_held"], (rank, reload)
+    r = results[0]
+    copies = r["copies_after_reload_step"]
+    assert len(copies) == 4 and all(c == copies[0] for c in copies), "the reloaded copies differ after a step"
     # one tensor for the tie, under the checkpoint format's embedding name (transformers drops lm_head)
     assert len(r["tied_keys"]) == 1 and r["tied_keys"][0].endswith("embed_tokens.weight"), r
     assert r["reloaded_tied"], r

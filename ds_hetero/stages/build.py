@@ -48,16 +48,16 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
     modules = adapter.split()
     held = [name for name, layout in cfg.stages.items() if layout.contains(rank)]
     language = cfg.language
-    tied, copy = is_tied(model), None
+    tied = is_tied(model)  # before the cut: on the full model, the same on every rank
     if language.pp > 1:
         if language.contains(rank):  # this rank's pipeline stage only; the others' layers go to meta
             cut = layer_cut(len(modules[LANGUAGE].language_model.layers), language.pp, cfg.pp_layers)
             modules[LANGUAGE] = cut_language_stage(modules[LANGUAGE], language.coord(rank).pp, language.pp, cut)
-        # a tied embedding: one copy on the first pipeline stage, one on the last (collective: every rank)
-        copy = tied_copy(language, rank, groups.cache,
-                         modules[LANGUAGE] if language.contains(rank) else None, tied)
     load_report = None if checkpoint is None else load_stages(
         model, {n: modules[n] for n in held}, {n: (groups[n].coord.tp, cfg.stages[n].tp) for n in held}, checkpoint)
+    # a tied embedding with pp > 1: one copy on the first pipeline stage, one on the last (after the
+    # load, which replaces parameter objects; collective: every rank builds the embedding group)
+    copy = tied_copy(language, rank, groups.cache, modules[LANGUAGE] if language.contains(rank) else None, tied)
     stages = {}
     for name, layout in cfg.stages.items():  # same order on every rank: deepspeed.initialize is collective
         trainable = trainable_parameters(modules[name])  # the same on every rank: flags set before any rank differs

@@ -105,8 +105,12 @@ def save_pretrained_tied(rank, world_size, tmp):
     train, held_out = make_batches("llava", model, 2, 16, seed=40)
     engine.train_batch(train)
     engine.save_pretrained(tmp)
+    mine = full_named_parameters(engine)
     parts = [None] * world_size
-    dist.all_gather_object(parts, full_named_parameters(engine))
+    dist.all_gather_object(parts, mine)
+    reloaded = _per_shard_reload(tmp, config, mine, held_out)
+    copies = [None] * world_size
+    dist.all_gather_object(copies, reloaded.pop("copy_after_step"))
     out = {}
     if rank == 0:
         live = {k: v for p in parts for k, v in p.items()}
@@ -129,7 +133,33 @@ def save_pretrained_tied(rank, world_size, tmp):
             control=max((base[k].detach() - v).abs().max().item() for k, v in live.items()),
             reloaded_tied=loaded.lm_head.weight is loaded.get_input_embeddings().weight,
             tied_keys=sorted(k for k in keys if "embed_tokens" in k or "lm_head" in k),
-            logits_diff=logits_diff)
+            logits_diff=logits_diff, copies_after_reload_step=[c for c in copies if c is not None])
     engine.groups.destroy()
     dist.barrier()
+    return {**out, "reload": reloaded}
+
+
+def _per_shard_reload(tmp, config, live, samples):
+    """The saved checkpoint read per shard (`weights=`, from a meta model) into the same layout:
+    its weights equal the live ones, the tied copy is the parameter the pipeline stage holds
+    after the load, and after one step its copy (gathered over tp) is returned for comparison."""
+    import torch
+
+    import ds_hetero
+    from ds_hetero.testing.parity import full_named_parameters
+
+    engine = ds_hetero.initialize(ds_hetero.meta_model(tmp), config, weights=tmp,
+                                  optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
+    got = full_named_parameters(engine)
+    out = {"weight_diff": max((got[k] - v).abs().max().item() for k, v in live.items()),
+           "same_names": sorted(got) == sorted(live)}
+    language = engine.stages.language
+    copy, chunk = language.tied, language.module
+    if copy is not None:
+        held = chunk.embed.weight if chunk.is_first else chunk.lm_head.weight
+        out["copy_is_held"] = copy.param is held
+    engine.train_batch(samples)
+    after = full_named_parameters(engine)
+    out["copy_after_step"] = None if copy is None else after[TIED_NAME["llava"]].tolist()
+    engine.groups.destroy()
     return out
