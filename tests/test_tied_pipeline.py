@@ -12,6 +12,7 @@ copies on the first and the last pipeline stage are equal to the bit. Layouts on
     tied LLaVA, vision dp4 + language pp2 dp2, ZeRO 1, AdamW
     tied LLaVA, vision dp4 + language pp2 tp2 (vocabulary-parallel embedding and head), ZeRO 2, SGD
     tied LLaVA, vision tp2 dp2 + language pp4 (middle pipeline stages hold no copy), ZeRO 0, SGD
+    tied LLaVA, disaggregated: vision dp1 on rank 0 + language pp3 on ranks 1-3, ZeRO 1, AdamW
     tied Qwen2-VL, vision dp4 + language pp2 dp2 (variable image tokens, text-only samples), ZeRO 2, AdamW
 Negative controls: the gradients not summed over the embedding group (the first stage's copy
 misses the head's gradient: weights far off, copies differ); the head's copy counted in the norm
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.distributed
 RTOL = 1e-5
 ATOL = 1e-6
 CLIP = 0.3
+DISAGG = "tied disaggregated vision dp1 rank 0 + language pp3 ranks 1-3 zero1 adamw"
 NO_SUM = "control: pp2dp2 copies' gradients not summed"
 NORM_TWICE = "control: pp2dp2 head's copy counted in the norm"
 
@@ -43,6 +45,8 @@ def _llava(rank, world_size):
             layout={"vision": {"dp": 4}, "language": {"tp": 2, "dp": 1, "pp": 2}}, zero_stage=2, optimizer="sgd"),
         "tied vision tp2dp2 + language pp4 zero0 sgd": dict(
             layout={"vision": {"tp": 2, "dp": 2}, "language": {"dp": 1, "pp": 4}}, zero_stage=0, optimizer="sgd"),
+        DISAGG: dict(
+            layout={"vision": {"dp": 1}, "language": {"dp": 1, "pp": 3}}, zero_stage=1, placement="disaggregated"),
         NO_SUM: dict(layout={"vision": {"dp": 4}, "language": {"dp": 2, "pp": 2}}, zero_stage=1, optimizer="sgd",
                      steps=2, control="no_sum"),
         NORM_TWICE: dict(layout={"vision": {"dp": 4}, "language": {"dp": 2, "pp": 2}}, zero_stage=1,
@@ -94,6 +98,8 @@ def test_tied_llava_pipeline_matches_single_process_reference():
             _check_parity(results, name)
     # pp4: ranks 0 (first) and 3 (last) hold the copies; the middle pipeline stages none
     assert [rank for rank, _, _ in _copies(results, "tied vision tp2dp2 + language pp4 zero0 sgd")] == [0, 3]
+    # disaggregated pp3: ranks 1 (first) and 3 (last); rank 0 holds the encoder only
+    assert [rank for rank, _, _ in _copies(results, DISAGG)] == [1, 3]
     # negative control 1: without the sum the first stage's copy misses the head's gradient
     no_sum = _copies(results, NO_SUM)
     assert any(v != no_sum[0][2] for _, _, v in no_sum), "unsummed copies stayed equal: the check cannot fail"
