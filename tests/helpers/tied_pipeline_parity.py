@@ -22,14 +22,11 @@ def tied_copies(family):
 
 
 def _own_param_group(engine, param):
-    """Whether the optimizer holds the copy in a param group of its own (what ZeRO 1/2 need)."""
-    groups = getattr(engine.optimizer, "param_groups", [])
-    opt = getattr(engine.optimizer, "optimizer", None)
-    groups = opt.param_groups if opt is not None and not groups else groups
-    bit16 = getattr(engine.optimizer, "bit16_groups", None)
-    if bit16 is not None:
-        return any(len(g) == 1 and g[0] is param for g in bit16)
-    return any(len(g["params"]) == 1 and g["params"][0] is param for g in groups)
+    """Whether the optimizer holds the copy in a param group of its own (what ZeRO 1/2 need):
+    ZeRO 1/2's flattened groups, or a ZeRO-0 torch optimizer's param groups."""
+    opt = engine.optimizer
+    groups = getattr(opt, "bit16_groups", None) or [g["params"] for g in opt.param_groups]
+    return any(len(g) == 1 and g[0] is param for g in groups)
 
 
 def _no_tied_sum(engine, batches):
