@@ -26,6 +26,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
+from ..stages.tied_embeddings import is_shared_copy
 from ..tensor_parallel import gather_full
 from .hf_export import shard_file_name, write_index, write_weights_file
 
@@ -38,13 +39,15 @@ def _stage_tensors(stages, model) -> dict[str, list[torch.Tensor]]:
     for stage in stages:
         tensors = []
         for t in list(stage.module.parameters()) + list(stage.module.buffers()):
+            if is_shared_copy(t):  # a tied weight's copy on the last pipeline stage: the first writes it
+                continue
             if id(t) not in owner:
                 owner[id(t)] = stage.name
                 tensors.append(t)
         out[stage.name] = tensors
     # with a pipelined language stage the other pipeline stages' layers are on the meta device
     # here: their ranks write them (the union is checked after the files are written)
-    missing = sorted(n for n, t in named.items() if id(t) not in owner and not t.is_meta)
+    missing = sorted(n for n, t in named.items() if id(t) not in owner and not t.is_meta and not is_shared_copy(t))
     if missing:  # the adapter's stages must cover the whole model, or the checkpoint would be partial
         raise RuntimeError(f"save_pretrained: {len(missing)} model tensors belong to no stage, e.g. {missing[:3]}")
     return out

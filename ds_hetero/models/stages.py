@@ -18,8 +18,16 @@ def empty_rows(stage: nn.Module, dummy_inputs: dict[str, torch.Tensor]) -> torch
     ZeRO-2 reduces gradients from per-parameter hooks into buckets filled in hook order, so a
     rank with a different backward graph would mix up its peers' buckets. Running the same
     modules on a dummy input gives the same graph.
+
+    Called from inside `stage`'s own forward, it runs `stage.forward`, not `stage(...)`: the
+    stage's module hooks have already run once for this pass, and must not run again. Under ZeRO 3
+    the stage module is the engine's root, whose forward pre-hook (`_start_of_forward_hook` ->
+    `reset_step`) checks the recorded module trace with a world-group collective; a second root
+    call on the one rank without an image made it call that collective once more than its peers,
+    and the step hung. Through `forward` the dummy pass gathers and releases the same submodules'
+    parameters, in the same order, as a pass with an image on any other rank.
     """
-    rows = stage(**dummy_inputs)
+    rows = stage.forward(**dummy_inputs)
     return rows[:0] + 0 * rows.sum()
 
 

@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from ..loss import token_loss_sum
+from ..stages.tied_embeddings import reduce_tied_gradients
 from ..stages.zero3_pipeline import count_backward
 from ..step.plan import StepPlan
 from .pipeline_shapes import hidden_shape as shard_shape
@@ -61,6 +62,14 @@ from .stage_work import StageWork
 class PipelineSchedule(StageWork):
     def run(self, samples: Sequence[dict[str, Any]], plan: StepPlan, n_labels: int, step: int) -> torch.Tensor | float:
         """One step's forward and backward work; this rank's loss sum (0 off the last pipeline stage)."""
+        loss_sum = self._work(samples, plan, n_labels, step)
+        # DeepSpeed's ReduceTiedGrads: a tied embedding's two copies (first and last pipeline
+        # stage) sum their gradients, after every backward and before the gradient norm
+        with self._span("pipeline.reduce_tied_grads", "pipeline", step):
+            reduce_tied_gradients(self.stages.language)
+        return loss_sum
+
+    def _work(self, samples, plan: StepPlan, n_labels: int, step: int) -> torch.Tensor | float:
         language = self.stages.language
         if self._inline():
             inline = _Inline(self, samples, plan, step)

@@ -26,11 +26,13 @@ from ..config.pipeline import layer_cut
 from ..models.freeze import apply_freeze, trainable_parameters
 from ..models.pipeline import cut_language_stage
 from ..models.recompute import enable_recompute
+from ..tensor_parallel.shard import is_tied
 from ..topology.groups import build_groups
 from ..topology.mpu import StageMPU, stage_context
 from ..weights import load_stages
 from .clipping import check_supported
 from .stage_set import Stage, StageSet
+from .tied_embeddings import param_groups, tied_copy
 from .zero3_pipeline import confine_trace_check
 from .zero3_sequence import correct_sequence_average, partition_over_sequence_shards
 
@@ -47,12 +49,16 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
     modules = adapter.split()
     held = [name for name, layout in cfg.stages.items() if layout.contains(rank)]
     language = cfg.language
+    tied = is_tied(model)  # before the cut: on the full model, the same on every rank
     if language.pp > 1:
         if language.contains(rank):  # this rank's pipeline stage only; the others' layers go to meta
             cut = layer_cut(len(modules[LANGUAGE].language_model.layers), language.pp, cfg.pp_layers)
             modules[LANGUAGE] = cut_language_stage(modules[LANGUAGE], language.coord(rank).pp, language.pp, cut)
     load_report = None if checkpoint is None else load_stages(
         model, {n: modules[n] for n in held}, {n: (groups[n].coord.tp, cfg.stages[n].tp) for n in held}, checkpoint)
+    # a tied embedding with pp > 1: one copy on the first pipeline stage, one on the last (after the
+    # load, which replaces parameter objects; collective: every rank builds the embedding group)
+    copy = tied_copy(language, rank, groups.cache, modules[LANGUAGE] if language.contains(rank) else None, tied)
     stages = {}
     for name, layout in cfg.stages.items():  # same order on every rank: deepspeed.initialize is collective
         trainable = trainable_parameters(modules[name])  # the same on every rank: flags set before any rank differs
@@ -66,14 +72,16 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
             ds_config = cfg.stage_ds_config(name, trains=stage.trains)
             with stage_context(stage.mpu):
                 partition_over_sequence_shards(modules[name], groups[name], stage.mpu, ds_config, layout.cp)
+                params = param_groups(trainable, copy) if name == LANGUAGE else trainable
                 stage.engine, *_ = deepspeed.initialize(
-                    model=modules[name], model_parameters=trainable if stage.trains else None,
+                    model=modules[name], model_parameters=params if stage.trains else None,
                     optimizer=optimizer if stage.trains else None, mpu=stage.mpu, config=ds_config)
             if stage.trains:
                 check_supported(stage.engine, name)
                 correct_sequence_average(stage.engine, layout.cp)
             if language.pp > 1:  # ZeRO 3: each engine's trace check over its own ranks, not the world
                 confine_trace_check(stage.engine, groups[name].dp_cp)
+        stage.tied = copy if name == LANGUAGE else None
         stages[name] = stage
     first = next(s for s in stages.values() if s.held)
     param = next(first.engine.module.parameters())

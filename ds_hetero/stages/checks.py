@@ -107,11 +107,25 @@ def check_pipeline_model(cfg: HeteroConfig, model) -> None:
     layer_cut(text.num_hidden_layers, cfg.language.pp, cfg.pp_layers)
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     if head is not None and embed is not None and head.weight is embed.weight:
+        check_tied_pipeline(cfg)
+
+
+def check_tied_pipeline(cfg: HeteroConfig) -> None:
+    """Tied embeddings with pp > 1 keep a copy on the first and the last pipeline stage and sum
+    their gradients where ZeRO 0-2 hold them on the device (stages/tied_embeddings.py)."""
+    zero = cfg.zero_stage_of(cfg.language.name)
+    if zero == 3:
         raise HeteroConfigError(
-            "model.config.tie_word_embeddings",
-            "tied input and output embeddings with a pipelined language stage (pp > 1): the embeddings live on the "
-            "first pipeline stage and the head on the last, and summing their gradients over both (Megatron's "
-            "embedding group) is not built yet; untie them or use pp 1")
+            _zero_field(cfg, cfg.language.name), "ZeRO stage 3 with tied input/output embeddings and a pipelined "
+            "language stage (pp > 1) is not supported: the two copies' gradients are summed in ZeRO 0-2's buffers; "
+            "use ZeRO stage 0, 1 or 2, or pp 1")
+    section = cfg.ds_config.get("zero_optimization")
+    offload = section.get("offload_optimizer") if isinstance(section, Mapping) else None
+    if isinstance(offload, Mapping) and offload.get("device", "none") not in (None, "none"):
+        raise HeteroConfigError(
+            "zero_optimization.offload_optimizer", "optimizer offload with tied input/output embeddings and a "
+            "pipelined language stage (pp > 1) is not supported: the two copies' gradients are summed on the "
+            "device; remove offload_optimizer, or use pp 1")
 
 
 def check_model(cfg: HeteroConfig, model) -> None:

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import HeteroConfigError
+from .tied_embeddings import is_shared_copy, zero12_norm_without_shared
 
 
 def _is_zero12(opt) -> bool:
@@ -69,6 +70,8 @@ def _manual_norm_sq(engine, tp_group) -> torch.Tensor:
     device = next(engine.module.parameters()).device
     total = torch.zeros((), dtype=torch.float64, device=device)
     for p in params:
+        if is_shared_copy(p):  # the last pipeline stage's copy of a tied weight: counted on the first
+            continue
         # tp replicas hold identical gradients of replicated parameters: count them once
         if is_model_parallel_parameter(p) or tp_rank == 0:
             total += p.grad.detach().double().pow(2).sum()
@@ -81,7 +84,8 @@ def stage_norm(engine, tp_group) -> float:
     """This stage's gradient norm (as the loss scaler sees it: scaled), identical on its ranks."""
     opt = engine.optimizer
     if _is_zero12(opt):
-        return float(opt.scaled_global_norm())
+        without_shared = zero12_norm_without_shared(opt)  # a tied weight's second copy counts once
+        return float(opt.scaled_global_norm() if without_shared is None else without_shared)
     if _is_zero3(opt):
         from deepspeed.runtime.utils import combine_grad_norm_groups
 

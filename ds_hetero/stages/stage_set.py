@@ -47,6 +47,7 @@ class Stage:
     trains: bool = True
     mpu: StageMPU | None = None
     engine: Any = None
+    tied: Any = None  # a pipelined language stage's TiedCopy of a tied embedding (stages/tied_embeddings.py)
 
     @property
     def held(self) -> bool:
