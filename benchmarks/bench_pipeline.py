@@ -13,7 +13,12 @@ prints the measured share). Rows, all through `ds_hetero.initialize` on the same
     first_stage even    language pp2 [L/2, L/2]; the encoder on rank 0 only, inside pipeline
                         stage 0 at the language's tp (1): Megatron's single layout
     first_stage tuned   the same with fewer layers on stage 0 (--tuned, default [1, L-1])
-    hetero pp2          colocated: vision dp2 on both ranks, language pp2 [L/2, L/2]
+    hetero pp2          colocated: vision dp2 on both ranks, language pp2 [L/2, L/2]; each
+                        rank's encoder work in its pipeline stage's fill and drain where it can
+                        (schedule/fill_drain.py)
+    hetero pp2 phased   the same with the encoders' work in phases around the 1F1B (every
+                        forward before it, every backward after it): what the fill-and-drain
+                        order gains
     disagg 1+1          vision on rank 0, language (pp1) on rank 1, 1F1B between them
     colocated dp2       vision dp2 + language dp2, no pipeline (what plain DeepSpeed dp2 runs:
                         the whole model replicated; ds_hetero's plugin overhead against plain
@@ -24,9 +29,6 @@ with vision dp2 on pipeline stage 0's 2 ranks (tp 1, the language's), hetero pp2
 disagg 2+2 (vision dp2 on ranks 0-1, language dp2 on ranks 2-3), colocated dp4. Two ranks then
 share each core, so a rank's bubble hands its core to the other: for the record, not a measure
 of the pipeline's waiting.
-
-The colocated hetero row runs each encoder pass's forward and backward in its own pipeline
-stage's idle steps where it can (schedule/fill_drain.py): `enc in pipe` shows it.
 
 For each micro-batch count, ONE set of processes builds every row's engine and steps them
 round-robin (A B C D E, then E D C B A, ...) after one warm-up round, so a shared machine's drift
@@ -69,6 +71,8 @@ def rows(a) -> dict[str, dict]:
         "first_stage tuned": dict(placement="first_stage", stages={
             "vision": {"dp": 1}, "language": {"dp": 1, "pp": 2, "pp_layers": tuned}}),
         "hetero pp2": dict(placement="colocated", stages={"vision": {"dp": 2}, "language": {"dp": 1, "pp": 2}}),
+        "hetero pp2 phased": dict(placement="colocated", fill_drain=False,
+                                  stages={"vision": {"dp": 2}, "language": {"dp": 1, "pp": 2}}),
         "disagg 1+1": dict(placement="disaggregated", stages={"vision": {"dp": 1}, "language": {"dp": 1}}),
         "colocated dp2": dict(placement="colocated", stages={"vision": {"dp": 2}, "language": {"dp": 2}}),
     }
@@ -83,6 +87,8 @@ def rows_4(tuned) -> dict[str, dict]:
         "first_stage tuned": dict(placement="first_stage", stages={
             "vision": {"dp": 2}, "language": {**language, "pp_layers": tuned}}),
         "hetero pp2": dict(placement="colocated", stages={"vision": {"dp": 4}, "language": language}),
+        "hetero pp2 phased": dict(placement="colocated", fill_drain=False,
+                                  stages={"vision": {"dp": 4}, "language": language}),
         "disagg 2+2": dict(placement="disaggregated", stages={"vision": {"dp": 2}, "language": {"dp": 2}}),
         "colocated dp4": dict(placement="colocated", stages={"vision": {"dp": 4}, "language": {"dp": 4}}),
     }
@@ -115,6 +121,7 @@ def run(rank, world, a, mb):
     for name in names:
         model = tiny_llava("clip", seed=a["seed"], vocab=256, **a["sizes"])
         engines[name] = ds_hetero.initialize(model, config(a, rows(a)[name], mb), seed=a["seed"])
+        engines[name].schedule.fill_drain = rows(a)[name].get("fill_drain", True)
         models[name] = model
     data = ShapesCaptionDataset.for_llava(models[names[0]].config, size=a["batch"] * (a["rounds"] + 1),
                                           seed=a["seed"] + 1, max_shapes=2, grid=3)
@@ -229,7 +236,8 @@ def print_table(mb, table, log=print):
     log(f"\nmicro-batches {mb} (step s: median; /hetero: median of the per-round ratios; fastest: ratio of "
         "the fastest steps)")
     n = len(next(iter(table.values()))["bubble"])
-    ranks, w = ",".join(f"r{r}" for r in range(n)), 5 * n + 2  # per-rank columns: r0,r1(,r2,r3)
+    ranks = ",".join(f"r{r}" for r in range(n))  # per-rank columns: r0,r1(,r2,r3)
+    w = max(5 * n + 2, len("enc in pipe s " + ranks))
     log(f"{'row':20s} {'step s':>7s} {'/hetero':>7s} {'fastest':>7s} {'bubble ' + ranks:>{w}s} "
         f"{'wait s ' + ranks:>{w}s} {'enc s ' + ranks:>{w}s} {'enc in pipe s ' + ranks:>{w}s} {'r0 state MB':>11s} "
         f"{'loss':>8s}")

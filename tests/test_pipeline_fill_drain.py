@@ -9,7 +9,8 @@ same exchanges in the same order; encoder work does fill the fill and drain; and
 simulation of every rank's program (DeepSpeed's 1F1B commands with isend / blocking recv, plus
 the exchanges as collectives) completes. Negative control: the exchange placed right before each
 rank's OWN forward of the micro-batch (what an encoder inline in every pipeline stage would do)
-deadlocks in the same simulation, so the simulation can fail.
+deadlocks in the same simulation, so the simulation can fail. The phased order (fill=False, the
+benchmark's baseline) is simulated too.
 """
 
 from collections import deque
@@ -31,9 +32,9 @@ def _feeds(micro_batches, passes):
     return [range(k * per, (k + 1) * per) for k in range(passes)]
 
 
-def _orders(pp, micro_batches, encoders):
+def _orders(pp, micro_batches, encoders, fill=True):
     feeds = {n: _feeds(micro_batches, k) for n, k in encoders.items()}
-    return feeds, [fill_drain_order(feeds, micro_batches, pp, s) for s in range(pp)]
+    return feeds, [fill_drain_order(feeds, micro_batches, pp, s, fill) for s in range(pp)]
 
 
 def _program(order, steps):
@@ -127,11 +128,14 @@ def _with_collectives(ops):
             if not (op[0] == "work" and op[1] in ("forward", "backward"))]
 
 
+@pytest.mark.parametrize("fill", [True, False], ids=["fill_drain", "phased"])
 @pytest.mark.parametrize("pp,micro_batches,encoders", CASES)
-def test_lock_step_simulation_completes(pp, micro_batches, encoders):
-    _, orders = _orders(pp, micro_batches, encoders)
+def test_lock_step_simulation_completes(pp, micro_batches, encoders, fill):
+    _, orders = _orders(pp, micro_batches, encoders, fill)
     programs = [_with_collectives(_program(o, train_steps(micro_batches, pp, s))) for s, o in enumerate(orders)]
     assert _simulate(programs, pp)
+    if not fill:  # the phased baseline: nothing inside the 1F1B
+        assert not any(o.after for o in orders) and all(set(o.before) == {0, o.steps} for o in orders)
 
 
 def test_negative_control_exchange_at_each_stages_own_forward_deadlocks():

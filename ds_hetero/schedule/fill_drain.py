@@ -82,12 +82,16 @@ def compute_steps(steps: Sequence[Sequence]) -> tuple[list[int], list[int], list
 
 
 def fill_drain_order(feeds: Mapping[str, Sequence[range]], micro_batches: int, pp: int,
-                     stage_id: int) -> FillDrainOrder:
+                     stage_id: int, fill: bool = True) -> FillDrainOrder:
     """The order of every encoder pass's work on a rank of pipeline stage `stage_id`.
 
     `feeds`: per encoder stage, in config order, the language micro-batches each of its passes
-    feeds (StepPlan.passes[name][k].feeds).
+    feeds (StepPlan.passes[name][k].feeds). `fill=False`: the phased order instead, every
+    forward and rows exchange before the 1F1B and every gradient exchange and backward after
+    it (what ran before this order; kept as the benchmark's baseline).
     """
+    if not fill:
+        return _phased(feeds, len(train_steps(micro_batches, pp, stage_id)))
     first, last, _ = compute_steps(train_steps(micro_batches, pp, 0))
     steps = train_steps(micro_batches, pp, stage_id)
     _, _, busy = compute_steps(steps)
@@ -118,3 +122,10 @@ def fill_drain_order(feeds: Mapping[str, Sequence[range]], micro_batches: int, p
             idle.remove(slot)
             add(order.after, slot, ("backward", n, k))
     return order
+
+
+def _phased(feeds: Mapping[str, Sequence[range]], steps: int) -> FillDrainOrder:
+    items = [(n, k) for n, fs in feeds.items() for k in range(len(fs))]
+    return FillDrainOrder(steps, before={
+        0: [w for n, k in items for w in (("forward", n, k), ("rows", n, k))],
+        steps: [w for n, k in items for w in (("grads", n, k), ("backward", n, k))]})

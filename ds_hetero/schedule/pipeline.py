@@ -46,6 +46,10 @@ from .stage_work import StageWork
 
 
 class PipelineSchedule(StageWork):
+    # colocated: the encoders' work in the pipeline's fill and drain; False runs it in phases
+    # around the 1F1B instead (fill_drain.py), the baseline benchmarks/bench_pipeline.py compares
+    fill_drain = True
+
     def run(self, samples: Sequence[dict[str, Any]], plan: StepPlan, n_labels: int, step: int) -> torch.Tensor | float:
         """One step's forward and backward work; this rank's loss sum (0 off the last pipeline stage)."""
         language = self.stages.language
@@ -56,7 +60,8 @@ class PipelineSchedule(StageWork):
             inline.replay(plan.micro_batches, language.layout.pp)  # an encoder-only rank
             return 0.0
         # colocated: every rank holds the language stage and every encoder (pipeline_fill.py)
-        return self._pipeline(samples, plan, None, n_labels, step, fill=EncodersInPipeline(self, samples, plan, step))[0]
+        fill = EncodersInPipeline(self, samples, plan, step, self.fill_drain)
+        return self._pipeline(samples, plan, None, n_labels, step, fill=fill)[0]
 
     def _inline(self) -> bool:
         """Whether every encoder's exchange leaves out the later pipeline stages (first_stage and

@@ -17,13 +17,13 @@ from .fill_drain import Work, fill_drain_order
 
 
 class EncodersInPipeline:
-    def __init__(self, work, samples: Sequence[dict[str, Any]], plan: StepPlan, step: int):
+    def __init__(self, work, samples: Sequence[dict[str, Any]], plan: StepPlan, step: int, fill: bool = True):
         self.work, self.samples, self.plan, self.step = work, samples, plan, step
         language = work.stages.language
         # only encoders whose exchange this rank is in (in colocated placement: all of them)
         names = [s.name for s in work.stages.encoders if s.name in work.boundaries]
         self.order = fill_drain_order({n: [p.feeds for p in plan.passes[n]] for n in names},
-                                      plan.micro_batches, language.layout.pp, language.coord.pp)
+                                      plan.micro_batches, language.layout.pp, language.coord.pp, fill)
         self.first = language.held and language.coord.pp == 0  # holds the embeddings: receives rows
         self.arrived: dict[int, dict[str, torch.Tensor]] = {m: {} for m in range(plan.micro_batches)}
         self.row_grads: dict[int, dict[str, torch.Tensor]] = {}  # filled by stage 0's backwards
