@@ -88,44 +88,63 @@ def fill_drain_order(feeds: Mapping[str, Sequence[range]], micro_batches: int, p
     `feeds`: per encoder stage, in config order, the language micro-batches each of its passes
     feeds (StepPlan.passes[name][k].feeds). `fill=False`: the phased order instead, every
     forward and rows exchange before the 1F1B and every gradient exchange and backward after
-    it (what ran before this order; kept as the benchmark's baseline).
+    it (kept as the benchmark's baseline).
     """
+    total = len(train_steps(micro_batches, pp, stage_id))
+    items = [(n, k) for n, fs in feeds.items() for k in range(len(fs))]  # config order, then pass order
     if not fill:
-        return _phased(feeds, len(train_steps(micro_batches, pp, stage_id)))
+        return _phased(items, set(), set(), {}, {}, total)
     first, last, _ = compute_steps(train_steps(micro_batches, pp, 0))
-    steps = train_steps(micro_batches, pp, stage_id)
-    _, _, busy = compute_steps(steps)
-    total = len(steps)
-    rank_of = {name: i for i, name in enumerate(feeds)}
     rows_at = {(n, k): first[f.start] for n, fs in feeds.items() for k, f in enumerate(fs)}
     grads_at = {(n, k): last[f.stop - 1] + 1 for n, fs in feeds.items() for k, f in enumerate(fs)}
-    order = FillDrainOrder(total)
-    add = lambda where, t, w: where.setdefault(t, []).append(w)  # noqa: E731
-    # exchanges first: every rank enters them in this order
-    for (n, k), t in sorted(grads_at.items(), key=lambda x: (x[1], rank_of[x[0][0]], x[0][1])):
-        add(order.before, t, ("grads", n, k))
-    idle = [t for t in range(total) if not busy[t]]
-    for (n, k), t in sorted(rows_at.items(), key=lambda x: (x[1], rank_of[x[0][0]], x[0][1])):
-        slot = next((s for s in idle if s < t), None)
-        if slot is None:
-            add(order.before, t, ("forward", n, k))
-        else:
-            idle.remove(slot)
-            add(order.after, slot, ("forward", n, k))
-        add(order.before, t, ("rows", n, k))
-    for (n, k), t in sorted(grads_at.items(), key=lambda x: (-x[1], -rank_of[x[0][0]], -x[0][1])):
-        slot = next((s for s in reversed(idle) if s >= t), None)
-        if slot is None:  # right after its gradient exchange: after the grads, before any rows
-            work = order.before[t]
-            work.insert(max(i for i, w in enumerate(work) if w[:3] == ("grads", n, k)) + 1, ("backward", n, k))
-        else:
-            idle.remove(slot)
-            add(order.after, slot, ("backward", n, k))
+    slots = [_slots(items, rows_at, grads_at, compute_steps(train_steps(micro_batches, pp, s))[2])
+             for s in range(pp)]
+    # an exchange inside the 1F1B is a barrier over every rank, which costs the stages' natural
+    # skew in 1F1B: only the passes that some stage moves into an idle step get one
+    inside_rows = {i for fwd, _ in slots for i in fwd}
+    inside_grads = {i for _, bwd in slots for i in bwd}
+    fwd, bwd = slots[stage_id]
+    order = _phased(items, inside_rows, inside_grads, fwd, bwd, total)
+    key = lambda t, i: (t, items.index(i))  # noqa: E731 - exchanges of one step: config order, then pass
+    for i in sorted(inside_grads, key=lambda i: key(grads_at[i], i)):
+        order.before.setdefault(grads_at[i], []).append(("grads", *i))
+    for i in sorted(inside_rows, key=lambda i: key(rows_at[i], i)):
+        order.before.setdefault(rows_at[i], []).append(("rows", *i))
+    for i, t in fwd.items():
+        order.after.setdefault(t, []).append(("forward", *i))
+    for i, t in bwd.items():
+        order.after.setdefault(t, []).append(("backward", *i))
     return order
 
 
-def _phased(feeds: Mapping[str, Sequence[range]], steps: int) -> FillDrainOrder:
-    items = [(n, k) for n, fs in feeds.items() for k in range(len(fs))]
-    return FillDrainOrder(steps, before={
-        0: [w for n, k in items for w in (("forward", n, k), ("rows", n, k))],
-        steps: [w for n, k in items for w in (("grads", n, k), ("backward", n, k))]})
+def _slots(items, rows_at, grads_at, busy):
+    """One stage's idle steps given to encoder work: ({pass: step of its forward},
+    {pass: step of its backward}). Forwards take the earliest free idle step before their rows
+    exchange, pass after pass; backwards the latest at or after their gradient exchange, from the
+    last pass back (the mirror image)."""
+    idle = [t for t in range(len(busy)) if not busy[t]]
+    fwd, bwd = {}, {}
+    for i in sorted(items, key=lambda i: (rows_at[i], items.index(i))):
+        slot = next((t for t in idle if t < rows_at[i]), None)
+        if slot is not None:
+            idle.remove(slot)
+            fwd[i] = slot
+    for i in sorted(items, key=lambda i: (-grads_at[i], -items.index(i))):
+        slot = next((t for t in reversed(idle) if t >= grads_at[i]), None)
+        if slot is not None:
+            idle.remove(slot)
+            bwd[i] = slot
+    return fwd, bwd
+
+
+def _phased(items, inside_rows, inside_grads, fwd, bwd, steps: int) -> FillDrainOrder:
+    """Every pass's work that stays outside the 1F1B: before it, the forwards of passes whose
+    rows exchange is inside but that this stage has no idle step for, then every other pass's
+    forward and rows exchange; after it, the backwards of passes whose gradient exchange was
+    inside but that found no idle step here, then every other pass's gradient exchange and
+    backward (the last pass's backward last: the accumulation boundary)."""
+    head = [("forward", *i) for i in items if i in inside_rows and i not in fwd]
+    head += [w for i in items if i not in inside_rows for w in (("forward", *i), ("rows", *i))]
+    tail = [("backward", *i) for i in items if i in inside_grads and i not in bwd]
+    tail += [w for i in items if i not in inside_grads for w in (("grads", *i), ("backward", *i))]
+    return FillDrainOrder(steps, before={t: w for t, w in ((0, head), (steps, tail)) if w})
