@@ -87,6 +87,18 @@ def test_encoder_work_fills_idle_steps(pp, micro_batches, encoders):
             assert "forward" in kinds and "backward" in kinds, (s, order.after)
 
 
+@pytest.mark.parametrize("pp,micro_batches,encoders", CASES)
+def test_exchanges_inside_only_for_moved_passes(pp, micro_batches, encoders):
+    """An exchange inside the 1F1B is a barrier: only a pass whose forward (rows) or backward
+    (gradients) some stage runs in an idle step gets one; every other pass's exchanges sit
+    before step 0 or after the last step."""
+    _, orders = _orders(pp, micro_batches, encoders)
+    moved = {(w[0], w[1], w[2]) for o in orders for items in o.after.values() for w in items}
+    for t, kind, name, k in orders[0].exchanges():
+        if 0 < t < orders[0].steps:
+            assert ({"rows": "forward", "grads": "backward"}[kind], name, k) in moved, (t, kind, name, k)
+
+
 def _simulate(programs, pp):
     """Run every stage's program lock-free: isend never blocks, recv blocks until the matching
     message (FIFO per neighbour and kind) was sent, an exchange blocks until every rank is at the

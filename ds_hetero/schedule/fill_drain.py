@@ -13,21 +13,31 @@ step t once every rank has started it, and a collective that every rank enters a
 the same step index, before its commands, cannot deadlock, whatever the stage
 (tests/test_pipeline_fill_drain.py simulates it). So:
 
-- pass k's rows exchange at the start of the step where pipeline stage 0 runs the forward of
-  the first micro-batch pass k feeds; its gradient exchange at the start of the step after
-  stage 0's backward of the last micro-batch it feeds (the step after the last, `steps`, is the
-  end of the 1F1B);
-- each rank's encoder forward of pass k in an idle step of ITS pipeline stage before that
-  exchange (a step without a forward or backward: the later stages' fill, stage 0's steps while
-  its first activations travel), or right before the exchange when none is left; its encoder
-  backward in an idle step at or after the gradient exchange (the earlier stages' drain), or
-  right after the exchange. One encoder work item per idle step, so an idle step grows by about
-  one encoder pass at most.
+- where a pass's work moves into the pipeline, its rows exchange runs at the start of the step
+  where pipeline stage 0 runs the forward of the first micro-batch the pass feeds, its gradient
+  exchange at the start of the step after stage 0's backward of the last micro-batch it feeds;
+- each rank runs its encoder forward of such a pass in an idle step of ITS pipeline stage before
+  that exchange (a step without a forward or backward: the later stages' fill, stage 0's steps
+  while its first activations travel), its encoder backward in an idle step at or after the
+  gradient exchange (the earlier stages' drain). One encoder pass per idle step, so an idle
+  step grows by about one encoder pass at most. Forwards take the earliest free idle step,
+  pass after pass; backwards the latest, from the last pass back (the mirror image).
+- every other pass stays in phases around the 1F1B: its forward and rows exchange before it,
+  its gradient exchange and backward after it. An exchange inside the 1F1B is a barrier over
+  every rank, and 1F1B keeps the stages naturally skewed (a later stage runs its backward while
+  an earlier one runs a forward): a barrier costs about that skew, a forward's time, so only
+  the passes that some stage moves into an idle step get one. (benchmarks/model_pipeline_fill.py
+  runs these programs on model clocks, forward f, backward 2f, encoder pass forward e_f per rank:
+  phased / this order is 1.02-1.07 at pp 2 and 1.03-1.09 at pp 4 with e_f = 0.6f, 0.97-0.99 with
+  e_f = 0.3f, where a filled idle step gains less than a barrier costs. An earlier version with
+  an exchange inside the 1F1B for every pass gave 0.95 and 0.89 at pp 2 with 4 and 8
+  micro-batches, e_f = 0.6f: slower than the phased order.)
+  A pass whose exchange is inside but for which a stage has no idle step runs its forward
+  before the 1F1B (its backward after it) on that stage.
 
-Forwards take the earliest free idle step, pass after pass; backwards the latest, from the last
-pass back (the mirror image). The first pass's forward (its rows are the first micro-batch's
-input) and the last pass's backward (its gradients are the last micro-batch's) cannot move into
-the pipeline. Every encoder's exchanges of one step run in config order, gradients before rows.
+The first pass's forward (its rows are the first micro-batch's input) and the last pass's
+backward (its gradients are the last micro-batch's) cannot move into the pipeline. Every
+encoder's exchanges of one step run in config order, gradients before rows.
 
 The order is a pure function of (passes' feeds, micro-batches, pp, stage), so every rank derives
 the same exchange sequence; the encoders' compute may sit at different steps on different ranks.
