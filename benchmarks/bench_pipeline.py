@@ -249,7 +249,7 @@ def print_table(mb, table, log=print):
             f"{t['rank0_state_mb']:11.1f} {t['first_loss']:8.4f}")
     share = table["hetero pp2"]
     enc, lang = sum(share["encoder_s"]), sum(share["language_s"])
-    log(f"encoder share of the step's compute (hetero pp2, both ranks): {enc / (enc + lang):.2f}")
+    log(f"encoder share of the step's compute (hetero pp2, all ranks): {enc / (enc + lang):.2f}")
 
 
 def main(argv=None) -> int:
