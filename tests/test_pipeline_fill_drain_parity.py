@@ -6,7 +6,9 @@ Cases the other pipeline tests do not cover: an encoder with fewer passes than l
 micro-batches (vision 2 passes of 2 micro-batches each: its rows exchange and its gradient
 exchange then sit at different 1F1B steps than a micro-batch's, and its accumulation boundary
 must still be hit once); two encoders (Qwen2.5-Omni vision, 4 passes, + audio at tp2 dp2 in one
-pass) whose exchanges share steps. Negative control: the rows of a pass reach its micro-batches
+pass) whose exchanges share steps; mixed placement (Qwen2.5-Omni vision dp2 on the language's
+ranks 0-1, pp2, audio dp2 on ranks 2-3 of its own, which follow stage 0's order of the audio
+exchanges without a 1F1B). Negative control: the rows of a pass reach its micro-batches
 in reverse order; the losses then differ from the reference.
 """
 

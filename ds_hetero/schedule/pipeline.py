@@ -59,8 +59,11 @@ class PipelineSchedule(StageWork):
                 return self._pipeline(samples, plan, inline.arrived, n_labels, step, inline)[0]
             inline.replay(plan.micro_batches, language.layout.pp)  # an encoder-only rank
             return 0.0
-        # colocated: every rank holds the language stage and every encoder (pipeline_fill.py)
+        # colocated (mixed: an encoder colocated with every pipeline stage): pipeline_fill.py
         fill = EncodersInPipeline(self, samples, plan, step, self.fill_drain)
+        if not language.held:  # mixed: a rank of an encoder of its own
+            fill.replay()
+            return 0.0
         return self._pipeline(samples, plan, None, n_labels, step, fill=fill)[0]
 
     def _inline(self) -> bool:

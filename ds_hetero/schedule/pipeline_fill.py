@@ -22,8 +22,11 @@ class EncodersInPipeline:
         language = work.stages.language
         # only encoders whose exchange this rank is in (in colocated placement: all of them)
         names = [s.name for s in work.stages.encoders if s.name in work.boundaries]
+        # a rank without the language stage (mixed placement: an encoder on ranks of its own)
+        # follows pipeline stage 0's order of the exchanges it is in
+        stage_id = language.coord.pp if language.held else 0
         self.order = fill_drain_order({n: [p.feeds for p in plan.passes[n]] for n in names},
-                                      plan.micro_batches, language.layout.pp, language.coord.pp, fill)
+                                      plan.micro_batches, language.layout.pp, stage_id, fill)
         self.first = language.held and language.coord.pp == 0  # holds the embeddings: receives rows
         self.arrived: dict[int, dict[str, torch.Tensor]] = {m: {} for m in range(plan.micro_batches)}
         self.row_grads: dict[int, dict[str, torch.Tensor]] = {}  # filled by stage 0's backwards
@@ -41,6 +44,12 @@ class EncodersInPipeline:
     def after(self, t: int) -> None:
         for w in self.order.after.get(t, ()):
             self._run(w)
+
+    def replay(self) -> None:
+        """A rank without the language stage: the order's encoder work and exchanges, no 1F1B."""
+        for t in range(self.steps + 1):
+            self.before(t)
+            self.after(t)
 
     def _run(self, w: Work) -> None:
         kind, name, k = w

@@ -40,6 +40,10 @@ def suite(rank, world_size):
                 family="omni", layout={"vision": {"dp": 4}, "audio": {"tp": 2, "dp": 2, "micro_batches": 1},
                                        "language": {"dp": 2, "pp": 2}},
                 zero_stage=2, optimizer="sgd", model_kw={}),
+            "mixed omni vision dp2 on language pp2 [0,1] + audio dp2 [2,3] zero1 adamw": dict(
+                family="omni", placement="mixed", zero_stage=1, model_kw={},
+                layout={"vision": {"dp": 2, "ranks": [0, 1]}, "audio": {"dp": 2, "ranks": [2, 3]},
+                        "language": {"dp": 1, "pp": 2, "ranks": [0, 1]}}),
             "rows of a pass reversed (negative control)": dict(
                 layout={"vision": {"dp": 4, "micro_batches": 2}, "language": {"dp": 2, "pp": 2}}, zero_stage=1,
                 steps=2, inspect=reverse_rows_of_each_pass, model_kw=FOUR_LAYERS),
