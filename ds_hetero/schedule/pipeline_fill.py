@@ -20,8 +20,9 @@ class EncodersInPipeline:
     def __init__(self, work, samples: Sequence[dict[str, Any]], plan: StepPlan, step: int, fill: bool = True):
         self.work, self.samples, self.plan, self.step = work, samples, plan, step
         language = work.stages.language
-        # only encoders whose exchange this rank is in (in colocated placement: all of them)
-        names = [s.name for s in work.stages.encoders if s.name in work.boundaries]
+        # the order of every encoder, so that every rank derives the same one; this rank runs the
+        # work of the encoders whose exchange it is in (colocated: all; mixed: see below)
+        names = [s.name for s in work.stages.encoders]
         # a rank without the language stage (mixed placement: an encoder on ranks of its own)
         # follows pipeline stage 0's order of the exchanges it is in
         stage_id = language.coord.pp if language.held else 0
@@ -54,6 +55,8 @@ class EncodersInPipeline:
     def _run(self, w: Work) -> None:
         kind, name, k = w
         work, plan, stage = self.work, self.plan, self.work.stages[name]
+        if name not in work.boundaries:  # mixed: an encoder of other ranks, not exchanging with this one
+            return
         if kind == "forward":
             if stage.held:
                 self.sources[name, k] = work.encoder_forward(stage, self.samples, plan, k, self.step)
