@@ -2,6 +2,7 @@
 
     python benchmarks/bench_pipeline.py                 # micro-batches 2, 4, 8; ~10 min on 2 free cores
     python benchmarks/bench_pipeline.py --mb 4 --rounds 3 --quick
+    python benchmarks/bench_pipeline.py --world 4       # the same rows at 4 ranks, for the record
 
 Where waiting is real: 2 ranks, each bound to its own core (`os.sched_setaffinity`) with one
 torch thread, so a rank that waits for a pipeline neighbour leaves its core idle instead of
@@ -12,13 +13,24 @@ prints the measured share). Rows, all through `ds_hetero.initialize` on the same
     first_stage even    language pp2 [L/2, L/2]; the encoder on rank 0 only, inside pipeline
                         stage 0 at the language's tp (1): Megatron's single layout
     first_stage tuned   the same with fewer layers on stage 0 (--tuned, default [1, L-1])
-    hetero pp2          colocated: vision dp2 on both ranks, language pp2 [L/2, L/2]
+    hetero pp2          colocated: vision dp2 on both ranks, language pp2 [L/2, L/2]; each
+                        rank's encoder work in its pipeline stage's fill and drain where it can
+                        (schedule/fill_drain.py)
+    hetero pp2 phased   the same with the encoders' work in phases around the 1F1B (every
+                        forward before it, every backward after it): what the fill-and-drain
+                        order gains
     disagg 1+1          vision on rank 0, language (pp1) on rank 1, 1F1B between them
     colocated dp2       vision dp2 + language dp2, no pipeline (what plain DeepSpeed dp2 runs:
                         the whole model replicated; ds_hetero's plugin overhead against plain
                         DeepSpeed is measured by bench_layouts)
 
-For each micro-batch count, ONE set of 2 processes builds every row's engine and steps them
+At 4 ranks (`--world 4`, global batch 32) the rows are language pp2 dp2 throughout: first_stage
+with vision dp2 on pipeline stage 0's 2 ranks (tp 1, the language's), hetero pp2 with vision dp4,
+disagg 2+2 (vision dp2 on ranks 0-1, language dp2 on ranks 2-3), colocated dp4. Two ranks then
+share each core, so a rank's bubble hands its core to the other: for the record, not a measure
+of the pipeline's waiting.
+
+For each micro-batch count, ONE set of processes builds every row's engine and steps them
 round-robin (A B C D E, then E D C B A, ...) after one warm-up round, so a shared machine's drift
 hits every row alike. Per row: the median step time (per step the slowest rank), the ratio to
 `hetero pp2`, the bubble fraction of each rank (StepResult: the share of the step outside
@@ -43,7 +55,6 @@ import time
 import traceback
 from datetime import timedelta
 
-WORLD = 2
 SIZES = dict(text_hidden=384, text_layers=4, text_heads=4, text_kv_heads=2, vision_hidden=384, vision_layers=4,
              vision_heads=4, image_size=32, patch_size=4)
 QUICK = dict(text_hidden=128, text_layers=4, text_heads=4, text_kv_heads=2, vision_hidden=128, vision_layers=4,
@@ -53,13 +64,33 @@ QUICK = dict(text_hidden=128, text_layers=4, text_heads=4, text_kv_heads=2, visi
 def rows(a) -> dict[str, dict]:
     layers = a["sizes"]["text_layers"]
     tuned = a["tuned"] or [1, layers - 1]
+    if a["world"] == 4:
+        return rows_4(tuned)
     return {
         "first_stage even": dict(placement="first_stage", stages={"vision": {"dp": 1}, "language": {"dp": 1, "pp": 2}}),
         "first_stage tuned": dict(placement="first_stage", stages={
             "vision": {"dp": 1}, "language": {"dp": 1, "pp": 2, "pp_layers": tuned}}),
         "hetero pp2": dict(placement="colocated", stages={"vision": {"dp": 2}, "language": {"dp": 1, "pp": 2}}),
+        "hetero pp2 phased": dict(placement="colocated", fill_drain=False,
+                                  stages={"vision": {"dp": 2}, "language": {"dp": 1, "pp": 2}}),
         "disagg 1+1": dict(placement="disaggregated", stages={"vision": {"dp": 1}, "language": {"dp": 1}}),
         "colocated dp2": dict(placement="colocated", stages={"vision": {"dp": 2}, "language": {"dp": 2}}),
+    }
+
+
+def rows_4(tuned) -> dict[str, dict]:
+    """The same rows on 4 ranks: language pp2 dp2 (tp 1, so first_stage's encoder at the language's tp
+    is vision dp2 on pipeline stage 0's 2 ranks)."""
+    language = {"dp": 2, "pp": 2}
+    return {
+        "first_stage even": dict(placement="first_stage", stages={"vision": {"dp": 2}, "language": language}),
+        "first_stage tuned": dict(placement="first_stage", stages={
+            "vision": {"dp": 2}, "language": {**language, "pp_layers": tuned}}),
+        "hetero pp2": dict(placement="colocated", stages={"vision": {"dp": 4}, "language": language}),
+        "hetero pp2 phased": dict(placement="colocated", fill_drain=False,
+                                  stages={"vision": {"dp": 4}, "language": language}),
+        "disagg 2+2": dict(placement="disaggregated", stages={"vision": {"dp": 2}, "language": {"dp": 2}}),
+        "colocated dp4": dict(placement="colocated", stages={"vision": {"dp": 4}, "language": {"dp": 4}}),
     }
 
 
@@ -90,6 +121,7 @@ def run(rank, world, a, mb):
     for name in names:
         model = tiny_llava("clip", seed=a["seed"], vocab=256, **a["sizes"])
         engines[name] = ds_hetero.initialize(model, config(a, rows(a)[name], mb), seed=a["seed"])
+        engines[name].schedule.fill_drain = rows(a)[name].get("fill_drain", True)
         models[name] = model
     data = ShapesCaptionDataset.for_llava(models[names[0]].config, size=a["batch"] * (a["rounds"] + 1),
                                           seed=a["seed"] + 1, max_shapes=2, grid=3)
@@ -121,7 +153,7 @@ def run(rank, world, a, mb):
 
 
 # ----------------------------------------------------------------------------- launcher
-def _child(fn, rank, store, args, results):
+def _child(fn, rank, world, store, args, results):
     try:
         import warnings
 
@@ -130,32 +162,34 @@ def _child(fn, rank, store, args, results):
 
         warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
         cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[rank % len(cores)]})  # one rank per core: waiting is real
+        # one rank per core at 2 ranks: waiting is real (at 4 ranks on 2 cores two ranks share one)
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
         torch.set_num_threads(1)
-        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_SIZE=str(WORLD),
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_SIZE=str(world),
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29600 + os.getpid() % 300),
                           DS_ACCELERATOR="cpu")
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=900))
-        value = fn(rank, WORLD, *args)
+        value = fn(rank, world, *args)
         dist.destroy_process_group()
         results.put((rank, "ok", value))
     except BaseException:  # noqa: BLE001 - the parent prints it
         results.put((rank, "error", traceback.format_exc()))
 
 
-def launch(fn, *args, timeout=3000.0):
+def launch(fn, a, *args, timeout=3000.0):
+    world = a["world"]
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "deepspeed", "transformers"])
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="bench_pipeline_") as tmp:
-        procs = [ctx.Process(target=_child, args=(fn, r, os.path.join(tmp, "store"), args, results), daemon=True)
-                 for r in range(WORLD)]
+        procs = [ctx.Process(target=_child, args=(fn, r, world, os.path.join(tmp, "store"), (a, *args), results),
+                             daemon=True) for r in range(world)]
         for p in procs:
             p.start()
         out, deadline = {}, time.monotonic() + timeout
         try:
-            while len(out) < WORLD:
+            while len(out) < world:
                 try:
                     rank, status, value = results.get(timeout=0.5)
                 except queue.Empty:
@@ -168,11 +202,11 @@ def launch(fn, *args, timeout=3000.0):
                 out[rank] = value
         finally:
             for p in procs:
-                p.join(timeout=5 if len(out) == WORLD else 0)
+                p.join(timeout=5 if len(out) == world else 0)
                 if p.is_alive():
                     p.kill()
                     p.join()
-    return [out[r] for r in range(WORLD)]
+    return [out[r] for r in range(world)]
 
 
 # ----------------------------------------------------------------------------- table
@@ -201,24 +235,30 @@ def summarize(per_rank, names):
 def print_table(mb, table, log=print):
     log(f"\nmicro-batches {mb} (step s: median; /hetero: median of the per-round ratios; fastest: ratio of "
         "the fastest steps)")
-    log(f"{'row':20s} {'step s':>7s} {'/hetero':>7s} {'fastest':>7s} {'bubble r0,r1':>13s} {'wait s r0,r1':>13s} "
-        f"{'enc s r0,r1':>13s} {'enc in pipe':>12s} {'r0 state MB':>11s} {'loss':>8s}")
+    n = len(next(iter(table.values()))["bubble"])
+    ranks = ",".join(f"r{r}" for r in range(n))  # per-rank columns: r0,r1(,r2,r3)
+    w = max(5 * n + 2, len("enc in pipe s " + ranks))
+    log(f"{'row':20s} {'step s':>7s} {'/hetero':>7s} {'fastest':>7s} {'bubble ' + ranks:>{w}s} "
+        f"{'wait s ' + ranks:>{w}s} {'enc s ' + ranks:>{w}s} {'enc in pipe s ' + ranks:>{w}s} {'r0 state MB':>11s} "
+        f"{'loss':>8s}")
     for name, t in table.items():
         pair = lambda xs: ",".join(f"{x:.2f}" for x in xs)  # noqa: E731
-        log(f"{name:20s} {t['step_s']:7.3f} {t['ratio']:7.3f} {t['fastest_ratio']:7.3f} {pair(t['bubble']):>13s} "
-            f"{pair(t['wait_s']):>13s} {pair(t['encoder_s']):>13s} "
-            f"{pair(t['encoder_in_pipeline_s']) if name != 'colocated dp2' else '-':>12s} "
+        log(f"{name:20s} {t['step_s']:7.3f} {t['ratio']:7.3f} {t['fastest_ratio']:7.3f} {pair(t['bubble']):>{w}s} "
+            f"{pair(t['wait_s']):>{w}s} {pair(t['encoder_s']):>{w}s} "
+            f"{pair(t['encoder_in_pipeline_s']) if not name.startswith('colocated dp') else '-':>{w}s} "
             f"{t['rank0_state_mb']:11.1f} {t['first_loss']:8.4f}")
     share = table["hetero pp2"]
     enc, lang = sum(share["encoder_s"]), sum(share["language_s"])
-    log(f"encoder share of the step's compute (hetero pp2, both ranks): {enc / (enc + lang):.2f}")
+    log(f"encoder share of the step's compute (hetero pp2, all ranks): {enc / (enc + lang):.2f}")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mb", type=int, nargs="+", default=[2, 4, 8], help="micro-batch counts")
     p.add_argument("--rounds", type=int, default=4, help="timed rounds per micro-batch count (after one warm-up)")
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--batch", type=int, default=None, help="global batch (default 8 x world)")
+    p.add_argument("--world", type=int, choices=(2, 4), default=2,
+                   help="ranks: 2 (one per core: the measurement) or 4 (the same rows at 4 ranks, two per core)")
     p.add_argument("--tuned", type=int, nargs=2, default=None, help="pp_layers of the tuned first_stage row")
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke run, not a measurement)")
     p.add_argument("--hidden", type=int, default=None, help="text and vision hidden size (default 384)")
@@ -228,8 +268,8 @@ def main(argv=None) -> int:
     sizes = dict(QUICK if args.quick else SIZES)
     if args.hidden:
         sizes.update(text_hidden=args.hidden, vision_hidden=args.hidden)
-    a = dict(sizes=sizes, rounds=args.rounds, batch=args.batch, tuned=args.tuned,
-             seed=args.seed)
+    a = dict(sizes=sizes, rounds=args.rounds, batch=args.batch or 8 * args.world, tuned=args.tuned,
+             seed=args.seed, world=args.world)
     print(f"load average before: {os.getloadavg()}, cores {os.cpu_count()}, sizes {a['sizes']}", flush=True)
     out = {}
     for mb in args.mb:

@@ -1,36 +1,26 @@
-"""Pipelined language stage (pp > 1): every encoder outside the pipeline, the language on 1F1B.
+"""Pipelined language stage (pp > 1): the language on 1F1B, every encoder around and inside it.
 
-One step, in three phases, on every rank in the same order (a pure function of the StepPlan):
+One step, on every rank in an order that is a pure function of the StepPlan:
 
-1. encoders: every encoder pass, in config order then pass order: its forward on the ranks that
-   hold the encoder, then its boundary exchange, whose destination is the language's FIRST
-   pipeline stage only (the ranks that hold the embeddings); there the rows are cut into the
-   language micro-batches they feed, as detached leaves.
-2. language: 1F1B over the pipeline stages with `micro_batches` micro-batches, in the order of
-   DeepSpeed's own instruction stream (`deepspeed.runtime.pipe.schedule.TrainSchedule`: warm-up
-   forwards, one-forward-one-backward, cool-down backwards, with the even/odd ordering of sends
-   and receives that keeps blocking point-to-point deadlock-free). Activations go to the next
-   pipeline stage and input gradients back to the previous one, point to point in the pp group
-   (`isend` / blocking `recv`; every rank knows each tensor's shape from the plan: [b, s, H] of
-   its dp share of the micro-batch, or with cp / sequence parallelism its sequence shard,
-   pipeline_shapes.py; the last stage's loss is over that shard, labels shifted on the full
-   sequence, as in pp 1). Only the rank pairs of one pp group talk, so ranks of
-   different pipeline stages are never asked to join the same collective at different times.
-3. encoders again: every pass's row gradients (from the first pipeline stage) go back through
-   the boundary, then the encoder's backward.
-
-In first_stage and disaggregated placement (no encoder rank holds a later pipeline stage) the
-encoder passes run inline instead, inside pipeline stage 0's 1F1B (`_Inline`): that is
-Megatron's single layout, and in disaggregated placement one 1F1B across the encoder and the
-pipeline stages.
-
-Why phases rather than encoder work inside the 1F1B: an encoder's boundary exchange is a
-collective over the encoder's ranks and the first pipeline stage, and in colocated placement
-the encoder's ranks include every pipeline stage, which 1F1B keeps at different micro-batches;
-an exchange inside the pipeline would need every stage at the same point. (Megatron's colocated
-pipeline schedule makes the same choice.) So in colocated placement the encoder does not fill
-the pipeline's fill and drain; where the later pipeline stages are outside every exchange, the
-inline order below does.
+- language: 1F1B over the pipeline stages with `micro_batches` micro-batches, in the order of
+  DeepSpeed's own instruction stream (`deepspeed.runtime.pipe.schedule.TrainSchedule`: warm-up
+  forwards, one-forward-one-backward, cool-down backwards, with the even/odd ordering of sends
+  and receives that keeps blocking point-to-point deadlock-free). Activations go to the next
+  pipeline stage and input gradients back to the previous one, point to point in the pp group
+  (`isend` / blocking `recv`; every rank knows each tensor's shape from the plan: [b, s, H] of
+  its dp share of the micro-batch, or with cp / sequence parallelism its sequence shard,
+  pipeline_shapes.py; the last stage's loss is over that shard, labels shifted on the full
+  sequence, as in pp 1).
+- encoders, colocated (every rank holds every encoder and one pipeline stage): each pass's
+  boundary exchange (rows to the FIRST pipeline stage only, the ranks that hold the embeddings,
+  and the row gradients back) is a collective over every rank, entered by all of them at the
+  start of the same 1F1B step; each rank's encoder forward and backward run in its own pipeline
+  stage's idle steps (the fill and drain) where the order allows (fill_drain.py: where and why
+  it cannot deadlock; pipeline_fill.py runs it).
+- encoders in first_stage and disaggregated placement (no encoder rank holds a later pipeline
+  stage): each pass runs inline, inside pipeline stage 0's 1F1B (`_Inline`): that is Megatron's
+  single layout, and in disaggregated placement one 1F1B across the encoder and the pipeline
+  stages.
 
 Why not DeepSpeed's PipelineEngine, whose schedule this follows: it requires the model as a
 PipelineModule of LayerSpecs and owns the whole model, its data and its optimizer step, while
@@ -55,11 +45,16 @@ from ..loss import token_loss_sum
 from ..stages.tied_embeddings import reduce_tied_gradients
 from ..stages.zero3_pipeline import count_backward
 from ..step.plan import StepPlan
+from .pipeline_fill import EncodersInPipeline
 from .pipeline_shapes import hidden_shape as shard_shape
 from .stage_work import StageWork
 
 
 class PipelineSchedule(StageWork):
+    # colocated: the encoders' work in the pipeline's fill and drain; False runs it in phases
+    # around the 1F1B instead (fill_drain.py), the baseline benchmarks/bench_pipeline.py compares
+    fill_drain = True
+
     def run(self, samples: Sequence[dict[str, Any]], plan: StepPlan, n_labels: int, step: int) -> torch.Tensor | float:
         """One step's forward and backward work; this rank's loss sum (0 off the last pipeline stage)."""
         loss_sum = self._work(samples, plan, n_labels, step)
@@ -77,16 +72,16 @@ class PipelineSchedule(StageWork):
                 return self._pipeline(samples, plan, inline.arrived, n_labels, step, inline)[0]
             inline.replay(plan.micro_batches, language.layout.pp)  # an encoder-only rank
             return 0.0
-        sources, arrived = self._encoder_forwards(samples, plan, step)
-        loss_sum, row_grads = 0.0, {}
-        if language.held:
-            loss_sum, row_grads = self._pipeline(samples, plan, arrived, n_labels, step)
-        self._encoder_backwards(plan, sources, row_grads, step)
-        return loss_sum
+        # colocated (mixed: an encoder colocated with every pipeline stage): pipeline_fill.py
+        fill = EncodersInPipeline(self, samples, plan, step, self.fill_drain)
+        if not language.held:  # mixed: a rank of an encoder of its own
+            fill.replay()
+            return 0.0
+        return self._pipeline(samples, plan, None, n_labels, step, fill=fill)[0]
 
     def micro_step(self, stage, index: int) -> None:
         """After every backward but a stage's last: backwards run back to back here (1F1B's
-        cool-down, the encoders' phase 3), so ZeRO 3 must count each one now
+        cool-down, encoder passes run before or after the pipeline), so ZeRO 3 must count each one now
         (stages/zero3_pipeline.py), then DeepSpeed's micro-step."""
         if index < stage.passes - 1:
             count_backward(stage.engine)
@@ -104,47 +99,8 @@ class PipelineSchedule(StageWork):
         later = set(language.ranks[language.chunk_size:])
         return not any(later & set(e.layout.ranks) for e in self.stages.encoders)
 
-    # ------------------------------------------------------------------ phases 1 and 3
-    def _first_stage_rank(self) -> bool:
-        language = self.stages.language
-        return language.held and language.coord.pp == 0
-
-    def _encoder_forwards(self, samples, plan: StepPlan, step: int):
-        """(encoder rows kept for the backward, per encoder; rows arrived for each language
-        micro-batch, per encoder, on the first pipeline stage's ranks)."""
-        sources: dict[tuple[str, int], torch.Tensor] = {}
-        arrived: dict[int, dict[str, torch.Tensor]] = {m: {} for m in range(plan.micro_batches)}
-        for stage in self.stages.encoders:
-            if stage.name not in self.boundaries:  # not in this exchange (a later pipeline stage)
-                continue
-            for p in plan.passes[stage.name]:
-                rows = self.encoder_forward(stage, samples, plan, p.index, step) if stage.held else self.empty_rows()
-                if stage.held:
-                    sources[stage.name, p.index] = rows
-                out = self.send_rows(stage.name, rows.detach() if stage.held else rows, plan, p.index, step)
-                if self._first_stage_rank():
-                    dp = self.stages.language.coord.dp
-                    sizes = [plan.rows_of(stage.name, dp, k) for k in p.feeds] if len(p.feeds) > 1 else [out.shape[0]]
-                    for k, piece in zip(p.feeds, out.split(sizes)):
-                        arrived[k][stage.name] = piece.detach().requires_grad_(True)
-        return sources, arrived
-
-    def _encoder_backwards(self, plan: StepPlan, sources, row_grads, step: int) -> None:
-        for stage in self.stages.encoders:
-            if stage.name not in self.boundaries:
-                continue
-            for p in plan.passes[stage.name]:
-                if self._first_stage_rank():
-                    grad = torch.cat([row_grads[k][stage.name] for k in p.feeds])
-                else:
-                    grad = self.empty_rows()
-                grad = self.send_grads(stage.name, grad, plan, p.index, step)
-                if stage.held:
-                    self.encoder_backward(stage, sources.pop((stage.name, p.index)), grad, plan, p.index, step)
-                    self.micro_step(stage, p.index)
-
-    # ------------------------------------------------------------------ phase 2: 1F1B
-    def _pipeline(self, samples, plan: StepPlan, arrived, n_labels: int, step: int, inline=None):
+    # ------------------------------------------------------------------ 1F1B
+    def _pipeline(self, samples, plan: StepPlan, arrived, n_labels: int, step: int, inline=None, fill=None):
         from deepspeed.runtime.pipe import schedule as ds
 
         language = self.stages.language
@@ -171,7 +127,12 @@ class PipelineSchedule(StageWork):
             s = micro_batch(m)
             return shard_shape(language.layout, s["batch"], s["sharded"], self.adapter.hidden_size)
 
-        for cmds in ds.TrainSchedule(micro_batches=plan.micro_batches, stages=pp, stage_id=coord.pp).steps():
+        if fill is not None:
+            arrived, row_grads = fill.arrived, fill.row_grads  # filled and emptied by the encoders' work
+        for t, cmds in enumerate(ds.TrainSchedule(micro_batches=plan.micro_batches, stages=pp,
+                                                  stage_id=coord.pp).steps()):
+            if fill is not None:  # collectives every rank enters at the start of step t
+                fill.before(t)
             for cmd in cmds:
                 if isinstance(cmd, ds.RecvActivation):
                     m = of_buffer[cmd.buffer_id] = next_forward
@@ -236,6 +197,10 @@ class PipelineSchedule(StageWork):
                 # LoadMicroBatch: batches are built where they are used; ReduceTiedGrads,
                 # ReduceGrads, OptimizerStep: the engines reduce at the accumulation boundary
                 # and stages/global_step.py takes the one clipped step over every stage.
+            if fill is not None:  # encoder work in this stage's idle steps
+                fill.after(t)
+        if fill is not None:
+            fill.before(fill.steps)  # the last passes' gradient exchanges and backwards
         with self._span("pipeline.drain_sends", "pipeline", step):
             for handle, _ in sends:
                 handle.wait()
