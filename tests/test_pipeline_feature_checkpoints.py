@@ -6,7 +6,8 @@ tests/helpers/pipeline_feature_checkpoints.py):
   resumes bit-exactly, and pp2 -> pp1 (tp 2), pp1 -> pp2 [1, 3] tp2 and pp2 tp2 -> pp2 dp2
   continue like a single-process Hugging Face run from the same full state, with both copies
   equal to the bit after the load and the steps that follow (both restored, with their optimizer
-  state, from the one saved tensor);
+  state, from the one saved tensor); `convert --to-hf` of the pp2 checkpoint gives a tied model
+  with the live weights;
 - ZeRO 3: the same layout resumes bit-exactly, `save_pretrained` writes the live weights and
   per-shard loading (`weights=`) reads them back into the pipelined layout, and a layout change
   is refused on every rank.
@@ -84,6 +85,18 @@ def test_tied_and_zero3_pipeline_checkpoints(tmp_path):
                   "tied pp2 [1,3] tp2 ZeRO 0 -> pp2 [2,2] dp2 ZeRO 1")
     _copies_equal(tied, "td_copy", [0, 1, 2, 3])
     assert all(r["td_losses"] == t0["td_losses"] for r in tied)
+
+    # `ds-hetero checkpoint convert --to-hf` of the tied pp2 checkpoint: one tied tensor, the live weights
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from ds_hetero.checkpoint.hf_convert import convert_to_hf
+
+    converted = AutoModelForImageTextToText.from_pretrained(convert_to_hf(tmp_path / "ckpt_ta", tmp_path / "hf_ta"),
+                                                            dtype=torch.float32)
+    assert converted.lm_head.weight is converted.get_input_embeddings().weight
+    files = {n: p.detach() for n, p in converted.named_parameters()}
+    assert set(files) == names and max((files[n] - state_ta[n]["fp32"]).abs().max().item() for n in names) == 0.0
 
     # negative control: without the Adam moments the continuation misses the tolerance (by ~20x
     # here: the tied model's second step moves less than the untied one's)
