@@ -12,7 +12,8 @@ tests/helpers/pipeline_feature_checkpoints.py):
   per-shard loading (`weights=`) reads them back into the pipelined layout, and a layout change
   is refused on every rank.
 
-Negative controls: a last chunk whose head is not marked as the copy is refused ("saved by
+Negative controls: the head's copy left out of the reshard (the copies differ, the
+continuation misses the reference); a last chunk whose head is not marked as the copy is refused ("saved by
 chunks 0 and 1") with nothing changed; the continuation without Adam's moments differs; the
 saved weights differ from the untrained ones.
 """
@@ -79,6 +80,12 @@ def test_tied_and_zero3_pipeline_checkpoints(tmp_path):
     _assert_close(t0["tc_losses"], continue_single_process(state_tb, third, **TIED),
                   "tied pp1 tp2 dp2 ZeRO 2 -> pp2 [1,3] tp2 ZeRO 0")
     _copies_equal(tied, "tc_copy", [0, 1, 2, 3])  # pp2 tp2: ranks 0, 1 embed, 2, 3 head
+    # negative control: the head's copy not restored from the saved tensor: the copies differ and
+    # the continuation misses the reference
+    with pytest.raises(AssertionError, match="the copies differ"):
+        _copies_equal(tied, "tx_copy", [0, 1, 2, 3])
+    with pytest.raises(AssertionError):
+        _assert_close(t0["tx_losses"], continue_single_process(state_tb, third, **TIED), "control")
     state_tc = _merge(tied, "state_tc")
     assert set(state_tc) == names
     _assert_close(t0["td_losses"], continue_single_process(state_tc, fourth, **TIED),

@@ -7,6 +7,7 @@ Tied LLaVA (each engine starts from other weights, seed 99, so the checkpoint mu
     TB  vision tp2 dp2, language tp2 dp2 (pp 1), ZeRO 2: load ckpt_ta (pp2 -> pp1), 2 steps, save ckpt_tb
     TC  vision dp4, language tp2 pp2 [1, 3], ZeRO 0: load ckpt_tb (pp1 -> pp2, tp 2), 2 steps, save ckpt_tc
     TD  TA's layout: load ckpt_tc (pp2 tp2 ZeRO 0 -> pp2 dp2 ZeRO 1), 2 steps
+    TX  TC again with the head's copy left out of the reshard (negative control)
     TF  a copy of ckpt_ta whose last chunk does not mark the head as the tied weight's copy:
         refused on every rank (a parameter saved by two chunks), nothing changed
 ZeRO 3 (untied LLaVA, vision dp4 + language pp2 dp2, ZeRO 3 on both stages):
@@ -109,6 +110,22 @@ def tied_chain(rank, world_size, tmp):
     run("tb", TB, "ckpt_ta", second, save="ckpt_tb")
     run("tc", TC, "ckpt_tb", third, save="ckpt_tc")
     run("td", TA, "ckpt_tc", fourth)
+
+    # TX (negative control): TC's load with the head's copy left out of the reshard: it keeps its
+    # own (seed 99) weights, so the copies differ and the continuation misses the reference
+    from ds_hetero.checkpoint import store
+    from ds_hetero.stages.tied_embeddings import is_shared_copy
+
+    real = store.apply_full_state
+
+    def without_shared_copy(engine, params, *args):
+        real(engine, {n: p for n, p in params.items() if not is_shared_copy(p)}, *args)
+
+    store.apply_full_state = without_shared_copy
+    try:
+        run("tx", TC, "ckpt_tb", third)
+    finally:
+        store.apply_full_state = real
 
     # TF: the head's copy not marked as such: one parameter saved by two chunks, refused everywhere
     if rank == 0:
