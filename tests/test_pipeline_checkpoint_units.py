@@ -48,6 +48,25 @@ def test_a_wrong_layer_map_is_refused():
     assert "holds layers [1, 2]" in check_layer_map([metas[0], missing], [1, 3], "ckpt")
 
 
+def test_tied_copy_is_saved_once():
+    """Tied embeddings with pp > 1: the last chunk's head is a copy of the embedding, recorded under
+    the model's one name and marked; the map accepts it and the full state takes chunk 0's entry."""
+    from ds_hetero.checkpoint.layer_map import saved_entries
+
+    first, last = _chunk(0, [0, 1], embed=True), _chunk(1, [2, 3], head=True)
+    last["params"]["lm_head.weight"] = {"hf_name": f"{PREFIX}.embed_tokens.weight", "shape": [8, 4],
+                                        "shared_copy": True}
+    assert check_layer_map([first, last], [2, 2], "ckpt") is None
+    assert "lm_head.weight" not in saved_entries(last) and "decoder.embed_tokens.weight" in saved_entries(first)
+    # negative controls: unmarked, it is a parameter saved by two chunks; marked without the
+    # first chunk's entry, a copy of nothing
+    unmarked = {**last, "params": {**last["params"], "lm_head.weight": {
+        k: v for k, v in last["params"]["lm_head.weight"].items() if k != "shared_copy"}}}
+    assert "saved by chunks 0 and 1" in check_layer_map([first, unmarked], [2, 2], "ckpt")
+    alone = {**first, "params": {k: v for k, v in first["params"].items() if "embed" not in k}}
+    assert "no other chunk saves" in check_layer_map([alone, last], [2, 2], "ckpt")
+
+
 def test_chunk_folders():
     assert chunk_folder(3) == "pp_03"
     assert part_dirs("ck", "language", 1) == ["ck/language"]

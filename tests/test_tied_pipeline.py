@@ -13,6 +13,9 @@ copies on the first and the last pipeline stage are equal to the bit. Layouts on
     tied LLaVA, vision dp4 + language pp2 tp2 (vocabulary-parallel embedding and head), ZeRO 2, SGD
     tied LLaVA, vision tp2 dp2 + language pp4 (middle pipeline stages hold no copy), ZeRO 0, SGD
     tied LLaVA, disaggregated: vision dp1 on rank 0 + language pp3 on ranks 1-3, ZeRO 1, AdamW
+    tied LLaVA, vision dp4 + language pp2 cp2 (context parallelism), ZeRO 1, AdamW
+    tied LLaVA, vision dp4 + language pp2 tp2 with sequence parallelism, ZeRO 2, SGD
+    tied LLaVA, first_stage: vision dp2 on pipeline stage 0's ranks + language pp2 dp2, ZeRO 1, AdamW
     tied Qwen2-VL, vision dp4 + language pp2 dp2 (variable image tokens, text-only samples), ZeRO 2, AdamW
 Negative controls: the gradients not summed over the embedding group (the first stage's copy
 misses the head's gradient: weights far off, copies differ); the head's copy counted in the norm
@@ -35,6 +38,18 @@ CLIP = 0.3
 DISAGG = "tied disaggregated vision dp1 rank 0 + language pp3 ranks 1-3 zero1 adamw"
 NO_SUM = "control: pp2dp2 copies' gradients not summed"
 NORM_TWICE = "control: pp2dp2 head's copy counted in the norm"
+FIRST_STAGE = "tied first_stage vision dp2 + language pp2dp2 zero1 adamw"
+# the embedding group pairs the first and last pipeline stage at each (tp, cp, dp): with cp or
+# sequence parallelism each pair's copies see their own sequence shard's gradients before the sum
+SHARDED_AND_FIRST_STAGE = {
+    "tied vision dp4 + language pp2cp2 zero1 adamw": dict(
+        layout={"vision": {"dp": 4}, "language": {"cp": 2, "dp": 1, "pp": 2}}, zero_stage=1),
+    "tied vision dp4 + language pp2tp2 sequence_parallel zero2 sgd": dict(
+        layout={"vision": {"dp": 4}, "language": {"tp": 2, "dp": 1, "pp": 2, "sequence_parallel": True}},
+        zero_stage=2, optimizer="sgd"),
+    FIRST_STAGE: dict(
+        layout={"vision": {"dp": 2}, "language": {"dp": 2, "pp": 2}}, zero_stage=1, placement="first_stage"),
+}
 
 
 def _llava(rank, world_size):
@@ -47,6 +62,7 @@ def _llava(rank, world_size):
             layout={"vision": {"tp": 2, "dp": 2}, "language": {"dp": 1, "pp": 4}}, zero_stage=0, optimizer="sgd"),
         DISAGG: dict(
             layout={"vision": {"dp": 1}, "language": {"dp": 1, "pp": 3}}, zero_stage=1, placement="disaggregated"),
+        **SHARDED_AND_FIRST_STAGE,
         NO_SUM: dict(layout={"vision": {"dp": 4}, "language": {"dp": 2, "pp": 2}}, zero_stage=1, optimizer="sgd",
                      steps=2, control="no_sum"),
         NORM_TWICE: dict(layout={"vision": {"dp": 4}, "language": {"dp": 2, "pp": 2}}, zero_stage=1,

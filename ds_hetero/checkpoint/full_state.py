@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ..tensor_parallel.layers import merge_shards
-from .layer_map import check_layer_map, part_dirs, saved_pp
+from .layer_map import check_layer_map, part_dirs, saved_entries, saved_pp
 from .manifest import CheckpointError, pipeline_of, read_stage_params, saved_stage_zero
 
 CACHE = "full_state"
@@ -105,7 +105,7 @@ def _read_part(part: str, tag: str, meta: dict[str, Any], zero: int, tp: int) ->
     keyed by the model's parameter names."""
     slices, common = _tp_slices(os.path.join(part, tag), meta, zero, tp)
     params = {}
-    for name, info in meta["params"].items():
+    for name, info in saved_entries(meta).items():
         split = info["tp_split"]
         merged = {}
         for key in slices[0][name]:

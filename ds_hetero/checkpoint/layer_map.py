@@ -17,6 +17,12 @@ and head with the last chunk's, as they are held.
 `check_layer_map` verifies the recorded map against the manifest's cut before anything is
 loaded: each chunk's layers are exactly its range of the cut, every local layer index plus the
 chunk's start is the model's layer index, and no parameter is saved by two chunks.
+
+Tied input/output embeddings with pp > 1: the first chunk's embedding and the last chunk's head
+are two copies of one model parameter (stages/tied_embeddings.py), recorded under the model's one
+name; the head's is marked `shared_copy` and left out of the full state (`saved_entries`), which
+keeps the first chunk's. Loading into any layout restores every copy, and its optimizer state,
+from that one tensor, as the model names of both copies are the same.
 """
 
 from __future__ import annotations
@@ -80,6 +86,7 @@ def check_layer_map(metas: list[dict[str, Any]], counts: list[int] | None, where
         return None
     cut = [(r.start, r.stop) for r in layer_cut(sum(counts), len(counts), tuple(counts))]
     owner: dict[str, int] = {}
+    shared: list[tuple[int, str, str]] = []
     for k, (meta, (start, stop)) in enumerate(zip(metas, cut, strict=True)):
         recorded = (meta.get("chunk") or {}).get("layers")
         if recorded is not None and tuple(recorded) != (start, stop):
@@ -88,6 +95,9 @@ def check_layer_map(metas: list[dict[str, Any]], counts: list[int] | None, where
         seen = set()
         for local, info in meta["params"].items():
             hf = info["hf_name"]
+            if info.get("shared_copy"):  # a tied weight's second copy: its first chunk's entry is the saved one
+                shared.append((k, local, hf))
+                continue
             if hf in owner:
                 return f"{where}: {hf} is saved by chunks {owner[hf]} and {k} (a wrong layer map)"
             owner[hf] = k
@@ -101,7 +111,18 @@ def check_layer_map(metas: list[dict[str, Any]], counts: list[int] | None, where
         if seen and seen != set(range(start, stop)):
             return (f"{where}: chunk {k} holds layers {sorted(seen)}, but the manifest's cut {counts} gives it "
                     f"{start}..{stop - 1} (a wrong layer map)")
+    for k, local, hf in shared:  # the copy stands for a parameter another chunk saves (tied embeddings)
+        if owner.get(hf, k) == k:
+            return (f"{where}: chunk {k}'s {local} is marked as a shared copy of {hf}, but no other chunk saves "
+                    f"{hf} (a wrong layer map)")
     return None
+
+
+def saved_entries(meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A chunk's params.json entries whose tensors its files contribute to the full state: all but
+    a tied weight's shared copy (the first chunk's copy is that parameter's one saved tensor; both
+    copies hold the same weights and optimizer state, as they take identical steps)."""
+    return {local: info for local, info in meta["params"].items() if not info.get("shared_copy")}
 
 
 def hf_names(module, model) -> dict[str, str]:

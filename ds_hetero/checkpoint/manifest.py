@@ -14,6 +14,8 @@
 Each stage folder also holds `params.json`, written by the stage's first rank (in disaggregated
 placement rank 0 does not hold every stage): every parameter's full shape, its tp split (dim,
 stride) and Hugging Face name, and the optimizer's parameter order (ZeRO 0 files index by it).
+A tied weight's copy on the last pipeline stage (stages/tied_embeddings.py) is recorded under the
+model's one name with `"shared_copy": true`: the full state takes that name from the first chunk.
 A pipelined stage has one folder per chunk, each with its params.json (layer_map.py).
 """
 
@@ -23,6 +25,7 @@ import json
 import os
 from typing import Any
 
+from ..stages.tied_embeddings import is_shared_copy
 from .layer_map import chunk_record, current_counts
 
 FORMAT = "ds_hetero.checkpoint/1"
@@ -119,6 +122,8 @@ def stage_params(stage, model) -> dict[str, Any]:
             split = {"dim": dim, "stride": p.partition_stride}
         params[name] = {"shape": shape, "tp_split": split, "hf_name": hf_names.get(id(p), name),
                         "trainable": p.requires_grad}
+        if is_shared_copy(p):  # a tied weight's copy on the last pipeline stage: the first chunk's is saved
+            params[name]["shared_copy"] = True
     names = {id(p): n for n, p in module.named_parameters()}
     optimizer = stage.engine.optimizer
     order = []

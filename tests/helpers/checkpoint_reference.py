@@ -43,6 +43,12 @@ def live_full_state(engine):
         tp_group = engine.groups[stage].tp
         zero = e.zero_optimization_stage()
         first = engine.rank == engine.stages[stage].norm_rank  # with a pipeline: its chunk's first rank
+        if zero in (1, 2):
+            # DeepSpeed 0.19 links each parameter's view of Adam's state right after the *first*
+            # param group's first step, before the later groups have any state, so a second group
+            # (a tied embedding copy's own group) would read as stateless; link again, now all have it
+            e.optimizer._hp_optimizer_states_linked = False
+            e.optimizer._lazy_init_hp_params_optimizer_state()
         for p in e.module.parameters():
             optimized = hasattr(p, "_hp_mapping") if zero else p in e.optimizer.state
             if not optimized:  # not in the optimizer (never gets a gradient): weights only
