@@ -16,7 +16,9 @@ One step, on every rank in an order that is a pure function of the StepPlan:
   and the row gradients back) is a collective over every rank, entered by all of them at the
   start of the same 1F1B step; each rank's encoder forward and backward run in its own pipeline
   stage's idle steps (the fill and drain) where the order allows (fill_drain.py: where and why
-  it cannot deadlock; pipeline_fill.py runs it).
+  it cannot deadlock; pipeline_fill.py runs it). Where an encoder's own forward or backward is
+  a collective with other pipeline stages (its tp group spanning them, ZeRO 2 or 3), its work
+  stays in phases before and after the 1F1B instead (`encoder_work_is_local`).
 - encoders in first_stage and disaggregated placement (no encoder rank holds a later pipeline
   stage): each pass runs inline, inside pipeline stage 0's 1F1B (`_Inline`): that is Megatron's
   single layout, and in disaggregated placement one 1F1B across the encoder and the pipeline
@@ -45,7 +47,7 @@ from ..loss import token_loss_sum
 from ..stages.tied_embeddings import reduce_tied_gradients
 from ..stages.zero3_pipeline import count_backward
 from ..step.plan import StepPlan
-from .pipeline_fill import EncodersInPipeline
+from .pipeline_fill import EncodersInPipeline, encoder_work_is_local
 from .pipeline_shapes import hidden_shape as shard_shape
 from .stage_work import StageWork
 
@@ -73,7 +75,8 @@ class PipelineSchedule(StageWork):
             inline.replay(plan.micro_batches, language.layout.pp)  # an encoder-only rank
             return 0.0
         # colocated (mixed: an encoder colocated with every pipeline stage): pipeline_fill.py
-        fill = EncodersInPipeline(self, samples, plan, step, self.fill_drain)
+        fill = EncodersInPipeline(self, samples, plan, step,
+                                  self.fill_drain and encoder_work_is_local(self.stages))
         if not language.held:  # mixed: a rank of an encoder of its own
             fill.replay()
             return 0.0

@@ -16,6 +16,25 @@ from ..step.plan import StepPlan
 from .fill_drain import Work, fill_drain_order
 
 
+def encoder_work_is_local(stages) -> bool:
+    """Whether every encoder's forward and backward are free of collectives with other pipeline
+    stages, so that fill_drain.py may run them at different 1F1B steps on different ranks (its
+    exchanges are the only collectives it places). Not so when an encoder's tensor- or
+    context-parallel group spans pipeline stages, or under ZeRO 2 or 3 (ZeRO 3 gathers the
+    encoder's parameters over its dp group in every forward; ZeRO 2 reduce-scatters gradients in
+    every backward; ZeRO 0 and 1 reduce only at the last pass, which never moves). Then the
+    phased order runs instead. A pure function of the config, so every rank decides alike."""
+    language = stages.language.layout
+    pipeline_stage = {r: language.coord(r).pp for r in language.ranks}
+    for encoder in stages.encoders:
+        if encoder.trains and stages.config.zero_stage_of(encoder.name) >= 2:
+            return False
+        for group in encoder.layout.tp_groups() + encoder.layout.cp_groups():
+            if len({pipeline_stage.get(r) for r in group}) > 1:
+                return False
+    return True
+
+
 class EncodersInPipeline:
     def __init__(self, work, samples: Sequence[dict[str, Any]], plan: StepPlan, step: int, fill: bool = True):
         self.work, self.samples, self.plan, self.step = work, samples, plan, step

@@ -36,10 +36,10 @@ def suite(rank, world_size):
         return run_layouts(rank, world_size, {
             "vision dp4 two passes + language pp2dp2 zero1 adamw": dict(
                 layout={"vision": {"dp": 4, "micro_batches": 2}, "language": {"dp": 2, "pp": 2}}, zero_stage=1),
-            "omni vision dp4 + audio tp2dp2 one pass + language pp2dp2 zero2 sgd": dict(
+            "omni vision dp4 + audio tp2dp2 one pass + language pp2dp2 zero1 sgd": dict(
                 family="omni", layout={"vision": {"dp": 4}, "audio": {"tp": 2, "dp": 2, "micro_batches": 1},
                                        "language": {"dp": 2, "pp": 2}},
-                zero_stage=2, optimizer="sgd", model_kw={}),
+                zero_stage=1, optimizer="sgd", model_kw={}),
             "mixed omni vision dp2 on language pp2 [0,1] + audio dp2 [2,3] zero1 adamw": dict(
                 family="omni", placement="mixed", zero_stage=1, model_kw={},
                 layout={"vision": {"dp": 2, "ranks": [0, 1]}, "audio": {"dp": 2, "ranks": [2, 3]},
