@@ -169,7 +169,7 @@ class PipelineSchedule(StageWork):
 
         def hidden_shape(m):  # this rank's sequence shard of the hidden states (pipeline_shapes.py)
             s = micro_batch(m)
-            return shard_shape(language.layout, s["batch"], s["sharded"], self.adapter.hidden_size)
+            return shard_shape(language.layout, s["batch"], s["sharded"], self.adapter.language_hidden_size)
 
         for cmds in ds.TrainSchedule(micro_batches=plan.micro_batches, stages=pp, stage_id=coord.pp).steps():
             for cmd in cmds:
@@ -193,7 +193,8 @@ class PipelineSchedule(StageWork):
                             out = language(batch["input_ids"], rows, batch["attention_mask"], batch["position_ids"],
                                            n_placeholders=s["counts"])
                         else:
-                            out = language(s["input"], (), batch["attention_mask"], batch["position_ids"])
+                            out = language(s["input"], (), batch["attention_mask"], batch["position_ids"],
+                                           input_ids=batch["input_ids"])
                         if nxt is None:
                             out = token_loss_sum(out, batch["labels"], self.lm_head, shifted=s["sharded"])
                     s["output"] = out
