@@ -9,7 +9,9 @@ Gemma 3 (cut [1, 2]: the second chunk's layers are a full then a sliding one, at
 than in the whole decoder; image blocks bidirectional), Qwen3-VL (DeepStack levels in decoder
 layers 0 and 1, both in the first chunk; the encoder at tp 2), Qwen2.5-VL (language pp2 tp2),
 InternVL, LLaVA-OneVision (pp2 tp2), and the Qwen2.5-Omni thinker (vision and audio encoders,
-TMRoPE positions). Boundary bytes at the lower bound.
+TMRoPE positions). Gemma 3 with its embeddings tied (Gemma's default; the scaled input
+embedding on the first pipeline stage, the head on the last), ZeRO 2. `eval_batch` on both Gemma 3
+runs gives the reference's loss. Boundary bytes at the lower bound.
 
 Negative controls: for Gemma 3, Qwen3-VL, Qwen2.5-VL, InternVL and LLaVA-OneVision a wrong
 reference (image blocks causal / DeepStack levels in the wrong layers / windows dropped /
@@ -50,7 +52,10 @@ def _suite_vl(rank, world_size):
     runs = {
         "gemma3 vision dp4 + language pp2dp2 [1, 2] zero1 adamw": dict(
             family="gemma3", layout={"vision": {"dp": 4}, "language": {"dp": 2, "pp": 2, "pp_layers": [1, 2]}},
-            zero_stage=1, wrong=True),
+            zero_stage=1, wrong=True, evaluate=True),
+        "gemma3 tied embeddings vision dp4 + language pp2dp2 zero2 adamw": dict(
+            family="gemma3", layout={"vision": {"dp": 4}, "language": {"dp": 2, "pp": 2}}, zero_stage=2,
+            model_kw={"tie_word_embeddings": True}, evaluate=True),
         "qwen3_vl vision tp2dp2 + language pp2dp2 zero2 adamw": dict(
             family="qwen3_vl", layout={"vision": {"tp": 2, "dp": 2}, "language": {"dp": 2, "pp": 2}},
             zero_stage=2, wrong=True),
@@ -93,7 +98,12 @@ def test_vision_families_with_a_pipelined_language_stage():
         rel, where, abs_, compared = control["weight_err"]
         assert compared > 0 and rel > 100 * RTOL and abs_ > 100 * ATOL, (rank, control["weight_err"])
     check_family_parity(results)
-    assert all(len(r) == 3 for r in results)
+    assert all(len(r) == 4 for r in results)
+    for rank, per_rank in enumerate(results):  # eval_batch before training: the reference's first loss
+        evaluated = {name: r for name, r in per_rank.items() if "eval_loss" in r}
+        assert len(evaluated) == 2, (rank, list(per_rank))
+        for name, r in evaluated.items():
+            assert abs(r["eval_loss"] - r["ref_losses"][0]) <= RTOL * abs(r["ref_losses"][0]), (rank, name, r)
 
 
 def test_more_families_with_a_pipelined_language_stage():
