@@ -8,7 +8,8 @@ pp-1 position. Negative controls, one per mechanism: a chunk that reads the whol
 `layer_types` at its own layer positions, a Gemma 3 chunk whose mask is left causal, and a
 Qwen3-VL cut with a DeepStack layer outside the first chunk (which the model check refuses),
 each give different logits. The refusal is a HeteroConfigError naming `pp_layers`, from the
-checks `ds-hetero validate` and `initialize` share (stages/checks.py::check_all).
+checks `ds-hetero validate` and `initialize` share (stages/checks.py::check_all), and the
+planner's cached layout verdicts keep cuts apart (a refused cut refuses no other).
 """
 
 import pytest
@@ -111,3 +112,21 @@ def test_qwen3_vl_deepstack_layer_outside_the_first_chunk_is_refused():
     want = whole(batch["input_ids"], rows, batch["attention_mask"], batch["position_ids"])
     got = _run_chunks(whole, batch, rows, (1, 2), 3)
     assert not torch.allclose(got, want, rtol=1e-3, atol=1e-3)
+
+
+def test_planner_layout_cache_keeps_the_deepstack_cut_apart():
+    """The planner caches the adapter's verdict per layout: a refused cut must not refuse another
+    cut (or pp 1) with the same tp / cp sizes, nor an accepted one let a refused cut through."""
+    from ds_hetero.models.tiny_families import tiny_qwen3_vl
+    from ds_hetero.planner.validity import check_candidate
+
+    adapter, cache = adapter_for(tiny_qwen3_vl()), {}
+
+    def ds(language):
+        return {"train_batch_size": 16, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+                "hetero_parallel": {"micro_batches": 4, "stages": {"vision": {"dp": 4}, "language": language}}}
+
+    check_candidate(ds({"dp": 2, "pp": 2, "pp_layers": [2, 1]}), 4, adapter, layout_cache=cache)
+    with pytest.raises(HeteroConfigError, match="DeepStack"):
+        check_candidate(ds({"dp": 2, "pp": 2, "pp_layers": [1, 2]}), 4, adapter, layout_cache=cache)
+    check_candidate(ds({"dp": 4}), 4, adapter, layout_cache=cache)
