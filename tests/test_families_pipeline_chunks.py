@@ -1,15 +1,16 @@
 """Every model family's language stage cut into pipeline chunks, without processes.
 
-The chunks run one after the other give the pp-1 language stage's logits and boundary-row
-gradients exactly, for every family (Gemma 3's image blocks and sliding layers, Qwen3-VL's
-DeepStack levels, Qwen2.5-Omni's TMRoPE positions and two encoders' rows, InternVL,
-LLaVA-OneVision, Qwen2.5-VL), on cuts that put each family's per-layer settings off their
-pp-1 position. Negative controls, one per mechanism: a chunk that reads the whole decoder's
-`layer_types` at its own layer positions, a Gemma 3 chunk whose mask is left causal, and a
-Qwen3-VL cut with a DeepStack layer outside the first chunk (which the model check refuses),
-each give different logits. The refusal is a HeteroConfigError naming `pp_layers`, from the
-checks `ds-hetero validate` and `initialize` share (stages/checks.py::check_all), and the
-planner's cached layout verdicts keep cuts apart (a refused cut refuses no other).
+The chunks run one after the other give the pp-1 language stage's logits and boundary-row gradients
+exactly, for every family (Gemma 3's image blocks and sliding layers, Qwen3-VL's DeepStack levels,
+Qwen2.5-Omni's TMRoPE positions and two encoders' rows, InternVL, LLaVA-OneVision, Qwen2.5-VL, and
+an InternVL whose Qwen2 decoder has a sliding-window layer), on cuts that put each family's per-
+layer settings off their pp-1 position. Negative controls, one per mechanism: a chunk that reads the
+whole decoder's `layer_types` at its own layer positions (Gemma 3, and the sliding Qwen2 decoder), a
+Gemma 3 chunk whose mask is left causal, and a Qwen3-VL cut with a DeepStack layer outside the first
+chunk (which the model check refuses), each give different logits. The refusal is a
+HeteroConfigError naming `pp_layers`, from the checks `ds-hetero validate` and `initialize` share
+(stages/checks.py::check_all), and the planner's cached layout verdicts keep cuts apart (a refused
+cut refuses no other).
 """
 
 import pytest
@@ -25,8 +26,26 @@ from ds_hetero.models.pipeline import PipelineChunk
 from ds_hetero.stages.checks import check_all
 
 
+def _sliding_internvl(seed):
+    """A tiny InternVL whose Qwen2 decoder has a sliding-window (4) second layer: Qwen2's own
+    `use_sliding_window` / `max_window_layers`, the first layer full."""
+    import copy
+
+    from transformers import InternVLForConditionalGeneration
+
+    from ds_hetero.models.tiny_families import tiny_internvl
+
+    config = copy.deepcopy(tiny_internvl().config)
+    text = config.text_config
+    text.use_sliding_window, text.sliding_window, text.max_window_layers = True, 4, 1
+    text.layer_types = ["full_attention", "sliding_attention"]
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return InternVLForConditionalGeneration(config)
+
+
 def _family(family):
-    """(language stage, its batch, one rows tensor per encoder) of a tiny seeded model."""
+    """(model, language stage, its batch, one rows tensor per encoder) of a tiny seeded model."""
     if family == "omni":
         from ds_hetero.testing.parity import build_model, make_batches
 
@@ -36,7 +55,10 @@ def _family(family):
         from ds_hetero.models import tiny_families
         from tests.helpers.family_parity import make_batches
 
-        model = getattr(tiny_families, f"tiny_{family}")(seed=3)
+        if family == "internvl_sliding":
+            model, family = _sliding_internvl(seed=3), "internvl"
+        else:
+            model = getattr(tiny_families, f"tiny_{family}")(seed=3)
         samples = make_batches(family, model, 1, 4)[0]
     adapter = adapter_for(model)
     batch = adapter.language_inputs(samples)
@@ -58,7 +80,7 @@ def _run_chunks(whole, batch, rows, counts, n_layers):
 
 
 CUTS = [("gemma3", (1, 2)), ("gemma3", (2, 1)), ("gemma3", (1, 1, 1)), ("qwen3_vl", (2, 1)),
-        ("omni", (1, 1)), ("internvl", (1, 1)), ("llava_onevision", (1, 1)), ("qwen2_5_vl", (1, 1))]
+        ("omni", (1, 1)), ("internvl", (1, 1)), ("internvl_sliding", (1, 1)), ("llava_onevision", (1, 1)), ("qwen2_5_vl", (1, 1))]
 
 
 @pytest.mark.parametrize("family,counts", CUTS)
@@ -80,6 +102,17 @@ def test_gemma3_chunk_reading_the_whole_layer_types_differs(monkeypatch):
     want = whole(batch["input_ids"], rows, batch["attention_mask"], batch["position_ids"])
     monkeypatch.setattr(pipeline_module, "chunk_config", lambda config, layers: config)
     got = _run_chunks(whole, batch, rows, (1, 2), 3)
+    assert not torch.allclose(got, want, rtol=1e-3, atol=1e-3)
+
+
+def test_qwen2_sliding_layer_chunk_reading_the_whole_layer_types_differs(monkeypatch):
+    """The same for a Qwen2 decoder (InternVL's) whose second layer is a sliding-window one: alone
+    in the second chunk, it would take the first layer's full mask."""
+    model, whole, batch, rows = _family("internvl_sliding")
+    assert batch["input_ids"].shape[1] > 4  # longer than the window: the masks differ
+    want = whole(batch["input_ids"], rows, batch["attention_mask"], batch["position_ids"])
+    monkeypatch.setattr(pipeline_module, "chunk_config", lambda config, layers: config)
+    got = _run_chunks(whole, batch, rows, (1, 1), 2)
     assert not torch.allclose(got, want, rtol=1e-3, atol=1e-3)
 
 
