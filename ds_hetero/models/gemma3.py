@@ -56,19 +56,15 @@ class Gemma3LanguageStage(LanguageStage):
             return input_ids
         return input_ids.masked_fill(input_ids == self.token_ids[0], 0)  # as Gemma3Model does
 
-    def forward(self, input_ids, rows, attention_mask=None, position_ids=None, n_placeholders=None):
+    def decoder_mask(self, input_ids, hidden, attention_mask, position_ids):
         from transformers.models.gemma3.modeling_gemma3 import (create_masks_for_vision_model,
                                                                 get_block_sequence_ids_for_mask)
 
-        embeds = self.embed(input_ids, rows, n_placeholders)
         token_type_ids = (input_ids == self.token_ids[0]).long()
-        masks = create_masks_for_vision_model(
-            config=self.language_model.config, inputs_embeds=embeds, attention_mask=attention_mask,
+        return create_masks_for_vision_model(
+            config=self.language_model.config, inputs_embeds=hidden, attention_mask=attention_mask,
             past_key_values=None, position_ids=position_ids,
-            block_sequence_ids=get_block_sequence_ids_for_mask(token_type_ids, device=embeds.device))
-        hidden = self.language_model(inputs_embeds=embeds, attention_mask=masks,
-                                     position_ids=position_ids).last_hidden_state
-        return self.lm_head(hidden)
+            block_sequence_ids=get_block_sequence_ids_for_mask(token_type_ids, device=hidden.device))
 
 
 def split_gemma3(model: nn.Module) -> dict[str, nn.Module]:

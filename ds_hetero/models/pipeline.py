@@ -52,13 +52,18 @@ class PipelineChunk(nn.Module):
             chunk._modules["norm"] = nn.Identity()
         if not self.is_first:
             chunk._modules["embed_tokens"] = None  # the decoder embeds nothing: it gets inputs_embeds
+        chunk.config = chunk_config(decoder.config, layers)
         self.decoder = chunk
         self.embed = decoder.get_input_embeddings() if self.is_first else None
-        # The language stage's own embedding step (LanguageStage.embed: a family's id mapping, and
+        # The language stage's own embedding step (LanguageStage.embed_inputs: a family's id mapping,
+        # the decoder extras computed from the rows (DeepStack levels) and
         # under sequence parallelism the vocabulary-parallel lookup that leaves this rank its tp
         # chunk, whose ids say where the rows go). A bound method, not a submodule: the chunk
         # must not hold the other chunks' parameters.
-        self._embed_rows = stage.embed if self.is_first else None
+        self._embed_inputs = stage.embed_inputs if self.is_first else None
+        # The family's decoder mask (Gemma 3: image blocks bidirectional), built by every chunk from
+        # the micro-batch's `input_ids`, as the pp-1 stage builds it (LanguageStage.decoder_mask).
+        self._decoder_mask = stage.decoder_mask
         self.lm_head = stage.lm_head if self.is_last else None
 
     def forward(
@@ -68,17 +73,40 @@ class PipelineChunk(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         n_placeholders: Sequence[int] | None = None,
+        input_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """First chunk: `input_ids` [b, s] and each encoder's rows; others: hidden [b, s, H].
+        """First chunk: `input_ids` [b, s] and each encoder's rows; others: hidden [b, s, H] and the
+        micro-batch's `input_ids` (a family's mask is built from them).
         Returns hidden [b, s, H], or logits on the last chunk. With sequence shards s is this
         rank's shard (the ids: the cp chunk; hidden: its tp sub-chunk under sequence parallelism)."""
+        extra = {}
         if self.is_first:
-            embeds = self._embed_rows(hidden_or_ids, rows, n_placeholders)
+            input_ids = hidden_or_ids
+            embeds, extra = self._embed_inputs(input_ids, rows, n_placeholders)
         else:
             embeds = hidden_or_ids
-        hidden = self.decoder(inputs_embeds=embeds, attention_mask=attention_mask,
-                              position_ids=position_ids).last_hidden_state
+        mask = self._decoder_mask(input_ids, embeds, attention_mask, position_ids)
+        # use_cache False: a cache built from the chunk's config has only the chunk's layers, but
+        # the layers index it by their index in the whole decoder
+        hidden = self.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
+                              use_cache=False, **extra).last_hidden_state
         return self.lm_head(hidden) if self.is_last else hidden
+
+
+def chunk_config(config, layers: range):
+    """The decoder's config as seen by a chunk holding `layers`: decoders index per-layer settings
+    by their position in `self.layers` (`config.layer_types[i]` picks layer i's mask and rotary
+    table: Gemma 3's sliding and full layers, Qwen2's sliding-window layers), which in a chunk is
+    the position inside the chunk, so the chunk's config lists its own layers' settings only.
+    A shallow copy: every other setting is the model's, `num_hidden_layers` included (decoders
+    only slice `self.layers[:num_hidden_layers]` with it, and checkpoint/layer_map.py reads the
+    model's layer count from it)."""
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        return config
+    config = copy.copy(config)
+    config.layer_types = [types[i] for i in layers]
+    return config
 
 
 def cut_language_stage(stage: LanguageStage, index: int, pp: int, cut: Sequence[range]) -> PipelineChunk:

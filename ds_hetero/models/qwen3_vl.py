@@ -54,19 +54,19 @@ class Qwen3VLLanguageStage(LanguageStage):
         self.levels = len(model.config.vision_config.deepstack_visual_indexes)
         self.width = model.config.text_config.hidden_size
 
-    def forward(self, input_ids, rows, attention_mask=None, position_ids=None, n_placeholders=None):
+    def embed_inputs(self, input_ids, rows, n_placeholders=None):
         rows = rows if isinstance(rows, torch.Tensor) else rows[0]
         if rows.shape[-1] != (1 + self.levels) * self.width:
             raise ValueError(f"Qwen3-VL rows have width {rows.shape[-1]}, expected (1 + {self.levels} DeepStack "
                              f"levels) x {self.width}")
         merged, *levels = rows.split(self.width, dim=-1)
         embeds = self.embed(input_ids, merged, n_placeholders)
-        hidden = self.language_model(
-            inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
-            visual_pos_masks=self.local_ids(input_ids) == self.token_ids[0],  # this rank's positions
-            deepstack_visual_embeds=[level.to(embeds.dtype) for level in levels] if levels else None,
-        ).last_hidden_state
-        return self.lm_head(hidden)
+        # Level l is added after decoder layer l: with a pipeline, these layers must all be in the
+        # first chunk (Qwen3VLAdapter.check_layouts refuses a cut that moves one out of it).
+        return embeds, {
+            "visual_pos_masks": self.local_ids(input_ids) == self.token_ids[0],  # this rank's positions
+            "deepstack_visual_embeds": [level.to(embeds.dtype) for level in levels] if levels else None,
+        }
 
 
 def split_qwen3_vl(model: nn.Module) -> dict[str, nn.Module]:
@@ -85,6 +85,24 @@ class Qwen3VLAdapter(Qwen2VLAdapter):
         """Width of a boundary row: the merged embedding and every DeepStack level."""
         levels = len(self.model.config.vision_config.deepstack_visual_indexes)
         return (1 + levels) * self.model.config.text_config.hidden_size
+
+    def check_layouts(self, cfg) -> None:
+        """With a pipelined language stage, the DeepStack levels reach the first pipeline stage only
+        (they travel with the boundary rows): the decoder layers they are added after must all be in it."""
+        from ..config import SECTION
+        from ..config.pipeline import layer_cut
+        from ..errors import HeteroConfigError
+
+        levels = len(self.model.config.vision_config.deepstack_visual_indexes)
+        if cfg.language.pp > 1 and levels:
+            first = layer_cut(self.model.config.text_config.num_hidden_layers, cfg.language.pp, cfg.pp_layers)[0]
+            if len(first) < levels:
+                raise HeteroConfigError(
+                    f"{SECTION}.stages.language.pp_layers",
+                    f"Qwen3-VL adds its {levels} DeepStack levels to the hidden states after decoder layers "
+                    f"0-{levels - 1}, and only the first pipeline stage receives them, but it holds {len(first)} "
+                    f"layer(s); give the first pipeline stage at least {levels} layers (pp_layers[0] >= {levels})")
+        super().check_layouts(cfg)
 
     def image_cost(self, rows: int) -> int:
         patches = rows * self.merge**2  # every block attends over the image's patches

@@ -57,11 +57,30 @@ class LanguageStage(nn.Module):
         """`rows`: one `[T_e, H]` tensor per encoder (a single tensor for a single encoder).
         `n_placeholders`: each encoder's placeholder count, when the caller counted it on the
         host (the engine does); otherwise it is read from `input_ids` (a device sync on a GPU)."""
-        embeds = self.embed(input_ids, rows, n_placeholders)
+        embeds, extra = self.embed_inputs(input_ids, rows, n_placeholders)
         hidden = self.language_model(
-            inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids
+            inputs_embeds=embeds, attention_mask=self.decoder_mask(input_ids, embeds, attention_mask, position_ids),
+            position_ids=position_ids, **extra,
         ).last_hidden_state
         return self.lm_head(hidden)
+
+    # What the decoder needs beyond `inputs_embeds`, `attention_mask` and `position_ids` comes from
+    # the two hooks below, so that a pipeline chunk (models/pipeline.py) runs exactly what this
+    # forward runs: a family overrides the hooks, never `forward`.
+
+    def embed_inputs(self, input_ids: torch.Tensor, rows, n_placeholders: Sequence[int] | None = None
+                     ) -> tuple[torch.Tensor, dict]:
+        """(`inputs_embeds`, extra decoder keyword arguments computed from the rows). The extras
+        act on the decoder's layers counted from its first one (Qwen3-VL's DeepStack levels are
+        added after its first layers), so a pipeline gives them to its first chunk only."""
+        return self.embed(input_ids, rows, n_placeholders), {}
+
+    def decoder_mask(self, input_ids: torch.Tensor, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
+                     position_ids: torch.Tensor | None):
+        """The decoder's `attention_mask` argument: the padding mask (the decoder builds its causal
+        masks from it), or a family's own masks built from the micro-batch's `input_ids` (every
+        pipeline chunk has them; `hidden` gives the shape, dtype and device)."""
+        return attention_mask
 
     def embed(self, input_ids: torch.Tensor, rows, n_placeholders: Sequence[int] | None = None) -> torch.Tensor:
         """The token embeddings with each encoder's rows in place of its placeholders.

@@ -120,8 +120,9 @@ GEMMA3_IDS = dict(boi_token_index=297, eoi_token_index=296, image_token_index=29
 
 def tiny_gemma3(seed: int = 0, text_hidden: int = 64, text_layers: int = 3, vision_hidden: int = 32,
                 vision_layers: int = 2, image_size: int = 16, patch_size: int = 4, tokens_per_image: int = 4,
-                sliding_window: int = 4):
-    """A Gemma 3 with a 300-token vocab, untied head; layers alternate sliding (window 4) and full.
+                sliding_window: int = 4, tie_word_embeddings: bool = False):
+    """A Gemma 3 with a 300-token vocab, untied head unless `tie_word_embeddings` (Gemma's own
+    default); layers alternate sliding (window 4) and full.
 
     Gemma initialises its projection weight and its (1 + w) RMSNorm weights to zero; here they
     are drawn at random too, so the image rows and every norm carry a gradient from step one.
@@ -133,14 +134,14 @@ def tiny_gemma3(seed: int = 0, text_hidden: int = 64, text_layers: int = 3, visi
         vocab_size=300, hidden_size=text_hidden, intermediate_size=2 * text_hidden, num_hidden_layers=text_layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=text_hidden // 4, query_pre_attn_scalar=text_hidden // 4,
         sliding_window=sliding_window, layer_types=layer_types, max_position_embeddings=1024,
-        pad_token_id=0, bos_token_id=2, eos_token_id=1, tie_word_embeddings=False,
+        pad_token_id=0, bos_token_id=2, eos_token_id=1, tie_word_embeddings=tie_word_embeddings,
     )
     vision = dict(
         hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=vision_layers,
         num_attention_heads=4, image_size=image_size, patch_size=patch_size, vision_use_head=False,
     )
     cfg = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=tokens_per_image,
-                       tie_word_embeddings=False, **GEMMA3_IDS)
+                       tie_word_embeddings=tie_word_embeddings, **GEMMA3_IDS)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = Gemma3ForConditionalGeneration(cfg)

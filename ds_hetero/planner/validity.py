@@ -18,7 +18,8 @@ def check_candidate(ds_config: Mapping[str, Any], world_size: int, adapter, has_
     """The validated config of `ds_config` for `world_size` ranks and the model behind `adapter`.
 
     layout_cache   optional dict remembering the adapter's verdict per (stage, tp, cp, sequence
-                   parallel) sizes: its checks depend on those sizes only, and walking a large
+                   parallel) sizes and the language's layer cut (Qwen3-VL checks where its DeepStack
+                   layers fall): its checks depend on those only, and walking a large
                    model's modules for each of thousands of candidates would dominate planning
     """
     from ..stages.checks import check_engine_support
@@ -30,7 +31,8 @@ def check_candidate(ds_config: Mapping[str, Any], world_size: int, adapter, has_
     if layout_cache is None:
         adapter.check_layouts(cfg)
         return cfg
-    key = tuple((name, s.tp, s.cp, s.sequence_parallel) for name, s in cfg.stages.items())
+    key = (tuple((name, s.tp, s.cp, s.sequence_parallel) for name, s in cfg.stages.items()),
+           cfg.language.pp, cfg.pp_layers)
     if key not in layout_cache:
         try:
             adapter.check_layouts(cfg)

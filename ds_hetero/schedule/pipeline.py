@@ -128,7 +128,7 @@ class PipelineSchedule(StageWork):
 
         def hidden_shape(m):  # this rank's sequence shard of the hidden states (pipeline_shapes.py)
             s = micro_batch(m)
-            return shard_shape(language.layout, s["batch"], s["sharded"], self.adapter.hidden_size)
+            return shard_shape(language.layout, s["batch"], s["sharded"], self.adapter.language_hidden_size)
 
         if fill is not None:
             arrived, row_grads = fill.arrived, fill.row_grads  # filled and emptied by the encoders' work
@@ -157,7 +157,8 @@ class PipelineSchedule(StageWork):
                             out = language(batch["input_ids"], rows, batch["attention_mask"], batch["position_ids"],
                                            n_placeholders=s["counts"])
                         else:
-                            out = language(s["input"], (), batch["attention_mask"], batch["position_ids"])
+                            out = language(s["input"], (), batch["attention_mask"], batch["position_ids"],
+                                           input_ids=batch["input_ids"])
                         if nxt is None:
                             out = token_loss_sum(out, batch["labels"], self.lm_head, shifted=s["sharded"])
                     s["output"] = out

@@ -57,10 +57,10 @@ class PipelineEvaluationSchedule(EvaluationSchedule):
         if coord.pp == 0:
             out = language(batch["input_ids"], tuple(rows_in), *args, n_placeholders=counts)
         else:
-            x = torch.empty(hidden_shape(language.layout, batch, sharded, self.adapter.hidden_size),
+            x = torch.empty(hidden_shape(language.layout, batch, sharded, self.adapter.language_hidden_size),
                             dtype=self.stages.dtype, device=self.stages.device)
             dist.recv(x, neighbours[coord.pp - 1], group=group)
-            out = language(x, (), *args)
+            out = language(x, (), *args, input_ids=batch["input_ids"])
         if coord.pp < pp - 1:
             dist.send(out.contiguous(), neighbours[coord.pp + 1], group=group)
             return torch.zeros((), dtype=torch.float64, device=self.stages.device)

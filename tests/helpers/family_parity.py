@@ -24,10 +24,10 @@ FAMILIES = ("qwen2_5_vl", "gemma3", "qwen3_vl", "internvl", "llava_onevision")
 QWEN = ("qwen2_5_vl", "qwen3_vl")  # Qwen2-VL's sample format
 
 
-def build_model(family, seed):
+def build_model(family, seed, **model_kw):
     from ds_hetero.models import tiny_families
 
-    return getattr(tiny_families, f"tiny_{family}")(seed=seed)
+    return getattr(tiny_families, f"tiny_{family}")(seed=seed, **model_kw)
 
 
 def make_batches(family, model, steps, batch_size, seed=100):
@@ -104,7 +104,9 @@ def reference_train(family, model, batches, make_optimizer, clip, wrong=False):
 
 
 def train_family(rank, world_size, family, layout, zero_stage, steps, clip, optimizer="adamw", micro_batches=2,
-                 batch_size=8, placement="colocated", hetero=None, wrong=False):
+                 batch_size=8, placement="colocated", hetero=None, wrong=False, model_kw=None, evaluate=False):
+    """`model_kw`: arguments of the tiny model's builder; `evaluate`: also `eval_batch` on the first
+    batch before training (`eval_loss`, to compare with the reference's first loss)."""
     import ds_hetero
 
     lr = 1e-3 if optimizer == "adamw" else 0.5
@@ -120,10 +122,11 @@ def train_family(rank, world_size, family, layout, zero_stage, steps, clip, opti
         "hetero_parallel": {"placement": placement, "micro_batches": micro_batches, "stages": layout,
                             **(hetero or {})},
     }
-    model = build_model(family, seed=7)
+    model = build_model(family, seed=7, **(model_kw or {}))
     reference = copy.deepcopy(model)
     batches = make_batches(family, model, steps, batch_size)
     engine = ds_hetero.initialize(model, config, optimizer=make_optimizer)
+    eval_loss = engine.eval_batch(batches[0]) if evaluate else None
     results = [engine.train_batch(samples) for samples in batches]
     got = full_named_parameters(engine)
     ref_losses, ref_norms = reference_train(family, reference, batches, make_optimizer, clip)
@@ -134,8 +137,10 @@ def train_family(rank, world_size, family, layout, zero_stage, steps, clip, opti
         "boundary": [(r.boundary_bytes_total, r.boundary_bytes_lower_bound) for r in results],
         "row_bytes": engine.adapter.hidden_size * 4,  # fp32 rows; Qwen3-VL: merged + every DeepStack level
     }
+    if evaluate:
+        out["eval_loss"] = eval_loss
     if wrong:
-        bad = build_model(family, seed=7)
+        bad = build_model(family, seed=7, **(model_kw or {}))
         bad_losses, _ = reference_train(family, bad, batches, make_optimizer, clip, wrong=True)
         out["wrong_weights"] = max_rel_err(got, {n: p.detach() for n, p in bad.named_parameters()})
         out["wrong_losses"] = bad_losses
