@@ -21,6 +21,7 @@ from .modelled import (ModelledSpace, disaggregated_candidates, heterogeneous_ca
                        tune_cut)
 from .step_model import predict
 from .verdicts import EngineVerdicts
+from .dominance import Dominance
 from .machine import MachineProfile
 from .model_source import load_hf_config, meta_model
 from .model_spec import ModelSpec, model_spec
@@ -131,7 +132,7 @@ def plan(model: Any, world_size: int, seq_len: int, image_tokens: int, global_ba
     stats["runnable"] = len(preds)
     if modelled:
         extended = _modelled(spec, wl, machine, limit, base, adapter, max_tp, micro_batches, world_size,
-                             placements, cache, has_client_optimizer)
+                             placements, cache, has_client_optimizer, preds)
         preds += extended
         stats["runnable"] += sum(p.runnable for p in extended)
     stats["modelled"] = len(preds) - stats["runnable"]
@@ -140,15 +141,25 @@ def plan(model: Any, world_size: int, seq_len: int, image_tokens: int, global_ba
 
 
 def _modelled(spec, wl, machine, limit, base, adapter, max_tp, micro_batches, world, placements, times: dict,
-              client_opt: bool = False) -> list[Prediction]:
+              client_opt: bool = False, runnable: list[Prediction] = ()) -> list[Prediction]:
     """Megatron's single layouts (with their cut tuned) and heterogeneous candidates with a pipeline,
     first_stage, recompute or per-stage ZeRO; each runnable when the engine's checks accept its config."""
     ms = ModelledSpace(world, wl.global_batch, spec.language.layers, max_tp, wl.zero, micro_batches)
     cache: dict = {}
     verdicts = EngineVerdicts(base, world, adapter, client_opt)
+    dominance = Dominance()
+    for pred in runnable:
+        dominance.record(pred)
 
     def priced(cands):
-        return [predict(c, spec, wl, machine, limit, runnable=verdicts.accepts(c), cache=times) for c in cands]
+        out = []
+        for c in cands:  # generated with each feature off before on, so the lighter siblings come first
+            if dominance.dominated(c):
+                continue
+            pred = predict(c, spec, wl, machine, limit, runnable=verdicts.accepts(c), cache=times)
+            dominance.record(pred)
+            out.append(pred)
+        return out
 
     meg = priced(megatron_candidates(ms, base, adapter, cache))
     meg.sort(key=lambda p: (not p.fits, -p.tokens_per_s))
