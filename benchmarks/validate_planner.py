@@ -5,11 +5,13 @@
     python benchmarks/validate_planner.py --scenario balanced --world 2 --rounds 6
 
 2 ranks, one per core (each rank bound to its own core with os.sched_setaffinity, so waiting is
-real, not time-sharing), the rows the engine runs today: colocated vision dp2 + language dp2,
-vision dp2 + language tp2, vision tp2 + language dp2, both stages tp2, disaggregated 1+1 (vision
-on rank 0, language on rank 1, 4 pipelined micro-batches), plain DeepSpeed dp2; plus the
-planner's pick. (Rows with a language pipeline, pp2 with the encoder in the first stage and
-heterogeneous vision dp2 + language pp2, need the engine's pipeline, which it does not have yet.)
+real, not time-sharing), every row a planner candidate run through its own hetero_parallel
+section: colocated vision dp2 + language dp2, vision dp2 + language tp2, vision tp2 + language
+dp2, both stages tp2, disaggregated 1+1 (vision on rank 0, language on rank 1, 4 pipelined
+micro-batches), vision dp2 + language pp2 (colocated, 4 micro-batches), the encoder in the first
+pipeline stage (first_stage: vision on rank 0, language pp2, 4 micro-batches) with the even cut
+and with a tuned cut (a quarter of the layers beside the encoder), plain DeepSpeed dp2; plus the
+planner's pick over everything it searches (pipeline and first_stage rows included).
 
 For each model size (bench_layouts' scenarios "balanced" and "large-vision"), the rows below run
 through bench_layouts' own machinery: every row's engine in one set of 4 gloo processes, steps
