@@ -129,3 +129,29 @@ def test_pp_and_first_stage_picks_validate_and_train_on_two_ranks(tmp_path):
         step, err = launch_one("tiny-llava", cfg, 2, p.workload.seq_len, p.workload.image_tokens, 3, str(tmp_path),
                                tag, timeout_s=900)
         assert err == "" and 0 < step < float("inf"), err
+
+
+def test_an_encoder_with_more_dp_ranks_than_a_pass_has_samples_hand_count():
+    """8 samples per encoder pass on 16 encoder dp ranks (allowed: images are the encoder's unit):
+    the busiest rank encodes one whole sample per pass, not 8 // 16 = 0 (which priced the encoder
+    as free and its activations as zero)."""
+    from ds_hetero.planner import machine_profile
+    from ds_hetero.planner.candidate import Candidate, StageChoice
+    from ds_hetero.planner.cost import stage_times
+    from ds_hetero.planner.memory import vision_memory
+    from ds_hetero.planner.model_source import load_hf_config
+    from ds_hetero.planner.model_spec import model_spec
+    from ds_hetero.planner.workload import Workload, samples_per_rank
+
+    assert samples_per_rank(128, 16, 16) == 1 and samples_per_rank(128, 16, 8) == 1
+    assert samples_per_rank(128, 4, 4) == 8 and samples_per_rank(128, 3, 4) == 11
+    spec = model_spec(load_hf_config("ds_configs/planner/qwen2vl_vit6b_70b.json"))
+    wl = Workload(seq_len=8192, image_tokens=4096, global_batch=128, dtype_bytes=2, zero=1)
+    m = machine_profile("h100")
+    lang = StageChoice(8, 4, 2, True)
+    over = stage_times(spec, wl, m, "vision", StageChoice(4, 16), 16)[0]   # 8 samples / 16 ranks per pass
+    exact = stage_times(spec, wl, m, "vision", StageChoice(4, 16), 8)[0]   # 16 samples / 16 ranks per pass
+    assert over.forward > 0 and over.forward == pytest.approx(exact.forward, rel=1e-9)
+    a_over = vision_memory(spec, wl, Candidate("colocated", StageChoice(4, 16), lang, 32, 16), True, 1).activations
+    a_exact = vision_memory(spec, wl, Candidate("colocated", StageChoice(4, 16), lang, 32, 8), True, 1).activations
+    assert a_over > 0 and a_over == pytest.approx(a_exact, rel=1e-9)
