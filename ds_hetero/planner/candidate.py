@@ -124,10 +124,18 @@ class Candidate:
                 st["recompute"] = True
             if s.zero is not None:
                 st["zero_stage"] = s.zero
-            if self.disaggregated:
+            if self.disaggregated and not self._default_ranks():
                 st["ranks"] = list(s.ranks)
             stages[name] = st
         return {"placement": self.placement, "micro_batches": self.micro_batches, "stages": stages}
+
+    def _default_ranks(self) -> bool:
+        """The ranks the parser gives disaggregated stages without a `ranks` key: consecutive, vision
+        first (config/ranks.py). Written configs leave them out (at 1024 ranks the lists would
+        dominate the checks' time while planning)."""
+        nv = len(self.vision.ranks)
+        return self.vision.ranks == tuple(range(nv)) and self.language.ranks == tuple(
+            range(nv, nv + len(self.language.ranks)))
 
     def ds_config(self, base: Mapping[str, Any], extra_section: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """`base` (a DeepSpeed config) with this candidate as its hetero_parallel section.
