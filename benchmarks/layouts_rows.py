@@ -135,6 +135,8 @@ def ds_config(a, layout=Plain()):
             # DeepSpeed checks train_batch_size against the whole world (tp ranks included) before
             # AutoTP splits it; micro-batch and accumulation steps say the same without that check
             del cfg["train_batch_size"]
+    elif hasattr(layout, "section"):  # a planner Candidate (validate_planner's pipeline and first_stage rows)
+        cfg["hetero_parallel"] = layout.section()
     else:
         stages = {}
         for name, (tp, dp), ranks in (("vision", layout.vision, layout.vision_ranks),
@@ -167,6 +169,8 @@ def ranks_str(ranks):
 def layout_str(layout):
     if isinstance(layout, Plain):
         return f"whole model dp{layout.dp}" + (f" AutoTP{layout.autotp}" if layout.autotp > 1 else "")
+    if hasattr(layout, "section"):
+        return layout.label()
     (vtp, vdp), (ltp, ldp) = layout.vision, layout.language
     if layout.disaggregated:
         return f"V tp{vtp}dp{vdp}@{ranks_str(layout.vision_ranks)} L tp{ltp}dp{ldp}@{ranks_str(layout.language_ranks)}"

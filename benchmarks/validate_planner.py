@@ -5,11 +5,13 @@
     python benchmarks/validate_planner.py --scenario balanced --world 2 --rounds 6
 
 2 ranks, one per core (each rank bound to its own core with os.sched_setaffinity, so waiting is
-real, not time-sharing), the rows the engine runs today: colocated vision dp2 + language dp2,
-vision dp2 + language tp2, vision tp2 + language dp2, both stages tp2, disaggregated 1+1 (vision
-on rank 0, language on rank 1, 4 pipelined micro-batches), plain DeepSpeed dp2; plus the
-planner's pick. (Rows with a language pipeline, pp2 with the encoder in the first stage and
-heterogeneous vision dp2 + language pp2, need the engine's pipeline, which it does not have yet.)
+real, not time-sharing), every row a planner candidate run through its own hetero_parallel
+section: colocated vision dp2 + language dp2, vision dp2 + language tp2, vision tp2 + language
+dp2, both stages tp2, disaggregated 1+1 (vision on rank 0, language on rank 1, 4 pipelined
+micro-batches), vision dp2 + language pp2 (colocated, 4 micro-batches), the encoder in the first
+pipeline stage (first_stage: vision on rank 0, language pp2, 4 micro-batches) with the even cut
+and with a tuned cut (a quarter of the layers beside the encoder), plain DeepSpeed dp2; plus the
+planner's pick over everything it searches (pipeline and first_stage rows included).
 
 For each model size (bench_layouts' scenarios "balanced" and "large-vision"), the rows below run
 through bench_layouts' own machinery: every row's engine in one set of 4 gloo processes, steps
@@ -41,20 +43,28 @@ import cpu_ranks  # noqa: E402
 ROWS = ["homogeneous", "homogeneous tp4", "hetero tp2", "hetero tp4", "ds_hetero dp4", "hetero Vtp4",
         "disagg 2+2 tp", "disagg 2+2 dp", "plain DS dp4", "DS AutoTP tp2"]
 PICK = "planner pick"
-ROWS2 = {  # 2-rank rows (the engine runs them today)
-    "2r V dp2 L dp2": ((1, 2), (1, 2), "colocated", None, None, None),
-    "2r V dp2 L tp2": ((1, 2), (2, 1), "colocated", None, None, None),
-    "2r V tp2 L dp2": ((2, 1), (1, 2), "colocated", None, None, None),
-    "2r V tp2 L tp2": ((2, 1), (2, 1), "colocated", None, None, None),
-    "2r disagg 1+1": ((1, 1), (1, 1), "disaggregated", (0,), (1,), 4),
-    "2r plain DS dp2": None,
-}
+# 2-rank rows, as planner candidates (their config is the candidate's own hetero_parallel section)
+PIPE_MB = 4  # micro-batches of the pipelined rows (a 2-stage 1F1B needs several to overlap)
 
 
-def rows2():
-    out = {}
-    for name, spec in ROWS2.items():
-        out[name] = bl.Plain() if spec is None else bl.Layout(spec[0], spec[1], spec[2], spec[3], spec[4], mb=spec[5])
+def rows2(a):
+    from ds_hetero.planner.candidate import Candidate, StageChoice
+
+    layers = a["text_layers"]
+    cut = (max(1, layers // 4), layers - max(1, layers // 4))  # the tuned cut: fewer layers beside the encoder
+    one, two = StageChoice(1, 1), StageChoice(1, 2)
+    out = {
+        "2r V dp2 L dp2": Candidate("colocated", two, two, 1),
+        "2r V dp2 L tp2": Candidate("colocated", two, StageChoice(2, 1), 1),
+        "2r V tp2 L dp2": Candidate("colocated", StageChoice(2, 1), two, 1),
+        "2r V tp2 L tp2": Candidate("colocated", StageChoice(2, 1), StageChoice(2, 1), 1),
+        "2r disagg 1+1": Candidate("disaggregated", StageChoice(1, 1, ranks=(0,)), StageChoice(1, 1, ranks=(1,)),
+                                   PIPE_MB),
+        "2r V dp2 L pp2": Candidate("colocated", two, StageChoice(1, 1, pp=2), PIPE_MB),
+        "2r first_stage even": Candidate("first_stage", one, StageChoice(1, 1, pp=2), PIPE_MB),
+        "2r first_stage tuned": Candidate("first_stage", one, StageChoice(1, 1, pp=2), PIPE_MB, pp_layers=cut),
+        "2r plain DS dp2": bl.Plain(),
+    }
     return out
 
 
@@ -112,14 +122,11 @@ def workload(a, model):
 def candidate_of(layout, a):
     from ds_hetero.planner.candidate import Candidate, StageChoice
 
+    if isinstance(layout, Candidate):
+        return layout
     (vtp, vdp), (ltp, ldp) = layout.vision, layout.language
     return Candidate(layout.placement, StageChoice(vtp, vdp, ranks=layout.vision_ranks or ()),
                      StageChoice(ltp, ldp, ranks=layout.language_ranks or ()), layout.micro_batches(a))
-
-
-def layout_of_candidate(c):
-    return bl.Layout((c.vision.tp, c.vision.dp), (c.language.tp, c.language.dp), c.placement,
-                     c.vision.ranks or None, c.language.ranks or None, mb=c.micro_batches)
 
 
 def predictions(a, rows, machine):
@@ -133,7 +140,7 @@ def predictions(a, rows, machine):
     spec, wl = model_spec(model.config), workload(a, model)
     base = {k: v for k, v in bl.ds_config(a, bl.LAYOUTS["homogeneous"]).items() if k != "hetero_parallel"}
     full = plan(model, cpu_ranks.WORLD, wl.seq_len, wl.image_tokens, wl.global_batch, machine, base=base,
-                micro_batches=(1, 2, 4), modelled=False)
+                micro_batches=(1, 2, 4))
     out = {}
     for name in rows:
         layout = bl.layout_of(name, a)
@@ -164,21 +171,20 @@ def main(argv=None):
         sc = bl.SCENARIOS[scenario]
         a.update(sc["quick_sizes"] if args.quick else sc["sizes"])
         a.update(seed=0, profile=False, rounds=args.rounds or (3 if args.quick else 6))
-        rows = list(ROWS) if world == 4 else list(ROWS2)
+        rows = list(ROWS)
         if world == 2:
-            a["extra_layouts"] = rows2()
+            a["extra_layouts"] = rows2(a)
+            rows = list(a["extra_layouts"])
         predicted, full, wl = predictions(a, rows, machine)
-        # bench_layouts rows have (tp, dp) per stage and one encoder pass per micro-batch: the best such
-        pick_pred = full.best_where(lambda c: c.passes == c.micro_batches and c.language.cp == 1
-                                    and not c.language.sequence_parallel) if full.runnable else None
-        pick = (pick_pred or full.best).candidate
+        pick_pred = full.best if full.runnable else None  # any runnable candidate runs as a row (its own section)
+        pick = pick_pred.candidate
         pick_name = next((n for n in rows if not isinstance(bl.layout_of(n, a), bl.Plain)
                           and candidate_of(bl.layout_of(n, a), a) == pick), None)
         if pick_name is None:
-            a["extra_layouts"] = dict(a.get("extra_layouts", {}), **{PICK: layout_of_candidate(pick)})
+            a["extra_layouts"] = dict(a.get("extra_layouts", {}), **{PICK: pick})
             rows.append(PICK)
             pick_name = PICK
-            predicted[PICK] = (pick_pred or full.best).step_s
+            predicted[PICK] = pick_pred.step_s
         print(f"\n== {world} ranks, {scenario}: {sc['about']}; seq {wl.seq_len}, {wl.image_tokens} image tokens, batch "
               f"{wl.global_batch}; planner's pick over {len(full.predictions)} valid configurations: "
               f"{pick.label()} (row {pick_name!r})", flush=True)

@@ -68,6 +68,11 @@ def frozen_names(cfg, adapter) -> dict[str, set[str]]:
 
 def check_freeze(cfg, adapter) -> None:
     """Every freeze entry names parameters, and some stage still trains (pure: meta models too)."""
+    if not any(cfg.options_of(stage).freeze for stage in cfg.stages):
+        # nothing frozen by the config (the planner asks this for thousands of layouts): only the
+        # model's own requires_grad flags can leave nothing to train
+        if any(trainable_parameters(module) for module in adapter.split().values()):
+            return
     frozen = frozen_names(cfg, adapter)
     named = dict(adapter.model.named_parameters())
     for stage, module in adapter.split().items():

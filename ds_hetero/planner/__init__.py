@@ -11,7 +11,8 @@ the alpha-beta model), calibrate (measure this machine), boundary_cost (the boun
 plan), activations (per micro-batch), memory (per rank, ZeRO stage, micro-batches in flight),
 pipeline / pipeline_pp (colocated, 1F1B, first_stage steps), cost (a stage's times), step_model
 (a candidate's prediction), candidate, validity (the checks of validate/initialize), enumerate
-(runnable candidates), modelled (pipeline, recompute, per-stage ZeRO, the Megatron baseline),
+(candidates without a pipeline), modelled (pipeline, first_stage and the Megatron baseline,
+recompute, per-stage ZeRO), verdicts (which of those the engine runs),
 search (rank), report (tables), trials (measured re-ranking), auto (`"hetero_parallel": "auto"`).
 """
 

@@ -100,7 +100,7 @@ def plan_config(model, ds: Mapping[str, Any], world_size: int, adapter=None, has
                       memory_gb=opts.get("memory_gb"), max_tp=opts.get("max_tp"),
                       placements=(opts["placement"],) if opts.get("placement") else ("colocated", "disaggregated"),
                       micro_batches=opts.get("micro_batches"), adapter=adapter,
-                      has_client_optimizer=has_client_optimizer, modelled=False)
+                      has_client_optimizer=has_client_optimizer)
     except ValueError as exc:
         if isinstance(exc, HeteroConfigError):
             raise

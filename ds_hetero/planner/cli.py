@@ -33,8 +33,8 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--top", type=int, default=10)
     p.add_argument("--breakdown", type=int, default=3, help="rows of the per-stage breakdown")
     p.add_argument("--no-modelled", action="store_true",
-                   help="only configurations the engine runs today (no pipeline / recompute / per-stage ZeRO / "
-                        "Megatron baseline candidates)")
+                   help="search only layouts without a language pipeline, first_stage, recompute or per-stage "
+                        "ZeRO (faster; no Megatron baseline)")
     p.add_argument("--batch-slack", type=float, default=0.0,
                    help="a disaggregated split may round the global batch down by this fraction (e.g. 0.1)")
     p.add_argument("--trial", type=int, default=0, metavar="K",

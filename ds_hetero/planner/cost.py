@@ -25,7 +25,7 @@ from .machine import MachineProfile
 from .memory import state_elements
 from .model_spec import ModelSpec, chunk_params_per_rank
 from .pipeline import StageTimes
-from .workload import Workload
+from .workload import Workload, samples_per_rank
 
 ADAM_BYTES_PER_PARAM = 36  # read + write of fp32 master, two moments, parameter, gradient (approximately)
 
@@ -83,7 +83,7 @@ def stage_times(spec: ModelSpec, wl: Workload, machine: MachineProfile, stage: s
     With recompute the backward runs the forward again first (compute and tp/cp collectives).
     """
     m = micro_batches
-    samples = wl.global_batch // (layout.dp * m)
+    samples = samples_per_rank(wl.global_batch, layout.dp, m)
     zero = zero_of(wl, layout)
     if stage == "vision":
         work = vision_work(spec, wl, samples, layout.tp)

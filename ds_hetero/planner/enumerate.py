@@ -117,8 +117,20 @@ def _rank_splits(space: SearchSpace) -> Iterator[tuple[str, int, int]]:
         # A stage that shares a node with the other stage splits the node's NVLink domain; on more
         # than one node only whole-node splits are searched (a placement policy, not a validity rule).
         step = space.node_size if space.node_size and n > space.node_size and n % space.node_size == 0 else 1
-        for v in range(step, n, step):
-            yield "disaggregated", v, n - v
+        units = n // step
+        counts = range(1, units) if units <= MAX_SPLITS else _split_grid(units)
+        for v in counts:
+            yield "disaggregated", v * step, n - v * step
+
+
+MAX_SPLITS = 32  # more whole-node splits than this: a geometric grid of them (planning time at 1024 GPUs)
+
+
+def _split_grid(units: int) -> list[int]:
+    """Split points 2^k and 3 x 2^k units from either end (the encoder's share and the language's):
+    within a factor 1.5 of any split, a search policy for speed, not a validity rule."""
+    grid = {c for k in range(units.bit_length()) for c in (2 ** k, 3 * 2 ** k) if c < units}
+    return sorted(grid | {units - c for c in grid})
 
 
 def enumerate_candidates(space: SearchSpace, base: Mapping[str, Any], adapter, has_client_optimizer: bool = False

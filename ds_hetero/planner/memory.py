@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from .activations import language_activation_bytes, vision_activation_bytes
 from .candidate import Candidate, StageChoice
 from .model_spec import ModelSpec, chunk_params_per_rank
-from .workload import Workload
+from .workload import Workload, samples_per_rank
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def encoder_passes_in_flight(cand: Candidate) -> int:
 def vision_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, in_flight: int) -> RankMemory:
     layout = cand.vision
     passes = cand.micro_batches if cand.megatron else cand.passes
-    samples = wl.global_batch // (layout.dp * passes)
+    samples = samples_per_rank(wl.global_batch, layout.dp, passes)
     zero = wl.zero if layout.zero is None else layout.zero
     states = state_elements(spec.params_per_rank("vision", layout.tp), layout, zero).bytes(wl.dtype_bytes)
     states += spec.vision.untrained_params() / layout.tp * wl.dtype_bytes  # the tower's unused tail is held

@@ -1,4 +1,5 @@
-"""Candidates the cost model prices but the engine's config cannot express yet, and the Megatron baseline.
+"""The extended candidates: a language pipeline, first_stage (with the Megatron baseline), recompute,
+per-stage ZeRO.
 
 Megatron's single layout (placement first_stage): one (tp, cp, pp, dp) for the whole model; the
 encoder at the language's tp on the first pipeline stage's ranks, replicated over cp (every cp
@@ -6,17 +7,19 @@ rank encodes the same images), with the language's dp, once per micro-batch; seq
 parallelism on or off, full recompute on or off, and the first stage's decoder layers tuned
 (`tune_cut`: the even split and every smaller first stage, the rest split evenly).
 
-Heterogeneous candidates with modelled features: the encoder colocated on every rank in its own
-(tp, dp), language (tp, cp, pp, dp) with pp > 1, or pp = 1 with recompute or a language ZeRO
-stage other than the encoder's (ZeRO 3 for the LLM, the config's for the encoder), each with
-every number of encoder passes dividing the language micro-batches, encoder recompute on or off;
-and the encoder on its own ranks (disaggregated) with a language pipeline or recompute. A 1F1B pipeline takes at least pp
-micro-batches; ZeRO 2/3 are not combined with a pipeline (DeepSpeed's pipeline engine refuses
-them; Megatron pairs its pipeline with a ZeRO-1-like distributed optimizer).
+Heterogeneous candidates: the encoder colocated on every rank in its own (tp, dp), language
+(tp, cp, pp, dp) with pp > 1, or pp = 1 with recompute or a language ZeRO stage other than the
+encoder's (ZeRO 3 for the LLM, the config's for the encoder), each with every number of encoder
+passes dividing the language micro-batches, encoder recompute on or off; and the encoder on its
+own ranks (disaggregated) with a language pipeline or recompute.
 
-Shape validity comes from the engine's checks (`validity.check_shapes`: tp dividing heads, kv
-heads, MLP width, vocabulary, for these tp / cp sizes); the pipeline's own rule (pp <= layers) is
-the model's. None of these is runnable today: `Prediction.runnable` is False for them.
+Validity: the model's shapes are checked here by the engine's checks (`validity.check_shapes`: tp
+dividing heads, kv heads, MLP width, vocabulary, for these tp / cp sizes); a candidate whose shapes
+pass is priced, and it is runnable exactly when the engine's checks accept its whole config
+(search.py, verdicts.py); the others (e.g. cp with a pipeline, Megatron's encoder replicated over
+cp, which the engine's first_stage cannot express) are labelled modelled. Search policy, not
+validity: at least pp micro-batches for a pipeline of pp stages (fewer leaves stages idle for the
+whole step), pp <= 16.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ def _micro_batches(space: ModelledSpace, dp: int, pp: int) -> list[int]:
 def _language_layouts(space: ModelledSpace, n: int) -> Iterator[tuple[int, int, int, int, bool]]:
     """(tp, cp, pp, dp, sequence parallel) on n ranks."""
     for pp in divisors(n):
-        if pp > min(space.layers, MAX_PP) or (pp > 1 and space.zero >= 2):
+        if pp > min(space.layers, MAX_PP):
             continue
         for tp in divisors(n // pp):
             if tp > space.max_tp:

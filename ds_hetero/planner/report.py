@@ -27,8 +27,9 @@ def ranked_table(plan: Plan, top: int = 10) -> str:
         f"machine {plan.machine.name}: {plan.machine.source}",
         f"{st['generated']} configurations generated, {st.get('runnable', len(plan.predictions))} runnable "
         f"(the engine's checks accept them today; cp > 1 {'on' if st['cp'] else 'off'}, sequence parallelism "
-        f"{'on' if st['sequence_parallel'] else 'off'}), {st.get('modelled', 0)} modelled only (a language "
-        "pipeline, first_stage, recompute or per-stage ZeRO: priced by the cost model, not runnable yet)",
+        f"{'on' if st['sequence_parallel'] else 'off'}), {st.get('modelled', 0)} modelled only (priced by the "
+        "cost model; the engine's checks refuse them today, e.g. cp with a pipeline, ZeRO 3 with a pipeline, Megatron's "
+        "encoder replicated over cp)",
         "",
     ]
     head = f"{'#':>3} {'runs':<8} {'placement':<13} {'layout':<46} {'step':>10} {'tokens/s':>10} " \
@@ -60,7 +61,7 @@ def baseline_lines(plan: Plan) -> list[str]:
     if best is not None:
         out.append(f"runnable pick: {name(best)}")
     if overall is not None and overall is not best:
-        out.append(f"best overall (modelled only): {name(overall)}")
+        out.append(f"best overall: {name(overall)}")
     if homog is not None:
         out.append(f"today's baseline (the encoder in the language's tp x (cp dp) as plain dp): {name(homog)}")
     if meg is not None:

@@ -1,10 +1,10 @@
 """Plan: enumerate every valid candidate, predict each, rank by tokens/s (fitting ones first).
 
-Two kinds of candidates: runnable ones (the engine's checks accept their config today) and, with
-`modelled=True`, candidates using what the cost model prices but the engine cannot run yet
-(modelled.py: a language pipeline, first_stage, recompute, per-stage ZeRO), among them the
-Megatron baseline. `Plan.best` is the best runnable candidate (what `--write` and `auto` use);
-`best_overall` may be modelled only.
+Candidates come from enumerate.py (layouts without a pipeline, recompute or per-stage ZeRO, each
+checked by the engine's checks) and, with `modelled=True`, from modelled.py (a language pipeline,
+first_stage and the Megatron baseline, recompute, per-stage ZeRO), each runnable when the engine's
+checks accept its config and modelled (priced only) when they refuse it. `Plan.best` is the best
+runnable candidate (what `--write`, `auto` and `--trial` use); `best_overall` may be modelled only.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from .enumerate import SearchSpace, enumerate_candidates
 from .modelled import (ModelledSpace, disaggregated_candidates, heterogeneous_candidates, megatron_candidates,
                        tune_cut)
 from .step_model import predict
+from .verdicts import EngineVerdicts
+from .dominance import Dominance
 from .machine import MachineProfile
 from .model_source import load_hf_config, meta_model
 from .model_spec import ModelSpec, model_spec
@@ -129,21 +131,35 @@ def plan(model: Any, world_size: int, seq_len: int, image_tokens: int, global_ba
     preds = [predict(c, spec, wl, machine, limit, cache=cache) for c in candidates]
     stats["runnable"] = len(preds)
     if modelled:
-        preds += _modelled(spec, wl, machine, limit, base, adapter, max_tp, micro_batches, world_size, placements,
-                           cache)
+        extended = _modelled(spec, wl, machine, limit, base, adapter, max_tp, micro_batches, world_size,
+                             placements, cache, has_client_optimizer, preds)
+        preds += extended
+        stats["runnable"] += sum(p.runnable for p in extended)
     stats["modelled"] = len(preds) - stats["runnable"]
     preds.sort(key=lambda p: (not p.fits, -p.tokens_per_s))
     return Plan(preds, spec, wl, machine, base, stats)
 
 
-def _modelled(spec, wl, machine, limit, base, adapter, max_tp, micro_batches, world, placements, times: dict
-              ) -> list[Prediction]:
-    """Megatron's single layouts (with their cut tuned) and heterogeneous candidates with modelled features."""
+def _modelled(spec, wl, machine, limit, base, adapter, max_tp, micro_batches, world, placements, times: dict,
+              client_opt: bool = False, runnable: list[Prediction] = ()) -> list[Prediction]:
+    """Megatron's single layouts (with their cut tuned) and heterogeneous candidates with a pipeline,
+    first_stage, recompute or per-stage ZeRO; each runnable when the engine's checks accept its config."""
     ms = ModelledSpace(world, wl.global_batch, spec.language.layers, max_tp, wl.zero, micro_batches)
     cache: dict = {}
+    verdicts = EngineVerdicts(base, world, adapter, client_opt)
+    dominance = Dominance()
+    for pred in runnable:
+        dominance.record(pred)
 
     def priced(cands):
-        return [predict(c, spec, wl, machine, limit, runnable=False, cache=times) for c in cands]
+        out = []
+        for c in cands:  # generated with each feature off before on, so the lighter siblings come first
+            if dominance.dominated(c):
+                continue
+            pred = predict(c, spec, wl, machine, limit, runnable=verdicts.accepts(c), cache=times)
+            dominance.record(pred)
+            out.append(pred)
+        return out
 
     meg = priced(megatron_candidates(ms, base, adapter, cache))
     meg.sort(key=lambda p: (not p.fits, -p.tokens_per_s))

@@ -17,10 +17,14 @@ def check_candidate(ds_config: Mapping[str, Any], world_size: int, adapter, has_
                     layout_cache: dict | None = None) -> HeteroConfig:
     """The validated config of `ds_config` for `world_size` ranks and the model behind `adapter`.
 
-    layout_cache   optional dict remembering the adapter's verdict per (stage, tp, cp, sequence
-                   parallel) sizes and the language's layer cut (Qwen3-VL checks where its DeepStack
-                   layers fall): its checks depend on those only, and walking a large
-                   model's modules for each of thousands of candidates would dominate planning
+    With an adapter, the model-level checks `initialize` runs (`stages.checks.check_model`: tp /
+    cp sizes against the model's shapes, freeze, recompute layers, the pipeline's layer cut and
+    tied embeddings) run on the adapter's model (a meta model will do).
+
+    layout_cache   optional dict remembering the model checks' verdict per (stage, tp, cp, sequence
+                   parallel, pp, layer cut, recompute, freeze, ZeRO stage, offload): they read
+                   nothing else of the config, and walking a large model's modules for each of
+                   thousands of candidates would dominate planning
     """
     from ..stages.checks import check_engine_support
 
@@ -29,19 +33,33 @@ def check_candidate(ds_config: Mapping[str, Any], world_size: int, adapter, has_
     if adapter is None:
         return cfg
     if layout_cache is None:
-        adapter.check_layouts(cfg)
+        _model_checks(cfg, adapter)
         return cfg
-    key = (tuple((name, s.tp, s.cp, s.sequence_parallel) for name, s in cfg.stages.items()),
-           cfg.language.pp, cfg.pp_layers)
+    zero = cfg.ds_config.get("zero_optimization")
+    offload = zero.get("offload_optimizer") if isinstance(zero, Mapping) else None
+    key = (tuple((name, s.tp, s.cp, s.sequence_parallel, s.pp, cfg.options_of(name).recompute,
+                  cfg.options_of(name).freeze, cfg.zero_stage_of(name)) for name, s in cfg.stages.items()),
+           cfg.pp_layers, repr(offload))  # ZeRO stage and offload: the tied-pipeline check reads them
     if key not in layout_cache:
         try:
-            adapter.check_layouts(cfg)
+            _model_checks(cfg, adapter)
             layout_cache[key] = None
         except HeteroConfigError as exc:
             layout_cache[key] = exc
     if layout_cache[key] is not None:
         raise layout_cache[key]
     return cfg
+
+
+def _model_checks(cfg: HeteroConfig, adapter) -> None:
+    """`check_model` on the adapter's model (the adapter's layout checks alone when it has none)."""
+    from ..stages.checks import check_model
+
+    model = getattr(adapter, "model", None)
+    if model is None:
+        adapter.check_layouts(cfg)
+    else:
+        check_model(cfg, model)
 
 
 def check_shapes(base: Mapping[str, Any], adapter, vision_tp: int, language_tp: int, language_cp: int,

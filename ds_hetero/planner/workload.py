@@ -68,3 +68,11 @@ def image_tokens_of(spec: ModelSpec, image_tokens: int | None, encoder_tokens: i
         raise ValueError(f"--encoder-tokens {encoder_tokens} is not a multiple of this model's spatial merge "
                          f"({v.merge} patches per image token)")
     return encoder_tokens // v.merge
+
+
+def samples_per_rank(global_batch: int, dp: int, passes: int) -> int:
+    """Samples the busiest dp rank of a stage takes per pass: ceil(batch / (dp x passes)). An encoder
+    may have more dp ranks than a pass has samples (images are its unit, step/balance.py): the
+    busiest rank still encodes a whole sample's images (the engine's nominal micro-batch size,
+    `HeteroConfig.micro_batch_size`). The language's batch divides evenly (its checks)."""
+    return -(-global_batch // (dp * passes))
