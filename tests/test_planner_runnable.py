@@ -60,16 +60,16 @@ def test_a_rule_the_engine_gains_moves_rows_to_modelled(monkeypatch):
     every pipeline leaves no runnable pp row, and its plan picks no pipeline."""
     from ds_hetero.stages import checks
 
-    real = checks.check_pipeline
+    real = checks.check_engine_support
 
-    def refuse(cfg, zero):
+    def refuse(cfg, *args, **kwargs):
         if cfg.language.pp > 1:
             raise HeteroConfigError("hetero_parallel.stages.language.pp", "refused by the test")
-        real(cfg, zero)
+        real(cfg, *args, **kwargs)
 
     before = _plan(world=2)
     assert any(x.runnable and x.candidate.language.pp > 1 for x in before.predictions)
-    monkeypatch.setattr(checks, "check_pipeline", refuse)
+    monkeypatch.setattr(checks, "check_engine_support", refuse)
     after = _plan(world=2)
     assert any(x.candidate.language.pp > 1 for x in after.predictions)  # still priced
     assert not any(x.runnable and x.candidate.language.pp > 1 for x in after.predictions)
