@@ -151,6 +151,24 @@ def predictions(a, rows, machine):
     return out, full, wl
 
 
+def _trial_rows(a, rows, predicted, full, k):
+    """Row names of the planner's top K runnable candidates (trials.top_runnable, the candidates
+    `--trial K` launches), each added as a row of its own unless a row already runs it."""
+    from ds_hetero.planner.trials import top_runnable
+
+    names = []
+    for i, p in enumerate(top_runnable(full, k)):
+        name = next((n for n in rows if not isinstance(bl.layout_of(n, a), bl.Plain)
+                     and candidate_of(bl.layout_of(n, a), a) == p.candidate), None)
+        if name is None:
+            name = f"trial {i + 1}"
+            a["extra_layouts"] = dict(a.get("extra_layouts", {}), **{name: p.candidate})
+            rows.append(name)
+            predicted[name] = p.step_s
+        names.append(name)
+    return names
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
@@ -158,6 +176,10 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, help="interleaved rounds (default 6, 3 with --quick)")
     p.add_argument("--recalibrate", action="store_true")
     p.add_argument("--world", nargs="+", type=int, default=[4, 2], choices=(2, 4))
+    p.add_argument("--trial", type=int, default=0, metavar="K",
+                   help="also measure the planner's top K runnable candidates (what `ds-hetero plan --trial K` "
+                        "runs) in the same interleaved run, and report whether the fastest of them, the "
+                        "trial's pick, is the best measured row")
     args = p.parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from ds_hetero.planner import machine_profile
@@ -185,6 +207,7 @@ def main(argv=None):
             rows.append(PICK)
             pick_name = PICK
             predicted[PICK] = pick_pred.step_s
+        trial_names = _trial_rows(a, rows, predicted, full, args.trial) if args.trial else []
         print(f"\n== {world} ranks, {scenario}: {sc['about']}; seq {wl.seq_len}, {wl.image_tokens} image tokens, batch "
               f"{wl.global_batch}; planner's pick over {len(full.predictions)} valid configurations: "
               f"{pick.label()} (row {pick_name!r})", flush=True)
@@ -210,6 +233,11 @@ def main(argv=None):
         print(f"Spearman rank correlation {rho:.2f} (target >= 0.8); planner's pick {pick_name!r} measured "
               f"{measured[pick_name]:.3f} s = {within:.2f}x the best measured ({mr[0]!r}, {best:.3f} s); "
               f"{'within' if within <= 1.10 else 'NOT within'} 10%; first-step loss equal on every row: {same_loss}")
+        if trial_names:
+            fastest = min(trial_names, key=lambda n: measured[n])
+            print(f"--trial {args.trial}: the top {len(trial_names)} runnable candidates are rows {trial_names}; the "
+                  f"fastest of them, the trial's pick, is {fastest!r} at {measured[fastest]:.3f} s = "
+                  f"{measured[fastest] / best:.2f}x the best measured row ({mr[0]!r})")
         verdicts.append((f"{world} ranks {scenario}", rho, within))
     print("\nsummary: " + "; ".join(f"{s}: rho {r:.2f}, pick {w:.2f}x best" for s, r, w in verdicts))
 
