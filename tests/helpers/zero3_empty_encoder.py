@@ -51,6 +51,6 @@ def nested_dummy_pass(rank, world_size):
     try:
         return qwen2_vl_zero3_runs(rank, world_size, {"nested": dict(
             layout={"vision": {"dp": 4}, "language": {"tp": 2, "dp": 2}}, zero_stage=3, optimizer="sgd",
-            micro_batches=2, batch_size=8, steps=1)})
+            micro_batches=2, batch_size=8, steps=1, hetero={"timeout_s": 20})})
     finally:
         stages.empty_rows, qwen2_vl.empty_rows = right, saved
