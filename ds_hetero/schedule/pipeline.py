@@ -56,6 +56,7 @@ class PipelineSchedule(StageWork):
     # colocated: the encoders' work in the pipeline's fill and drain; False runs it in phases
     # around the 1F1B instead (fill_drain.py), the baseline benchmarks/bench_pipeline.py compares
     fill_drain = True
+    _encoders_local: bool | None = None  # encoder_work_is_local(stages), set on the first step
 
     def run(self, samples: Sequence[dict[str, Any]], plan: StepPlan, n_labels: int, step: int) -> torch.Tensor | float:
         """One step's forward and backward work; this rank's loss sum (0 off the last pipeline stage)."""
@@ -75,8 +76,9 @@ class PipelineSchedule(StageWork):
             inline.replay(plan.micro_batches, language.layout.pp)  # an encoder-only rank
             return 0.0
         # colocated (mixed: an encoder colocated with every pipeline stage): pipeline_fill.py
-        fill = EncodersInPipeline(self, samples, plan, step,
-                                  self.fill_drain and encoder_work_is_local(self.stages))
+        if self._encoders_local is None:  # a pure function of the config: decided once, not per step
+            self._encoders_local = encoder_work_is_local(self.stages)
+        fill = EncodersInPipeline(self, samples, plan, step, self.fill_drain and self._encoders_local)
         if not language.held:  # mixed: a rank of an encoder of its own
             fill.replay()
             return 0.0
