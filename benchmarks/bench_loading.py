@@ -37,7 +37,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cpu_ranks import WORLD, launch  # noqa: E402  (the same 4-process launcher)
+from cpu_ranks import DEFAULT_WORLD, launch  # noqa: E402  (the same 4-process launcher)
 
 DEFAULTS = dict(text_hidden=1024, text_layers=6, text_heads=16, text_kv_heads=8, vocab=16000,
                 vision_hidden=768, vision_layers=4, vision_heads=12, zero=0)
@@ -160,7 +160,7 @@ def print_table(rows, sizes, log=print):
         f"{'read vision':>11s} {'read lang':>9s} {'lang sharded read/full':>22s}")
     for placement in sorted({p for p, _ in rows}, key=list(PLACEMENTS).index):
         built, loaded = rows[placement, "built"], rows[placement, "meta+weights"]
-        for rank in range(WORLD):
+        for rank in range(DEFAULT_WORLD):
             b, m = built[rank], loaded[rank]
             read = m["read"] or {}
             lang = read.get("language")

@@ -155,7 +155,7 @@ def summarize(name, per_rank, a):
     cores = len(os.sched_getaffinity(0))
     med = statistics.median
     groups = {}
-    for label, ranks in rank_groups(name):  # time split per rank set doing the same work
+    for label, ranks in rank_groups(name, a["world"]):  # time split per rank set doing the same work
         g = defaultdict(float)
         for r in ranks:
             recs = per_rank[r]["records"]
@@ -192,14 +192,14 @@ def run_benchmark(a, rows=None, interleaved=True, log=print, fresh=None):
     summaries = []
     for name in [n for n in names if fresh is None or n in fresh]:
         t0 = time.perf_counter()
-        s = summarize(name, launch(run_row, name, a), a)
+        s = summarize(name, launch(run_row, name, a, world=a["world"]), a)
         summaries.append(s)
         log(f"[{time.perf_counter() - t0:5.1f}s] {name:<15} step {s['step_s']:.2f}s  loss@1 {s['first_loss']:.4f}",
             flush=True)
     pair = None
     if interleaved and a["rounds"] > 0:
         t0 = time.perf_counter()
-        per_rank = launch(run_interleaved, names, a)
+        per_rank = launch(run_interleaved, names, a, world=a["world"])
         pair = {n: [max(r[0][n][i] for r in per_rank) for i in range(len(per_rank[0][0][n]))] for n in names}
         a["interleaved_loss"] = per_rank[0][1]
         log(f"[{time.perf_counter() - t0:5.1f}s] interleaved rows done", flush=True)

@@ -33,7 +33,7 @@ class PlainEngine:
 
         a, gas = self.a, self.a["micro_batches"]
         n_labels = sum(label_token_count(s["labels"]) for s in samples)
-        dp = self.plain.dp  # AutoTP: the tp ranks of a group (consecutive ranks) take the same samples
+        dp = self.plain.dp(self.world)  # AutoTP: the tp ranks of a group (consecutive ranks) take the same samples
         per_rank = a["batch"] // (dp * gas)
         times = defaultdict(float)
         loss_sum = 0.0

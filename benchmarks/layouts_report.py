@@ -7,7 +7,6 @@ import os
 import statistics
 from collections import defaultdict
 
-import cpu_ranks
 from layouts_rows import BASELINE, LAYOUTS, SCENARIOS, layout_str, mb_of, ranks_str
 
 
@@ -27,7 +26,7 @@ def print_table(rows, paired, a, scenario=None):
           f"{(a['image_size'] // a['patch_size']) ** 2} image tokens; Llama {a['text_layers']}x{a['text_hidden']}); "
           f"{a['vision_params'] / 1e6:.2f}M vision + {a['text_params'] / 1e6:.2f}M language params; "
           f"global batch {a['batch']}, ZeRO 1, fp32, AdamW")
-    print(f"{cpu_ranks.WORLD} CPU ranks (gloo, 1 thread each) on {cores} cores; median of {a['steps']} steps after "
+    print(f"{a['world']} CPU ranks (gloo, 1 thread each) on {cores} cores; median of {a['steps']} steps after "
           f"{a['warmup']} warm-up, per step the slowest rank; mb = micro-batches (gradient accumulation; "
           f"disaggregated rows pipeline them)")
     head = (f"{'row':<15} {'layout':<26} {'mb':>2} {'step s':>6} {'min-max':>11} {'tok/s':>6} {'tok/s/rank':>10} "
@@ -36,8 +35,8 @@ def print_table(rows, paired, a, scenario=None):
     print("-" * len(head))
     for r in rows:
         bub = "/".join(f"{100 * b:.0f}" for b in r["bubble"]) if r["bubble"][0] is not None else "-"
-        print(f"{r['name']:<15} {layout_str(r['layout']):<26} {r['micro_batches']:>2} {r['step_s']:>6.2f} "
-              f"{r['step_min']:>5.2f}-{r['step_max']:<5.2f} {r['all_tok_s']:>6.0f} {r['all_tok_s'] / cpu_ranks.WORLD:>10.0f} "
+        print(f"{r['name']:<15} {layout_str(r['layout'], a['world']):<26} {r['micro_batches']:>2} {r['step_s']:>6.2f} "
+              f"{r['step_min']:>5.2f}-{r['step_max']:<5.2f} {r['all_tok_s']:>6.0f} {r['all_tok_s'] / a['world']:>10.0f} "
               f"{r['label_tok_s']:>11.1f} {base['step_s'] / r['step_s']:>8.2f}x {bub:>15} {r['cpu_s']:>6.2f} "
               f"{r['util']:>5.2f} {r['first_loss']:>8.4f}")
     print("tok/s = all tokens (text + image placeholders) per second, /rank = over the 4 ranks; vs homog. = "
@@ -90,7 +89,7 @@ def print_table(rows, paired, a, scenario=None):
             b = defaultdict(float)
             for prof in r["profile"]:
                 for k, v in prof["buckets"].items():
-                    b[k] += v / cpu_ranks.WORLD
+                    b[k] += v / a['world']
             top = ", ".join(f"{k} {v:.2f}" for k, v in r["profile"][0]["top"][:4])
             print(f"{r['name']:<15} " + "  ".join(f"{k} {v:.2f}" for k, v in sorted(b.items()))
                   + f"   | rank 0 top: {top}")
@@ -105,7 +104,7 @@ def print_table(rows, paired, a, scenario=None):
         for name, ts in paired.items():
             sp = (f"{statistics.median(r / t for r, t in zip(ref, ts)):>16.2f}x {min(ref) / min(ts):>7.2f}x"
                   if ref else f"{'-':>17} {'-':>8}")
-            print(f"{name:<15} {layout_str(LAYOUTS[name]):<26} {mb_of(name, a):>2} {statistics.median(ts):>8.3f} "
+            print(f"{name:<15} {layout_str(LAYOUTS[name], a['world']):<26} {mb_of(name, a):>2} {statistics.median(ts):>8.3f} "
                   f"{min(ts):>6.3f} {sp}")
         print("(by min): ratio of the fastest steps; contention from other jobs only adds time, so on a shared "
               "machine the minimum is the steadier estimate")

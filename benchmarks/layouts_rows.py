@@ -6,9 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import cpu_ranks
-
-
 @dataclass(frozen=True)
 class Layout:
     """One ds_hetero row: (tp, dp) per stage; disaggregated rows also name each stage's ranks."""
@@ -31,10 +28,10 @@ class Layout:
             return self.mb
         return a["pipeline_micro_batches"] if self.disaggregated else a["micro_batches"]
 
-    def rank_groups(self) -> list[tuple[str, tuple[int, ...]]]:
+    def rank_groups(self, world: int) -> list[tuple[str, tuple[int, ...]]]:
         """(label, ranks) of the rank sets that do different work: all ranks, or one set per stage."""
         if not self.disaggregated:
-            return [("all", tuple(range(cpu_ranks.WORLD)))]
+            return [("all", tuple(range(world)))]
         return [("vision", self.vision_ranks), ("language", self.language_ranks)]
 
 
@@ -46,9 +43,8 @@ class Plain:
 
     autotp: int = 1
 
-    @property
-    def dp(self) -> int:
-        return cpu_ranks.WORLD // self.autotp
+    def dp(self, world: int) -> int:
+        return world // self.autotp
 
 
 LAYOUTS = {  # row name -> Layout, or Plain for plain DeepSpeed over the whole model
@@ -74,10 +70,10 @@ BASELINE = "homogeneous"
 
 DEFAULTS = dict(image_size=64, patch_size=4, vision_hidden=256, vision_layers=4, vision_heads=8,
                 text_hidden=256, text_layers=4, text_heads=8, text_kv_heads=4,
-                batch=16, micro_batches=1, pipeline_micro_batches=4, warmup=2, steps=4, rounds=6)
+                batch=16, micro_batches=1, pipeline_micro_batches=4, warmup=2, steps=4, rounds=6, world=4)
 QUICK = dict(image_size=32, patch_size=4, vision_hidden=64, vision_layers=2, vision_heads=4,
              text_hidden=64, text_layers=2, text_heads=4, text_kv_heads=4,
-             batch=16, micro_batches=1, pipeline_micro_batches=4, warmup=1, steps=3, rounds=3)
+             batch=16, micro_batches=1, pipeline_micro_batches=4, warmup=1, steps=3, rounds=3, world=4)
 
 # One run = one or more scenarios (a model size and the rows that run on it). Each scenario's sizes
 # override DEFAULTS (or QUICK); explicit size flags override both.
@@ -129,7 +125,7 @@ def ds_config(a, layout=Plain()):
     }
     if isinstance(layout, Plain):  # plain DeepSpeed, dp over the whole world (or AutoTP x dp)
         cfg["gradient_accumulation_steps"] = a["micro_batches"]
-        cfg["train_micro_batch_size_per_gpu"] = a["batch"] // (layout.dp * a["micro_batches"])
+        cfg["train_micro_batch_size_per_gpu"] = a["batch"] // (layout.dp(a["world"]) * a["micro_batches"])
         if layout.autotp > 1:
             cfg["tensor_parallel"] = {"autotp_size": layout.autotp}
             # DeepSpeed checks train_batch_size against the whole world (tp ranks included) before
@@ -152,9 +148,9 @@ def layout_of(name, a):
     return a.get("extra_layouts", {}).get(name) or LAYOUTS[name]
 
 
-def rank_groups(name):
+def rank_groups(name, world):
     layout = LAYOUTS[name]
-    return [("all", tuple(range(cpu_ranks.WORLD)))] if isinstance(layout, Plain) else layout.rank_groups()
+    return [("all", tuple(range(world)))] if isinstance(layout, Plain) else layout.rank_groups(world)
 
 
 def mb_of(name, a):
@@ -166,9 +162,9 @@ def ranks_str(ranks):
     return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
 
 
-def layout_str(layout):
+def layout_str(layout, world):
     if isinstance(layout, Plain):
-        return f"whole model dp{layout.dp}" + (f" AutoTP{layout.autotp}" if layout.autotp > 1 else "")
+        return f"whole model dp{layout.dp(world)}" + (f" AutoTP{layout.autotp}" if layout.autotp > 1 else "")
     if hasattr(layout, "section"):
         return layout.label()
     (vtp, vdp), (ltp, ldp) = layout.vision, layout.language
@@ -189,7 +185,7 @@ def batch_problems(a, names):
     out = []
     for n in names:
         layout = LAYOUTS[n]
-        stages = ([("model", (layout.autotp, layout.dp))] if isinstance(layout, Plain)
+        stages = ([("model", (layout.autotp, layout.dp(a["world"])))] if isinstance(layout, Plain)
                   else [("vision", layout.vision), ("language", layout.language)])
         for stage, (_, dp) in stages:
             if a["batch"] % (dp * mb_of(n, a)):

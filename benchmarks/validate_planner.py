@@ -38,7 +38,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_layouts as bl  # noqa: E402
-import cpu_ranks  # noqa: E402
 
 ROWS = ["homogeneous", "homogeneous tp4", "hetero tp2", "hetero tp4", "ds_hetero dp4", "hetero Vtp4",
         "disagg 2+2 tp", "disagg 2+2 dp", "plain DS dp4", "DS AutoTP tp2"]
@@ -81,7 +80,7 @@ def run_pinned(a, names, log=print):
 
     a = bl.with_param_counts(a)
     t0 = time.perf_counter()
-    per_rank = bl.launch(pinned_interleaved, names, a)
+    per_rank = bl.launch(pinned_interleaved, names, a, world=a["world"])
     a["interleaved_loss"] = per_rank[0][1]
     log(f"[{time.perf_counter() - t0:5.1f}s] interleaved rows done (one core per rank)", flush=True)
     return {n: [max(r[0][n][i] for r in per_rank) for i in range(len(per_rank[0][0][n]))] for n in names}, a
@@ -139,13 +138,13 @@ def predictions(a, rows, machine):
     model = bl.build_model(a)
     spec, wl = model_spec(model.config), workload(a, model)
     base = {k: v for k, v in bl.ds_config(a, bl.LAYOUTS["homogeneous"]).items() if k != "hetero_parallel"}
-    full = plan(model, cpu_ranks.WORLD, wl.seq_len, wl.image_tokens, wl.global_batch, machine, base=base,
+    full = plan(model, a["world"], wl.seq_len, wl.image_tokens, wl.global_batch, machine, base=base,
                 micro_batches=(1, 2, 4))
     out = {}
     for name in rows:
         layout = bl.layout_of(name, a)
         if isinstance(layout, bl.Plain):
-            out[name] = plain_deepspeed_step(spec, wl, machine, cpu_ranks.WORLD, layout.autotp, a["micro_batches"])
+            out[name] = plain_deepspeed_step(spec, wl, machine, a["world"], layout.autotp, a["micro_batches"])
             continue
         out[name] = predict(candidate_of(layout, a), spec, wl, machine).step_s
     return out, full, wl
@@ -188,11 +187,10 @@ def main(argv=None):
     print(f"machine: {machine.source}; {machine.compute_units} cores")
     verdicts = []
     for world, scenario in [(w, s) for w in args.world for s in args.scenario]:
-        cpu_ranks.WORLD = world  # the launcher and the plain rows read it when they run
         a = dict(bl.QUICK if args.quick else bl.DEFAULTS)
         sc = bl.SCENARIOS[scenario]
         a.update(sc["quick_sizes"] if args.quick else sc["sizes"])
-        a.update(seed=0, profile=False, rounds=args.rounds or (3 if args.quick else 6))
+        a.update(seed=0, profile=False, rounds=args.rounds or (3 if args.quick else 6), world=world)
         rows = list(ROWS)
         if world == 2:
             a["extra_layouts"] = rows2(a)
@@ -223,7 +221,7 @@ def main(argv=None):
         mr = sorted(names, key=lambda n: measured[n])
         print(f"{'row':<16} {'layout':<34} {'predicted s':>11} {'measured s':>10} {'pred #':>6} {'meas #':>6}")
         for n in pr:
-            print(f"{n:<16} {bl.layout_str(bl.layout_of(n, a)):<34} {predicted[n]:>11.3f} {measured[n]:>10.3f} "
+            print(f"{n:<16} {bl.layout_str(bl.layout_of(n, a), world):<34} {predicted[n]:>11.3f} {measured[n]:>10.3f} "
                   f"{pr.index(n) + 1:>6} {mr.index(n) + 1:>6}")
         rho = spearman([predicted[n] for n in names], [measured[n] for n in names])
         best = min(measured.values())
