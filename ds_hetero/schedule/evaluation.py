@@ -77,13 +77,21 @@ class EvaluationSchedule(StageWork):
         for m in range(plan.micro_batches):
             rows_in = []
             for stage in self.stages.encoders:
-                if stage.name not in self.boundaries:  # this rank holds neither side of the pair
-                    continue
+                if stage.name not in self.boundaries:  # this rank holds neither side of the pair (or,
+                    continue  # with a pipeline, is a later pipeline stage: not in this exchange)
                 rows = self.encoder_forward(stage, samples, plan, m) if stage.held else self.empty_rows()
                 rows_in.append(self.send_rows(stage.name, rows, plan, m, step=None))
             if language.held:
-                loss_sum += self.language_loss_sum(samples, plan, m, rows_in).double()
-        # tp rank 0 of every cp shard of every language dp replica holds its share of the sum.
-        total = (loss_sum if language.held and language.coord.tp == 0 else torch.zeros_like(loss_sum)).reshape(1)
+                loss_sum += self._micro_batch_loss_sum(samples, plan, m, rows_in)
+        total = (loss_sum if self._holds_loss_share() else torch.zeros_like(loss_sum)).reshape(1)
         dist.all_reduce(total, group=self.stages.boundary_group)
         return total.item() / n_labels
+
+    def _micro_batch_loss_sum(self, samples, plan: StepPlan, m: int, rows_in) -> torch.Tensor:
+        """This rank's share of micro-batch m's token-loss sum (float64)."""
+        return self.language_loss_sum(samples, plan, m, rows_in).double()
+
+    def _holds_loss_share(self) -> bool:
+        """tp rank 0 of every cp shard of every language dp replica holds its share of the sum."""
+        language = self.stages.language
+        return language.held and language.coord.tp == 0

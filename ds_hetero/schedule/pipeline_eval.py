@@ -11,43 +11,23 @@ the loss sum; one all-reduce over the boundary group gives every rank the loss.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
-
 import torch
 import torch.distributed as dist
 
-from ..loss import label_token_count, token_loss_sum
+from ..loss import token_loss_sum
 from ..step.plan import StepPlan
 from .evaluation import EvaluationSchedule
 from .pipeline_shapes import hidden_shape
 
 
 class PipelineEvaluationSchedule(EvaluationSchedule):
-    @torch.no_grad()
-    def _loss(self, samples: Sequence[dict[str, Any]]) -> float:
-        samples = self.padded(samples)
-        n_labels = sum(label_token_count(s["labels"]) for s in samples)
-        if n_labels == 0:
-            raise ValueError("eval_batch: the samples have no label tokens (all labels are -100)")
-        plan = StepPlan(self.stages.config, self.ports, samples, len(samples) // self._micro_batch_size(),
-                        per_micro_batch=True)
-        language = self.stages.language
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.stages.device)
-        for m in range(plan.micro_batches):
-            rows_in = []
-            for stage in self.stages.encoders:
-                if stage.name not in self.boundaries:  # a later pipeline stage: not in this exchange
-                    continue
-                rows = self.encoder_forward(stage, samples, plan, m) if stage.held else self.empty_rows()
-                rows_in.append(self.send_rows(stage.name, rows, plan, m, step=None))
-            if language.held:
-                loss_sum += self._chunk_forward(samples, plan, m, rows_in)
-        last = language.held and language.coord.pp == language.layout.pp - 1 and language.coord.tp == 0
-        total = (loss_sum if last else torch.zeros_like(loss_sum)).reshape(1)
-        dist.all_reduce(total, group=self.stages.boundary_group)
-        return total.item() / n_labels
+    """EvaluationSchedule's loop; a micro-batch runs through the pipeline stages in turn."""
 
-    def _chunk_forward(self, samples, plan: StepPlan, m: int, rows_in) -> torch.Tensor:
+    def _holds_loss_share(self) -> bool:
+        language = self.stages.language
+        return language.held and language.coord.pp == language.layout.pp - 1 and language.coord.tp == 0
+
+    def _micro_batch_loss_sum(self, samples, plan: StepPlan, m: int, rows_in) -> torch.Tensor:
         language = self.stages.language
         coord, pp = language.coord, language.layout.pp
         neighbours, group = language.groups.ranks_of["pp"], language.groups.pp
