@@ -24,7 +24,10 @@ activations at a time.
 
 The vision tower (CLIP / SigLIP / Qwen2-VL blocks: LayerNorm, GELU MLP, full MHA) keeps
 Korthikanti's count `hidden x (10 + 24 / tp)` (its dropout masks are off in training too, so
-this slightly over-counts).
+this slightly over-counts). A frozen tower keeps nothing (wl.freeze, frozen.py: autograd records
+nothing where neither the input nor a parameter needs a gradient); the projector after it keeps
+its input and hidden rows for its weight gradients. An encoder that does not train runs its
+forward without autograd: only its output rows are held (until the language stage takes them).
 """
 
 from __future__ import annotations
@@ -70,6 +73,13 @@ def vision_activation_bytes(spec: ModelSpec, wl: Workload, samples: int, tp: int
     layer = (tokens * v.hidden * (10 + 24 / tp) + (0 if flash else 5 * v.heads * seq * tokens / tp)) \
         * wl.dtype_bytes / 2
     rows = images * wl.tokens_per_image(spec) * spec.language.hidden * wl.dtype_bytes  # the projector's output
+    f = wl.freeze.of("vision")
+    if not f.trains:
+        return rows
+    if f.tower:  # the projector's input (the tower's features) and hidden rows, for its weight gradients
+        (i1, o1), *rest = v.projector
+        per_row = i1 + (2 * o1 / tp if rest else 0)  # linear_1's input; GELU's input and output
+        return images * wl.tokens_per_image(spec) * per_row * v.boundary_levels * wl.dtype_bytes + rows
     if recompute:
         return tokens * v.hidden * wl.dtype_bytes * v.layers_backward + layer + rows
     return layer * v.layers_backward + rows
