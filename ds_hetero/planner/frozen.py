@@ -149,5 +149,6 @@ def resolve_freeze(section: Any, adapter) -> Freeze:
                 rest -= members
         trains = frozen != used.keys()
         share = numel(rest) / numel(used) if trains and used else 0.0
-        out.append((stage, StageFreeze(trains, flags["tower"], flags["projector"], share)))
+        out.append((stage, StageFreeze(trains, flags["tower"], flags["projector"], share) if trains
+                       else StageFreeze(trains=False)))
     return Freeze(tuple(out))
