@@ -17,6 +17,7 @@ parameter names (`model.named_parameters()`, e.g. "model.vision_tower.encoder.la
 from __future__ import annotations
 
 import fnmatch
+from typing import Mapping, Sequence
 
 from torch import nn
 
@@ -46,14 +47,20 @@ def _patterns(adapter, stage: str, entry: str) -> list[str]:
 
 def frozen_names(cfg, adapter) -> dict[str, set[str]]:
     """Stage -> the names the config freezes (checked: every entry matches a parameter of its stage)."""
+    return names_frozen_by({stage: cfg.options_of(stage).freeze for stage in cfg.stages}, adapter)
+
+
+def names_frozen_by(freeze: Mapping[str, bool | Sequence[str]], adapter) -> dict[str, set[str]]:
+    """Stage -> the names `freeze` (stage -> a `freeze` value) freezes; the planner asks this of a
+    user's base config, without a parsed HeteroConfig."""
     out = {}
     for stage, names in _stage_names(adapter).items():
-        freeze = cfg.options_of(stage).freeze
-        if freeze is True:
+        freeze_ = freeze.get(stage, False)
+        if freeze_ is True:
             out[stage] = set(names)
             continue
         out[stage] = set()
-        for i, entry in enumerate(freeze or ()):
+        for i, entry in enumerate(freeze_ or ()):
             hit = {n for pattern in _patterns(adapter, stage, entry) for n in fnmatch.filter(names, pattern)}
             if not hit:
                 groups = sorted(getattr(adapter, "FREEZE_GROUPS", {}).get(stage, {}))

@@ -18,13 +18,20 @@ Korthikanti (2-byte dtype). A GELU MLP of width 4h with full multi-head attentio
 count, `hidden x (10 + 24 / tp)` with dropout) stores less than SwiGLU at ffn 3.5h and more than
 GQA: for a Llama-2-70B layer this count is ~19% above the old one.
 
+A frozen language stage (it still back-propagates to a trained encoder's rows) keeps no input of
+its linears, whose weights need no gradient: the two norm outputs, the attention output and the
+down projection's input drop out (`language_layer_elements`).
+
 Full activation recompute (per layer, Megatron's "full" granularity) stores only each layer's
 input (h per token, / tp with sequence parallelism) and, during the backward, one layer's full
 activations at a time.
 
 The vision tower (CLIP / SigLIP / Qwen2-VL blocks: LayerNorm, GELU MLP, full MHA) keeps
 Korthikanti's count `hidden x (10 + 24 / tp)` (its dropout masks are off in training too, so
-this slightly over-counts).
+this slightly over-counts). A frozen tower keeps nothing (wl.freeze, frozen.py: autograd records
+nothing where neither the input nor a parameter needs a gradient); the projector after it keeps
+its input and hidden rows for its weight gradients. An encoder that does not train runs its
+forward without autograd: only its output rows are held (until the language stage takes them).
 """
 
 from __future__ import annotations
@@ -33,12 +40,17 @@ from .model_spec import ModelSpec
 from .workload import Workload
 
 
-def language_layer_elements(spec: ModelSpec, tp: int, sequence_parallel: bool) -> float:
-    """Elements one decoder layer stores per token of this rank's shard (flash attention)."""
+def language_layer_elements(spec: ModelSpec, tp: int, sequence_parallel: bool, trains: bool = True) -> float:
+    """Elements one decoder layer stores per token of this rank's shard (flash attention).
+
+    `trains` False (a frozen language stage carrying a trained encoder's gradient, frozen.py):
+    autograd keeps no input of a linear whose weight needs no gradient (the two norm outputs, the
+    attention output, the down projection's input); measured with saved-tensor hooks on the tiny
+    LLaVA, a frozen decoder keeps 0.63 of what it keeps training, this count 0.67."""
     lm = spec.language
     q, kv = lm.heads * lm.head_dim, lm.kv_heads * lm.head_dim
-    replicated = 4 * lm.hidden
-    split = 2 * q + 2 * kv + 4 * lm.ffn
+    replicated = (4 if trains else 2) * lm.hidden
+    split = (2 if trains else 1) * q + 2 * kv + (4 if trains else 3) * lm.ffn
     return (replicated / tp if sequence_parallel else replicated) + split / tp
 
 
@@ -50,7 +62,8 @@ def language_activation_bytes(spec: ModelSpec, wl: Workload, samples: int, tp: i
     lm = spec.language
     layers = lm.layers if layers is None else layers
     tokens = samples * wl.seq_len / cp
-    layer = tokens * language_layer_elements(spec, tp, sequence_parallel) * wl.dtype_bytes
+    layer = tokens * language_layer_elements(spec, tp, sequence_parallel, wl.freeze.of("language").trains) \
+        * wl.dtype_bytes
     if not flash:  # scores of this rank's heads over the full sequence (Ulysses: heads / cp, all tokens)
         layer += 5 * lm.heads * wl.seq_len * tokens / tp * wl.dtype_bytes / 2
     logits = tokens * lm.vocab / tp * 4 * 2 if head else 0.0
@@ -70,6 +83,13 @@ def vision_activation_bytes(spec: ModelSpec, wl: Workload, samples: int, tp: int
     layer = (tokens * v.hidden * (10 + 24 / tp) + (0 if flash else 5 * v.heads * seq * tokens / tp)) \
         * wl.dtype_bytes / 2
     rows = images * wl.tokens_per_image(spec) * spec.language.hidden * wl.dtype_bytes  # the projector's output
+    f = wl.freeze.of("vision")
+    if not f.trains:
+        return rows
+    if f.tower:  # the projector's input (the tower's features) and hidden rows, for its weight gradients
+        (i1, o1), *rest = v.projector
+        per_row = i1 + (2 * o1 / tp if rest else 0)  # linear_1's input; GELU's input and output
+        return images * wl.tokens_per_image(spec) * per_row * v.boundary_levels * wl.dtype_bytes + rows
     if recompute:
         return tokens * v.hidden * wl.dtype_bytes * v.layers_backward + layer + rows
     return layer * v.layers_backward + rows

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..config import SECTION
+from .frozen import carry_freeze
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ class Candidate:
         cfg = copy.deepcopy(dict(base))
         for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
             cfg.pop(key, None)
-        cfg[SECTION] = self.section() | dict(extra_section or {})
+        cfg[SECTION] = carry_freeze(self.section(), base) | dict(extra_section or {})  # base: search.base_config
         if self.global_batch is not None:
             cfg["train_batch_size"] = self.global_batch
         return cfg

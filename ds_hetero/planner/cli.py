@@ -24,7 +24,8 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--machine", default="cpu", help="h100, h200, a100, cpu or calibrate (measure this machine)")
     p.add_argument("--recalibrate", action="store_true", help="with --machine calibrate: measure again")
     p.add_argument("--memory-gb", type=float, help="memory per device (default: the machine's)")
-    p.add_argument("--config", help="a DeepSpeed JSON whose other settings (ZeRO, optimizer, bf16) every candidate keeps")
+    p.add_argument("--config", help="a DeepSpeed JSON whose other settings (ZeRO, optimizer, bf16, each "
+                        "stage's freeze) every candidate keeps")
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (default: --config's, else 1)")
     p.add_argument("--placement", choices=("colocated", "disaggregated", "mixed"),
                    help="only this placement (mixed: models with several encoders)")

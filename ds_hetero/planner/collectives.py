@@ -19,6 +19,13 @@ Data parallelism (DeepSpeed): ZeRO 0 all-reduces the gradients once per step; Ze
 reduce-scatters them once per step (at the accumulation boundary) and all-gathers the updated
 parameters; ZeRO 2 reduce-scatters at every micro-batch; ZeRO 3 also all-gathers the
 parameters in every micro-batch's forward and backward.
+
+Frozen parameters (wl.freeze, frozen.py) have no gradient to reduce: the reductions and ZeRO
+1/2's gathers of the updated partition cover the trained ones only; ZeRO 3 still gathers the
+frozen ones in the forward (it partitions every parameter of the module) and in the backward
+where the backward runs through them. A stage that does not train runs ZeRO 0 without an
+optimizer: no dp collective; an encoder that does not train, and a frozen tower, run no backward
+there: only the forward's tp all-reduces.
 """
 
 from __future__ import annotations
@@ -52,14 +59,21 @@ def _tp_regions(kind_sp: bool, nbytes: float, tp: int, count: int) -> list[Colle
 
 def vision_collectives(spec: ModelSpec, wl: Workload, samples: int, layout: StageChoice) -> list[Collective]:
     v, tp = spec.vision, layout.tp
+    f = wl.freeze.of("vision")
     images = samples * wl.images_per_sample(spec)
     k = wl.tokens_per_image(spec)
     tower = images * v.seq_per_image(k) * v.hidden * wl.dtype_bytes
     rows = images * k * v.projector[-1][1] * wl.dtype_bytes
-    out = _tp_regions(False, tower, tp, 2 * v.layers_forward + 2 * v.layers_backward)
+    bwd = f.backward_through_tower  # the backward's regions: none after a frozen tower (nor the projector's
+    #                                 input-gradient all-reduce: its input needs no gradient)
+    out = _tp_regions(False, tower, tp, 2 * v.layers_forward + 2 * v.layers_backward * bwd)
     if len(v.projector) > 1:  # projector / merger: forward output, backward input gradient (Gemma 3's is replicated)
-        out += _tp_regions(False, rows, tp, 2 * v.boundary_levels)  # Qwen3-VL: each DeepStack merger too
-    return out + dp_collectives(spec.params_per_rank("vision", tp), wl, layout)
+        out += _tp_regions(False, rows, tp, (1 + bwd) * v.boundary_levels)  # Qwen3-VL: each DeepStack merger too
+    if not f.trains:
+        return out
+    params = spec.params_per_rank("vision", tp)
+    frozen = f.frozen_params(params, v.projector_params_per_rank(tp))
+    return out + dp_collectives(params - frozen, wl, layout, frozen, frozen_backward=bwd)
 
 
 def language_collectives(spec: ModelSpec, wl: Workload, samples: int, layout: StageChoice,
@@ -85,12 +99,18 @@ def language_collectives(spec: ModelSpec, wl: Workload, samples: int, layout: St
             out.append(Collective("cp", "all_to_all", nbytes, cp, tp * cp, 2 * n, "micro_batch"))
     if params is None:
         params = spec.params_per_rank("language", tp)
-    return out + dp_collectives(params, wl, layout)
+    f = wl.freeze.of("language")
+    if not f.trains:
+        return out
+    frozen = f.frozen_params(params)
+    return out + dp_collectives(params - frozen, wl, layout, frozen, frozen_backward=True)
 
 
-def dp_collectives(params: float, wl: Workload, layout: StageChoice) -> list[Collective]:
+def dp_collectives(params: float, wl: Workload, layout: StageChoice, frozen: float = 0.0,
+                   frozen_backward: bool = True) -> list[Collective]:
     """Gradient reduction (and ZeRO's parameter gathers) of one stage over its dp x cp ranks;
-    `params` = what one tp rank holds."""
+    `params` = the trained parameters one tp rank holds, `frozen` its frozen ones (ZeRO 3 gathers
+    them in the forward, and in the backward when `frozen_backward`: the backward runs through them)."""
     n = layout.dp * layout.cp  # cp ranks hold the same parameters and reduce gradients with dp
     if n == 1:
         return []
@@ -105,5 +125,10 @@ def dp_collectives(params: float, wl: Workload, layout: StageChoice) -> list[Col
     if z == 2:
         return [Collective("dp", "reduce_scatter", nbytes, n, span, 1, "micro_batch"),
                 Collective("dp", "all_gather", nbytes, n, span, 1, "step")]
+    if not frozen:
+        return [Collective("dp", "reduce_scatter", nbytes, n, span, 1, "micro_batch"),
+                Collective("dp", "all_gather", nbytes, n, span, 2, "micro_batch")]  # forward and backward
+    held = (params + frozen) * wl.dtype_bytes
     return [Collective("dp", "reduce_scatter", nbytes, n, span, 1, "micro_batch"),
-            Collective("dp", "all_gather", nbytes, n, span, 2, "micro_batch")]  # forward and backward
+            Collective("dp", "all_gather", held, n, span, 1, "micro_batch"),  # forward: every parameter
+            Collective("dp", "all_gather", held if frozen_backward else nbytes, n, span, 1, "micro_batch")]

@@ -56,7 +56,7 @@ def _gemm_seconds(work: StageWork, machine: MachineProfile) -> tuple[float, floa
         bwd += t * g.backward
     ew = machine.memory_time(work.elementwise_bytes)
     calls = work.ops * machine.op_overhead
-    return fwd + ew + calls, bwd + 2 * ew + 2 * calls
+    return fwd + ew + calls, bwd + 2 * (ew + calls) * work.backward_share
 
 
 def _collective_seconds(colls: list[Collective], machine: MachineProfile) -> dict[str, float]:
@@ -69,8 +69,10 @@ def _collective_seconds(colls: list[Collective], machine: MachineProfile) -> dic
     return out
 
 
-def zero_of(wl: Workload, layout: StageChoice) -> int:
-    return wl.zero if layout.zero is None else layout.zero
+def zero_of(wl: Workload, layout: StageChoice, stage: str | None = None) -> int:
+    """The stage's ZeRO stage: its own, else the config's; 0 for a stage that does not train (frozen.py)."""
+    zero = wl.zero if layout.zero is None else layout.zero
+    return zero if stage is None else wl.freeze.of(stage).zero(zero)
 
 
 def stage_times(spec: ModelSpec, wl: Workload, machine: MachineProfile, stage: str, layout: StageChoice,
@@ -81,30 +83,41 @@ def stage_times(spec: ModelSpec, wl: Workload, machine: MachineProfile, stage: s
     micro_batches   this stage's passes per step (an encoder's may be fewer than the language's)
     layers, first, last   a language pipeline stage: its decoder layers, embedding, head
     With recompute the backward runs the forward again first (compute and tp/cp collectives).
+    Frozen parameters (wl.freeze, frozen.py) have no optimizer time; a frozen tower no backward
+    (nor its recompute, nor its tp collectives' backward half).
     """
     m = micro_batches
     samples = samples_per_rank(wl.global_batch, layout.dp, m)
-    zero = zero_of(wl, layout)
+    zero = zero_of(wl, layout, stage)
+    f = wl.freeze.of(stage)
+    tp_bwd = 0.5  # tp / cp collectives split evenly over forward and backward
     if stage == "vision":
         work = vision_work(spec, wl, samples, layout.tp)
         colls = vision_collectives(spec, replace(wl, zero=zero), samples, layout)
         params = spec.params_per_rank("vision", layout.tp)
+        projector = spec.vision.projector_params_per_rank(layout.tp)
+        if not f.backward_through_tower:  # the tower's backward regions are not in colls (forward only)
+            tp_bwd = 0.0
     else:
         n = spec.language.layers if layers is None else layers
         params = chunk_params_per_rank(spec, layout.tp, n, first, last)
         work = language_work(spec, wl, samples, layout.tp, layout.cp, machine.causal, layout.sequence_parallel,
                              n, last)
         colls = language_collectives(spec, replace(wl, zero=zero), samples, layout, n, last, params, first)
+        projector = 0.0
     fwd, bwd = _gemm_seconds(work, machine)
     c = _collective_seconds(colls, machine)
-    st = state_elements(params, layout, zero)
-    optimizer = machine.memory_time((st.master if zero else st.params) * ADAM_BYTES_PER_PARAM)
-    redo = fwd + (c["tp"] + c["cp"]) / 2 if layout.recompute else 0.0
-    # tp / cp collectives split evenly over forward and backward; per micro-batch dp in the backward
-    times = StageTimes(forward=fwd + (c["tp"] + c["cp"]) / 2,
-                       backward=bwd + (c["tp"] + c["cp"]) / 2 + c["dp_mb"] + redo, step=c["dp_step"] + optimizer)
-    return times, {"compute": m * (fwd + bwd + redo), "tp": m * c["tp"] * (1.5 if layout.recompute else 1),
-                   "cp": m * c["cp"] * (1.5 if layout.recompute else 1), "dp": m * c["dp_mb"] + c["dp_step"],
+    st = state_elements(params - f.frozen_params(params, projector), layout, zero)  # the trained ones only
+    optimizer = machine.memory_time((st.master if zero else st.params) * ADAM_BYTES_PER_PARAM) if f.trains else 0.0
+    tpcp = c["tp"] + c["cp"]
+    # with recompute the backward first runs the forward again, where it reaches (not a frozen tower)
+    redo = fwd + tpcp * (1 - tp_bwd) if layout.recompute and tp_bwd else 0.0
+    # per micro-batch dp in the backward
+    times = StageTimes(forward=fwd + tpcp * (1 - tp_bwd),
+                       backward=bwd + tpcp * tp_bwd + c["dp_mb"] + redo, step=c["dp_step"] + optimizer)
+    again = 1 + (1 - tp_bwd) if redo else 1  # recompute repeats the forward's collectives
+    return times, {"compute": m * (fwd + bwd + redo), "tp": m * c["tp"] * again,
+                   "cp": m * c["cp"] * again, "dp": m * c["dp_mb"] + c["dp_step"],
                    "optimizer": optimizer}
 
 

@@ -53,6 +53,8 @@ class StageWork:
     layers_backward: int
     tokens: int  # tokens this rank's linears see per micro-batch
     ops: int = 0  # operator calls of the forward (each costs the machine's op_overhead; the backward twice)
+    backward_share: float = 1.0  # share of the element-wise bytes and op calls the backward revisits
+    #                              (a frozen tower's are not: autograd recorded nothing there, frozen.py)
 
     @property
     def forward_flops(self) -> int:
@@ -73,8 +75,15 @@ LANGUAGE_OPS_PER_LAYER, LANGUAGE_OPS_FIXED = 63, 23 + 8  # + head and loss
 
 
 def vision_work(spec: ModelSpec, wl: Workload, samples: int, tp: int) -> StageWork:
-    """The vision stage on one rank: `samples` samples' images, tower and projector split over tp."""
+    """The vision stage on one rank: `samples` samples' images, tower and projector split over tp.
+
+    Frozen parts (wl.freeze, frozen.py): no backward through a frozen tower (its input, the pixels,
+    needs no gradient: autograd records nothing), the projector's first linear then computes its
+    weight gradient only; a frozen projector its input gradients only; a stage that does not
+    train runs its forward alone."""
     v = spec.vision
+    f = wl.freeze.of("vision")
+    tower_bwd = f.backward_through_tower  # GEMMs of the tower's backward: 0 when frozen
     images = samples * wl.images_per_sample(spec)
     k = wl.tokens_per_image(spec)
     seq = v.seq_per_image(k)
@@ -91,32 +100,40 @@ def vision_work(spec: ModelSpec, wl: Workload, samples: int, tp: int) -> StageWo
     )
     # the forward runs layers_forward layers; the gradient reaches layers_backward of them
     used, unused = v.layers_backward, v.layers_forward - v.layers_backward
-    gemms = [Gemm(images * seq - images * v.cls_tokens, v.patch_in, v.hidden, 1, backward=1)]  # patch embedding
+    gemms = [Gemm(images * seq - images * v.cls_tokens, v.patch_in, v.hidden, 1, backward=int(tower_bwd))]  # patch embedding
     if v.stem_in:  # a second embedding layer (an audio encoder's strided convolution)
-        gemms.append(Gemm(tower, v.stem_in, v.hidden))
-    gemms += [Gemm(g.m, g.k, g.n, g.count * used) for g in layer]
+        gemms.append(Gemm(tower, v.stem_in, v.hidden, backward=2 * tower_bwd))
+    gemms += [Gemm(g.m, g.k, g.n, g.count * used, backward=2 * tower_bwd) for g in layer]
     gemms += [Gemm(g.m, g.k, g.n, g.count * unused, backward=0) for g in layer if unused]
     # attention within each image, or within windows of it (Qwen2.5-VL: most blocks windowed)
     score_elems = 0
     for n_layers, span in v.attention_spans(seq):
         calls = images * heads * -(-seq // span)  # windows per image (the last one may be partial)
         grad = min(n_layers, used) if n_layers == v.layers_forward else n_layers
-        gemms += [Gemm(span, hd, span, calls * grad), Gemm(span, span, hd, calls * grad)]  # scores, p x v
+        gemms += [Gemm(span, hd, span, calls * grad, 2 * tower_bwd),
+                  Gemm(span, span, hd, calls * grad, 2 * tower_bwd)]  # scores, p x v
         if n_layers > grad:
             gemms += [Gemm(span, hd, span, calls * (n_layers - grad), backward=0),
                       Gemm(span, span, hd, calls * (n_layers - grad), backward=0)]
         score_elems += calls * span * span * n_layers
+    # the projector's backward: weight gradients unless frozen, input gradients unless nothing before
+    # them needs one (the first linear after a frozen tower; both linears when the stage does not train)
+    first = 0 if not f.trains else int(not f.projector) + int(tower_bwd)
+    second = 0 if not f.trains else int(not f.projector) + 1
     if len(v.projector) == 1:  # Gemma 3: one projection after pooling, replicated over tp
         (i1, o1), = v.projector
-        gemms += [Gemm(rows, i1, o1)]
+        gemms += [Gemm(rows, i1, o1, 1, first)]
     else:  # LLaVA's projector, or Qwen's merger on merge^2 concatenated patches: one row per image token
         (i1, o1), (i2, o2) = v.projector
         copies = v.boundary_levels  # Qwen3-VL: the merger and each DeepStack merger
-        gemms += [Gemm(rows, i1, o1 // tp, copies), Gemm(rows, o1 // tp, o2, copies)]  # column, row
+        gemms += [Gemm(rows, i1, o1 // tp, copies, first), Gemm(rows, o1 // tp, o2, copies, second)]  # column, row
     # norms (2), activation, residuals (2), softmax over the scores
     ew = tower * v.hidden * 8 * wl.dtype_bytes * v.layers_forward + score_elems * 3 * wl.dtype_bytes
     ops = VISION_OPS_PER_LAYER * v.layers_forward + VISION_OPS_FIXED
-    return StageWork(tuple(g for g in gemms if g.count), ew, v.layers_forward, used, tower, ops)
+    # a frozen tower: the backward runs the projector's few ops only (counted as none)
+    share = 1.0 if tower_bwd else 0.0
+    return StageWork(tuple(g for g in gemms if g.count), ew, v.layers_forward, used if tower_bwd else 0, tower, ops,
+                     share)
 
 
 def language_work(spec: ModelSpec, wl: Workload, samples: int, tp: int, cp: int, causal: float,
@@ -128,6 +145,9 @@ def language_work(spec: ModelSpec, wl: Workload, samples: int, tp: int, cp: int,
     Element-wise work on [tokens, hidden] (norms, residuals, rotary) runs on tokens / tp per rank
     with sequence parallelism, on every token of the shard without it; on [tokens, ffn / tp]
     (SwiGLU) and the scores it is split by tp either way.
+    A language stage that does not train (wl.freeze) back-propagates only to a trained encoder's
+    rows: input gradients, one GEMM per linear (attention's two products have no weights: both
+    of their backward products are input gradients).
     """
     lm = spec.language
     n = lm.layers if layers is None else layers
@@ -136,17 +156,18 @@ def language_work(spec: ModelSpec, wl: Workload, samples: int, tp: int, cp: int,
     heads = lm.heads // (tp * cp)  # Ulysses: after the all-to-all a rank holds a/(tp cp) heads, full length
     q, kv = lm.heads * lm.head_dim // tp, lm.kv_heads * lm.head_dim // tp
     attn = int(round(causal * s))  # share of the causal score matrix computed, per query row
+    linear = 2 if wl.freeze.of("language").trains else 1  # backward GEMMs per linear
     layer = (
-        Gemm(tokens, lm.hidden, q + 2 * kv),  # q, k, v (column)
-        Gemm(tokens, q, lm.hidden),  # o (row)
-        Gemm(tokens, lm.hidden, 2 * lm.ffn // tp),  # gate, up (column)
-        Gemm(tokens, lm.ffn // tp, lm.hidden),  # down (row)
+        Gemm(tokens, lm.hidden, q + 2 * kv, 1, linear),  # q, k, v (column)
+        Gemm(tokens, q, lm.hidden, 1, linear),  # o (row)
+        Gemm(tokens, lm.hidden, 2 * lm.ffn // tp, 1, linear),  # gate, up (column)
+        Gemm(tokens, lm.ffn // tp, lm.hidden, 1, linear),  # down (row)
         Gemm(s, lm.head_dim, attn, samples * heads),  # scores
         Gemm(s, attn, lm.head_dim, samples * heads),  # probabilities x values
     )
-    gemms = [Gemm(g.m, g.k, g.n, g.count * n) for g in layer]
+    gemms = [Gemm(g.m, g.k, g.n, g.count * n, g.backward) for g in layer]
     if head:
-        gemms.append(Gemm(tokens, lm.hidden, lm.vocab // tp))  # vocabulary-parallel head
+        gemms.append(Gemm(tokens, lm.hidden, lm.vocab // tp, 1, linear))  # vocabulary-parallel head
     hidden_tokens = tokens / tp if sequence_parallel else tokens
     ew = (hidden_tokens * lm.hidden * 8 + tokens * lm.ffn // tp * 3) * wl.dtype_bytes \
         + samples * heads * s * attn * 3 * wl.dtype_bytes

@@ -11,7 +11,9 @@ allocates them with Adam (checked against a real engine in tests/test_planner_me
     ZeRO 3   parameters P/dp, gradients P/dp, fp32 master partition P/dp, moments 2P/dp
 
 (dp counts the stage's dp x cp ranks, which hold the same parameters; a stage's own `zero`
-overrides the config's.) Activations per micro-batch: activations.py (SwiGLU, GQA, sequence
+overrides the config's.) Frozen parameters (wl.freeze, frozen.py) are held in the model dtype
+only: whole under ZeRO 0-2 (DeepSpeed partitions the optimizer's parameters), P/dp under ZeRO 3
+(which partitions every parameter of the module); a stage that does not train runs ZeRO 0. Activations per micro-batch: activations.py (SwiGLU, GQA, sequence
 parallelism, recompute). How many micro-batches a rank holds at once: `peak_memory`.
 """
 
@@ -36,6 +38,13 @@ class StateElements:
 
     def bytes(self, dtype_bytes: int) -> float:
         return (self.params + self.grads) * dtype_bytes + (self.master + self.moments) * 4
+
+
+def state_bytes(trained: float, frozen: float, layout: StageChoice, zero: int, dtype_bytes: int) -> float:
+    """Model-state bytes of one rank: `trained` parameters with their gradients and optimizer state,
+    `frozen` ones in the model dtype (partitioned under ZeRO 3 only)."""
+    held = frozen / (layout.dp * layout.cp) if zero == 3 else frozen
+    return state_elements(trained, layout, zero).bytes(dtype_bytes) + held * dtype_bytes
 
 
 def state_elements(params: float, layout: StageChoice, zero: int) -> StateElements:
@@ -76,8 +85,11 @@ def vision_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, i
     layout = cand.vision
     passes = cand.micro_batches if cand.megatron else cand.passes
     samples = samples_per_rank(wl.global_batch, layout.dp, passes)
-    zero = wl.zero if layout.zero is None else layout.zero
-    states = state_elements(spec.params_per_rank("vision", layout.tp), layout, zero).bytes(wl.dtype_bytes)
+    f = wl.freeze.of("vision")
+    zero = f.zero(wl.zero if layout.zero is None else layout.zero)
+    params = spec.params_per_rank("vision", layout.tp)
+    frozen = f.frozen_params(params, spec.vision.projector_params_per_rank(layout.tp))
+    states = state_bytes(params - frozen, frozen, layout, zero, wl.dtype_bytes)
     states += spec.vision.untrained_params() / layout.tp * wl.dtype_bytes  # the tower's unused tail is held
     act = vision_activation_bytes(spec, wl, samples, layout.tp, flash, layout.recompute)
     return RankMemory(states, act * in_flight)
@@ -90,9 +102,11 @@ def language_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool,
     cut = cand.pp_layers or even_cut(spec.language.layers, layout.pp)
     first, last = stage == 0, stage == layout.pp - 1
     samples = wl.global_batch // (layout.dp * cand.micro_batches)
-    zero = wl.zero if layout.zero is None else layout.zero
+    f = wl.freeze.of("language")
+    zero = f.zero(wl.zero if layout.zero is None else layout.zero)
     params = chunk_params_per_rank(spec, layout.tp, cut[stage], first, last)
-    states = state_elements(params, layout, zero).bytes(wl.dtype_bytes)
+    frozen = f.frozen_params(params)
+    states = state_bytes(params - frozen, frozen, layout, zero, wl.dtype_bytes)
     one = language_activation_bytes(spec, wl, samples, layout.tp, layout.cp, layout.sequence_parallel, flash,
                                     cut[stage], layout.recompute, head=last)
     if layout.recompute and cut[stage]:  # one layer's full activations exist once, not per micro-batch

@@ -115,16 +115,28 @@ class VisionSpec:
             return self.held
         return (self.layers_forward - self.layers_backward) * self.layer_params() + 2 * self.hidden
 
+    def projector_replicated_params(self) -> int:
+        """The projector's part of `replicated_params` (its row-parallel biases, the Qwen / InternVL
+        norms before it; all of it when the projector is not split)."""
+        if self.kind == "gemma3" or self.replicated_projector:
+            return self.projector_params()
+        extra = self.projector_norm if self.kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl") else 0
+        return (1 + self.deepstack) * self.projector[-1][1] + extra
+
+    def projector_params_per_rank(self, tp: int) -> float:
+        """The projector's parameters on one tp rank (the rest of `ModelSpec.params_per_rank("vision", tp)`
+        is the tower's: a frozen tower's share, planner/frozen.py)."""
+        if tp == 1:
+            return self.projector_params()
+        whole = self.projector_replicated_params()
+        return (self.projector_params() - whole) / tp + whole
+
     def replicated_params(self) -> int:
         """Parameters every tp rank holds whole: embeddings, norms, the biases of row-parallel linears
         (added after the reduction); everything else is split over tp."""
         h = self.hidden
         per_layer = (2 if self.rms_norms else 4) * h + 2 * h  # two norms; out and fc2 / down biases
-        if self.kind == "gemma3" or self.replicated_projector:  # the projector is not split: all of it is replicated
-            return self.embed_params + self.layers_backward * per_layer + self.projector_params()
-        extra = self.projector_norm if self.kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl") else 0
-        return (self.embed_params + self.layers_backward * per_layer + (1 + self.deepstack) * self.projector[-1][1]
-                + extra)
+        return self.embed_params + self.layers_backward * per_layer + self.projector_replicated_params()
 
 
 @dataclass(frozen=True)

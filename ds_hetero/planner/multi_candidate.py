@@ -25,6 +25,7 @@ from ..config import SECTION
 from ..errors import HeteroConfigError
 from .candidate import StageChoice
 from .enumerate import SearchSpace, _stage_layouts, divisors
+from .frozen import carry_freeze
 from .validity import check_candidate
 
 
@@ -87,7 +88,7 @@ class MultiCandidate:
         cfg = copy.deepcopy(dict(base))
         for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
             cfg.pop(key, None)
-        cfg[SECTION] = self.section() | dict(extra_section or {})
+        cfg[SECTION] = carry_freeze(self.section(), base) | dict(extra_section or {})
         return cfg
 
 

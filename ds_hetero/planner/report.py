@@ -23,7 +23,8 @@ def ranked_table(plan: Plan, top: int = 10) -> str:
         f"model {spec.family}: vision {spec.vision.params() / 1e6:.1f}M params ({spec.vision.kind}), "
         f"language {spec.language.params() / 1e6:.1f}M params; seq {wl.seq_len}, image tokens {wl.image_tokens} "
         f"(the encoder sees {wl.encoder_tokens(spec)}), global batch {wl.global_batch}, ZeRO {wl.zero}, "
-        f"{wl.dtype_bytes}-byte dtype",
+        f"{wl.dtype_bytes}-byte dtype" + (f"; {wl.freeze.describe()} (the config's freeze, in every row)"
+                                          if wl.freeze.describe() else ""),
         f"machine {plan.machine.name}: {plan.machine.source}",
         f"{st['generated']} configurations generated, {st.get('runnable', len(plan.predictions))} runnable "
         f"(the engine's checks accept them today; cp > 1 {'on' if st['cp'] else 'off'}, sequence parallelism "
@@ -90,11 +91,17 @@ def _row(i: int, p: Prediction) -> str:
 
 def breakdown_table(plan: Plan, top: int = 3) -> str:
     lines = ["predicted time per step and stage (seconds on one rank of the stage):"]
-    head = f"{'#':>3} {'stage':<9} " + " ".join(f"{p:>10}" for p in PARTS)
+    def name(stage: str) -> str:  # with what of it is frozen (the config's freeze)
+        tag = plan.workload.freeze.of(stage).describe()
+        return f"{stage} ({tag})" if tag else stage
+
+    stages = {s for p in plan.predictions[:top] for s in p.breakdown}
+    width = max([9] + [len(name(s)) for s in stages])
+    head = f"{'#':>3} {'stage':<{width}} " + " ".join(f"{p:>10}" for p in PARTS)
     lines += [head]
     for i, p in enumerate(plan.predictions[:top], 1):
         for stage, parts in p.breakdown.items():
-            lines.append(f"{i:>3} {stage:<9} " + " ".join(f"{parts.get(k, 0.0):>10.4f}" for k in PARTS))
+            lines.append(f"{i:>3} {name(stage):<{width}} " + " ".join(f"{parts.get(k, 0.0):>10.4f}" for k in PARTS))
     lines.append("compute = GEMMs + element-wise work; tp / cp = their collectives; dp = gradient reduction "
                  "(and ZeRO's parameter gathers); pipeline p2p = activations between pipeline stages; boundary = "
                  "both exchanges; bubble = idle waiting for the other rank set (disaggregated) or the pipeline's "

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..config import SECTION
 from ..models import adapter_for
 from .cost import Prediction
 from .enumerate import SearchSpace, enumerate_candidates
@@ -22,6 +23,7 @@ from .modelled import (ModelledSpace, disaggregated_candidates, heterogeneous_ca
 from .step_model import predict
 from .verdicts import EngineVerdicts
 from .dominance import Dominance
+from .frozen import kept_section, resolve_freeze
 from .machine import MachineProfile
 from .model_source import load_hf_config, meta_model
 from .model_spec import ModelSpec, model_spec
@@ -70,9 +72,13 @@ class Plan:
 
 
 def base_config(base: Mapping[str, Any] | None, global_batch: int, zero: int | None, bf16: bool) -> dict[str, Any]:
-    """The DeepSpeed config every candidate shares (the user's, or ZeRO 1 + AdamW)."""
+    """The DeepSpeed config every candidate shares (the user's, or ZeRO 1 + AdamW). Of the user's
+    hetero_parallel section only each stage's `freeze` is kept: it decides what trains, not how
+    fast, so every candidate carries it (Candidate.ds_config) and the cost model prices it."""
     cfg = copy.deepcopy(dict(base or {}))
-    cfg.pop("hetero_parallel", None)
+    kept = kept_section(cfg.pop(SECTION, None))
+    if kept:
+        cfg[SECTION] = kept
     cfg["train_batch_size"] = global_batch
     if zero is not None:
         cfg.setdefault("zero_optimization", {})
@@ -118,7 +124,7 @@ def plan(model: Any, world_size: int, seq_len: int, image_tokens: int, global_ba
     image_tokens = image_tokens_of(spec, image_tokens, encoder_tokens)
     base = base_config(base, global_batch, None, machine.dtype_bytes == 2 and not base)
     wl = Workload(seq_len=seq_len, image_tokens=image_tokens, global_batch=global_batch,
-                  dtype_bytes=dtype_bytes(base), zero=zero_stage(base))
+                  dtype_bytes=dtype_bytes(base), zero=zero_stage(base), freeze=resolve_freeze(base.get(SECTION), adapter))
     wl.check(spec)
     max_tp = max_tp or min(world_size, machine.devices_per_node)
     space = SearchSpace(world_size=world_size, global_batch=global_batch, max_tp=max_tp,

@@ -7,7 +7,8 @@ disaggregated, no pipeline) and from `modelled_rows` otherwise; an exchange that
 costs nothing (the engine skips it: boundary/communicator.py), but the engine's consensus
 all-reduce before each exchange stays. Between pipeline stages each micro-batch sends its
 activations [tokens / cp (/ tp with sequence parallelism), hidden] forward and their gradient
-back (point to point, priced as a 2-rank all-to-all over the link the stages share).
+back (point to point, priced as a 2-rank all-to-all over the link the stages share). An encoder
+that does not train (wl.freeze) gets no row gradients: its exchange runs one way only.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def boundary_seconds(cand: Candidate, spec: ModelSpec, wl: Workload, machine: Ma
     else:
         fwd_rows, bwd_rows = modelled_rows(cand, wl.global_batch // cand.passes, wl.image_tokens)
     row_bytes = spec.language.hidden * spec.vision.boundary_levels * wl.dtype_bytes  # Qwen3-VL: + DeepStack levels
+    trains = wl.freeze.of("vision").trains
+    if not trains:  # no row gradients back to an encoder that does not train
+        bwd_rows = 0
     lang = cand.language
     n_dst = lang.tp * lang.cp * lang.dp  # ranks of the first (or only) language pipeline stage
     peers = n_dst + (cand.vision.tp * cand.vision.dp if cand.disaggregated else 0)
@@ -60,7 +64,7 @@ def boundary_seconds(cand: Candidate, spec: ModelSpec, wl: Workload, machine: Ma
         peers = cand.vision.tp * cand.vision.dp
     t = 0.0
     if not cand.megatron:  # the consensus all-reduce (exchange), and exchange_grads' when disaggregated
-        t += (2 if cand.disaggregated else 1) * machine.collective_time("all_reduce", TINY, peers)
+        t += (2 if cand.disaggregated and trains else 1) * machine.collective_time("all_reduce", TINY, peers)
     for rows in (fwd_rows, bwd_rows):
         if rows:  # the busiest receiver takes rows / n_dst of them
             t += machine.collective_time("all_to_all", rows * row_bytes / n_dst, peers)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .frozen import Freeze
 from .model_spec import ModelSpec
 
 
@@ -16,6 +17,7 @@ class Workload:
     global_batch   samples per optimizer step
     dtype_bytes    bytes of a parameter, a gradient and an activation (2 for bf16, 4 for fp32)
     zero           ZeRO stage of every stage engine
+    freeze         what of each stage trains (the base config's `freeze`, frozen.py)
     """
 
     seq_len: int
@@ -23,6 +25,7 @@ class Workload:
     global_batch: int
     dtype_bytes: int = 2
     zero: int = 1
+    freeze: Freeze = Freeze()
 
     def images_per_sample(self, spec: ModelSpec) -> int:
         if spec.vision.tokens_per_image == 0:  # dynamic resolution: one image of image_tokens tokens
