@@ -80,8 +80,9 @@ def check_stage_options(cfg: HeteroConfig) -> None:
         if options.frozen and options.recompute:
             raise HeteroConfigError(
                 f"hetero_parallel.stages.{name}.recompute",
-                f"stage {name!r} is frozen (freeze: true): its forward keeps no activation, there is nothing to "
-                "recompute; remove recompute")
+                f"stage {name!r} is frozen (freeze: true): recompute is not supported on a frozen stage (a "
+                "frozen encoder keeps no activation; a frozen language stage keeps only what the rows' gradient "
+                "needs); remove recompute")
 
 
 def check_sequence_shards(cfg: HeteroConfig, zero: int) -> None:
