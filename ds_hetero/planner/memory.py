@@ -120,6 +120,8 @@ def peak_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, cac
 
 
 def _memo(cache: dict | None, key, fn):
+    """fn() once per key while planning (one Plan's search shares a cache: the stage times and
+    memory of a layout repeat across thousands of candidates)."""
     if cache is None:
         return fn()
     if key not in cache:

@@ -98,7 +98,8 @@ class MultiCandidate:
 
     def label(self) -> str:
         def one(name, s):
-            where = f"@{s.ranks[0]}-{s.ranks[-1]}" if s.ranks and self.placement in ("disaggregated", "mixed") else ""
+            apart = s.ranks and self.placement in ("disaggregated", "mixed")
+            where = f"@{s.ranks[0]}-{s.ranks[-1]}" if apart else ""
             passes = f" enc{self.passes_of(name)}" if name in dict(self.encoder_passes) else ""
             return f"{name} {s.label()}{where}{passes}"
 
@@ -145,7 +146,6 @@ def lighter_siblings(cand: MultiCandidate) -> list[MultiCandidate]:
     """The candidate with one memory feature turned off, for each it uses (dominance.py): a stage's
     recompute (Megatron's: every stage's at once), a per-stage ZeRO (every stage back on the config's)."""
     out = []
-    stages = dict(cand.encoders)
     if cand.megatron and cand.language.recompute:
         out.append(replace(cand, encoders=tuple((n, replace(s, recompute=False)) for n, s in cand.encoders),
                            language=replace(cand.language, recompute=False)))
@@ -155,7 +155,7 @@ def lighter_siblings(cand: MultiCandidate) -> list[MultiCandidate]:
                                                     for n, e in cand.encoders)))
     if cand.language.recompute:
         out.append(replace(cand, language=replace(cand.language, recompute=False)))
-    if cand.language.zero is not None or any(s.zero is not None for s in stages.values()):
+    if cand.language.zero is not None or any(s.zero is not None for _, s in cand.encoders):
         out.append(replace(cand, encoders=tuple((n, replace(s, zero=None)) for n, s in cand.encoders),
                            language=replace(cand.language, zero=None)))
     return out
@@ -208,8 +208,8 @@ class StageShapes:
     layouts a probe refuses (as modelled.py does with validity.check_shapes for one encoder); a
     refusal that names another field than the stage's own refuses nothing."""
 
-    def __init__(self, base: Mapping[str, Any], adapter, names: tuple[str, ...], client_opt: bool = False):
-        self.base, self.adapter, self.names, self.client_opt = base, adapter, names, client_opt
+    def __init__(self, base: Mapping[str, Any], adapter, names: tuple[str, ...]):
+        self.base, self.adapter, self.names = base, adapter, names
         self.seen: dict = {}
 
     def encoder(self, name: str, tp: int) -> bool:
@@ -218,9 +218,9 @@ class StageShapes:
 
     def language(self, tp: int, cp: int, sequence_parallel: bool) -> bool:
         n = tp * cp
-        lang = StageChoice(tp, 1, cp, sequence_parallel)
-        return self._probe(("language", tp, cp, sequence_parallel), n, MultiCandidate("colocated", tuple((e, StageChoice(1, n)) for e in self.names),
-                                                         lang, 1))
+        encoders = tuple((e, StageChoice(1, n)) for e in self.names)
+        probe = MultiCandidate("colocated", encoders, StageChoice(tp, 1, cp, sequence_parallel), 1)
+        return self._probe(("language", tp, cp, sequence_parallel), n, probe)
 
     def _probe(self, key: tuple, world: int, probe: MultiCandidate) -> bool:
         stage = key[0]

@@ -36,9 +36,8 @@ from .dominance import Dominance
 from .enumerate import SearchSpace, _stage_layouts, divisors
 from .modelled import ModelledSpace, _features, _language_layouts, _micro_batches, first_stage_cuts
 from .multi_candidate import MultiCandidate, StageShapes, _splits, lighter_siblings
+from .search import TUNE_TOP  # first_stage candidates whose cut is tuned, as for one encoder
 from .verdicts import EngineVerdicts
-
-TUNE_TOP = 8  # first_stage candidates whose cut is tuned (search.py's policy for one encoder)
 
 
 def pipelined(space: SearchSpace, ms: ModelledSpace, names: tuple[str, ...], shapes: StageShapes, cp_ok: bool,
@@ -106,7 +105,7 @@ def extended_predictions(space: SearchSpace, base: Mapping[str, Any], adapter, n
     ms = ModelledSpace(space.world_size, space.global_batch, layers, space.max_tp, zero, space.micro_batches,
                        space.max_micro_batches)
     verdicts = EngineVerdicts(base, space.world_size, adapter, client_opt)
-    shapes = StageShapes(base, adapter, names, client_opt)
+    shapes = StageShapes(base, adapter, names)
     dominance = Dominance(lighter_siblings)
     priced = list(priced)
     seen = {p.candidate for p in priced}

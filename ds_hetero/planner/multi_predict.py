@@ -33,11 +33,11 @@ from .cost import Prediction, engine_syncs, stage_times
 from .encoders import MultiSpec
 from .flops import language_work, vision_work
 from .machine import MachineProfile
-from .memory import encoder_peak, language_peaks
+from .memory import _memo, encoder_peak, language_peaks
 from .multi_candidate import MultiCandidate
 from .pipeline import StageTimes, disaggregated_step
 from .pipeline_pp import colocated_encoders_step, disaggregated_pipeline_step, first_stage_step
-from .step_model import TINY, _memo, boundary_seconds, language_chunks
+from .step_model import TINY, boundary_seconds, language_chunks
 from .workload import Workload
 
 NOTHING = StageTimes(0.0, 0.0, 0.0)

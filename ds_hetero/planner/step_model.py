@@ -20,7 +20,7 @@ from .candidate import Candidate
 from .cost import Prediction, engine_syncs, stage_times
 from .flops import model_flops_per_step
 from .machine import MachineProfile
-from .memory import even_cut, peak_memory
+from .memory import _memo, even_cut, peak_memory
 from .model_spec import ModelSpec
 from .pipeline import StageTimes, colocated_step, disaggregated_step
 from .pipeline_pp import colocated_pipeline_step, disaggregated_pipeline_step, first_stage_step
@@ -74,16 +74,6 @@ def _p2p(cand: Candidate, spec: ModelSpec, wl: Workload, machine: MachineProfile
     per_stage = lang.tp * lang.cp * lang.dp
     return machine.collective_time("all_to_all", tokens * spec.language.hidden * wl.dtype_bytes * 2, 2,
                                    span=per_stage + 1)
-
-
-def _memo(cache: dict | None, key, fn):
-    """fn() once per key while planning (one Plan's search shares a cache: the stage times of a
-    layout repeat across thousands of candidates)."""
-    if cache is None:
-        return fn()
-    if key not in cache:
-        cache[key] = fn()
-    return cache[key]
 
 
 def language_chunks(cand: Candidate, spec: ModelSpec, wl: Workload, machine: MachineProfile,
