@@ -2,7 +2,9 @@
 
 1. the config `ds-hetero plan --model tiny-qwen2.5-omni --write` writes (its best candidate) trains
    as the single-process Hugging Face thinker does: losses (the thinker's own `model(**batch).loss`),
-   norms and weights within 1e-5 over 3 steps with clipping active;
+   norms and weights within 1e-5 over 3 steps with clipping active; so does the config
+   `--pp 2 --write` writes (the best candidate with a pipelined language stage, every encoder on
+   ranks of its own: tests/test_planner_encoders_pp.py checks the CLI writes this one);
 2. `"hetero_parallel": {"auto": true, "rows": {"audio": ...}, ...}` with the thinker: rank 0 plans,
    every rank trains the same choice (the planner's top pick), and the loss goes down.
 """
@@ -37,6 +39,12 @@ def _suite(rank, world_size):
     out["parity"] = train_both(rank, world_size, "omni", layout=section["stages"], zero_stage=1, steps=3, clip=CLIP,
                                placement=section["placement"], micro_batches=section["micro_batches"])
     dist.barrier()
+    pp_pick = next(p for p in result.predictions if p.candidate.language.pp == 2)  # what `--pp 2` writes
+    section = result.ds_config(pp_pick)["hetero_parallel"]
+    out["pp pick"] = section
+    out["pp parity"] = train_both(rank, world_size, "omni", layout=section["stages"], zero_stage=1, steps=3,
+                                  clip=CLIP, placement=section["placement"], micro_batches=section["micro_batches"])
+    dist.barrier()
 
     # 2. auto
     model = tiny_qwen2_5_omni(seed=3)
@@ -63,19 +71,21 @@ def _suite(rank, world_size):
 
 def test_planned_omni_configs_run_and_match_the_thinker():
     results = run_distributed(_suite, world_size=4, timeout=900, pg_timeout_s=300)
+    assert results[0]["pp pick"]["stages"]["language"]["pp"] == 2
     for rank, out in enumerate(results):
-        assert out["pick"] == results[0]["pick"]
-        r = out["parity"]
-        assert len(r["losses"]) == len(r["hf_losses"]) == 3
-        for got, hf in zip(r["losses"], r["hf_losses"]):
-            assert abs(got - hf) <= RTOL * abs(hf), (rank, r["losses"], r["hf_losses"])
-        for got, want in zip(r["norms"], r["ref_norms"]):
-            assert abs(got - want) <= 1e-4 * abs(want), (rank, r["norms"], r["ref_norms"])
-        assert min(r["ref_norms"]) > CLIP
-        err, where, abs_err, compared = r["weight_err"]
-        assert compared > 0 and err <= RTOL and abs_err <= ATOL, (rank, err, where, abs_err)
-        for total, bound in r["boundary"]:
-            assert total == bound
+        assert out["pick"] == results[0]["pick"] and out["pp pick"] == results[0]["pp pick"]
+        for key in ("parity", "pp parity"):
+            r = out[key]
+            assert len(r["losses"]) == len(r["hf_losses"]) == 3
+            for got, hf in zip(r["losses"], r["hf_losses"]):
+                assert abs(got - hf) <= RTOL * abs(hf), (rank, key, r["losses"], r["hf_losses"])
+            for got, want in zip(r["norms"], r["ref_norms"]):
+                assert abs(got - want) <= 1e-4 * abs(want), (rank, key, r["norms"], r["ref_norms"])
+            assert min(r["ref_norms"]) > CLIP
+            err, where, abs_err, compared = r["weight_err"]
+            assert compared > 0 and err <= RTOL and abs_err <= ATOL, (rank, key, err, where, abs_err)
+            for total, bound in r["boundary"]:
+                assert total == bound
         stages, placement, mb, losses = out["auto"]
         assert (stages, placement, mb) == results[0]["auto"][:3]  # every rank trains the same choice
         assert all(l == l and l < 20 for l in losses) and losses[-1] < losses[0], losses

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 from ..errors import HeteroConfigError
 
@@ -30,6 +31,9 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--placement", choices=("colocated", "disaggregated", "mixed"),
                    help="only this placement (mixed: models with several encoders)")
     p.add_argument("--micro-batches", type=int, nargs="+", help="only these micro-batch counts")
+    p.add_argument("--pp", type=int,
+                   help="only layouts whose language stage has this many pipeline stages (the table, the pick and "
+                        "--write; the baselines too)")
     p.add_argument("--max-tp", type=int, help="largest tp to consider (default: devices per node)")
     p.add_argument("--top", type=int, default=10)
     p.add_argument("--breakdown", type=int, default=3, help="rows of the per-stage breakdown")
@@ -71,8 +75,11 @@ def run_plan(args: argparse.Namespace) -> int:
     except (HeteroConfigError, ValueError) as exc:
         print(f"plan: {exc}", file=sys.stderr)
         return 1
+    if args.pp:  # a view of the ranking: the search itself is the same
+        result = replace(result, predictions=[p for p in result.predictions if p.candidate.language.pp == args.pp])
     if not result.predictions:
-        print(f"plan: no valid configuration ({result.stats['reasons']})", file=sys.stderr)
+        print(f"plan: no valid configuration{f' with language pp {args.pp}' if args.pp else ''} "
+              f"({result.stats['reasons']})", file=sys.stderr)
         return 1
     print(ranked_table_multi(result, args.top) if multi else ranked_table(result, args.top))
     print()

@@ -34,14 +34,27 @@ def lighter_siblings(cand: Candidate) -> list[Candidate]:
 
 
 class Dominance:
-    """Remembers which priced candidates fit and run; `dominated(c)` when a lighter sibling did."""
+    """Remembers which priced candidates fit and run; `dominated(c)` when a lighter sibling did.
 
-    def __init__(self):
-        self.fits_and_runs: set[Candidate] = set()
+    siblings   the candidate's lighter siblings (`lighter_siblings`; multi_candidate.py's for several encoders)
+    """
+
+    def __init__(self, siblings=lighter_siblings):
+        self.siblings = siblings
+        self.fits_and_runs: set = set()
 
     def record(self, pred) -> None:
         if pred.fits and pred.runnable:
             self.fits_and_runs.add(pred.candidate)
 
     def dominated(self, cand: Candidate) -> bool:
-        return any(s in self.fits_and_runs for s in lighter_siblings(cand))
+        return any(s in self.fits_and_runs for s in self.siblings(cand))
+
+    def skip(self, cand) -> bool:
+        """`dominated(c)`, remembering a dominated candidate as covered so that its own heavier
+        siblings are skipped too (a feature only slows a candidate down: something that fits, runs
+        and is at least as fast stands behind each of them)."""
+        if self.dominated(cand):
+            self.fits_and_runs.add(cand)
+            return True
+        return False

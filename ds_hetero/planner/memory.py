@@ -124,26 +124,49 @@ def peak_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, cac
     rank also holds the encoder passes in flight (all ranks, or the first stage's in first_stage);
     a disaggregated encoder is one more pipeline stage ahead of the language's (pp + 1 in flight).
     """
+    lang = language_peaks(spec, wl, cand, flash, cache)
+    vision = encoder_peak(spec, wl, cand, flash, cache)
+    if cand.disaggregated:
+        return {"vision": vision, "language": max(lang)}
+    if cand.megatron:  # the encoder runs inside each micro-batch of the first stage: pp in flight
+        return {"all": max([lang[0] + vision] + lang[1:])}
+    return {"all": vision + max(lang)}
+
+
+def _memo(cache: dict | None, key, fn):
+    """fn() once per key while planning (one Plan's search shares a cache: the stage times and
+    memory of a layout repeat across thousands of candidates)."""
+    if cache is None:
+        return fn()
+    if key not in cache:
+        cache[key] = fn()
+    return cache[key]
+
+
+def language_peaks(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, cache: dict | None = None
+                   ) -> list[float]:
+    """Peak bytes of a rank of each language pipeline stage (its states, its 1F1B micro-batches in flight)."""
     pp, m = cand.language.pp, cand.micro_batches
-
-    def memo(key, fn):
-        if cache is None:
-            return fn()
-        if key not in cache:
-            cache[key] = fn()
-        return cache[key]
-
     lkey = ("memory", replace(cand.language, ranks=()), m, cand.pp_layers)
-    lang = [memo(lkey + (s,), lambda: language_memory(spec, wl, cand, flash, s, min(pp - s, m)).total)
+    return [_memo(cache, lkey + (s,), lambda: language_memory(spec, wl, cand, flash, s, min(pp - s, m)).total)
             for s in range(pp)]
 
-    def vision(in_flight):
-        passes = m if cand.megatron else cand.passes
-        return memo(("memory", replace(cand.vision, ranks=()), passes, in_flight),
-                    lambda: vision_memory(spec, wl, cand, flash, in_flight).total)
 
+def encoder_in_flight(cand: Candidate) -> int:
+    """Encoder passes a rank of the encoder holds at once: one stage ahead of a pp-stage pipeline
+    when disaggregated, inside stage 0's micro-batches in first_stage, else `encoder_passes_in_flight`."""
+    pp = cand.language.pp
     if cand.disaggregated:
-        return {"vision": vision(min(pp + 1, cand.passes)), "language": max(lang)}
-    if cand.megatron:  # the encoder runs inside each micro-batch of the first stage: pp in flight
-        return {"all": max([lang[0] + vision(min(pp, m))] + lang[1:])}
-    return {"all": vision(encoder_passes_in_flight(cand)) + max(lang)}
+        return min(pp + 1, cand.passes)
+    if cand.megatron:
+        return min(pp, cand.micro_batches)
+    return encoder_passes_in_flight(cand)
+
+
+def encoder_peak(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, cache: dict | None = None) -> float:
+    """Peak bytes of the encoder's share of a rank (states and its passes in flight). `cache` keys
+    do not name the encoder: one cache per encoder (multi_predict.py)."""
+    in_flight = encoder_in_flight(cand)
+    passes = cand.micro_batches if cand.megatron else cand.passes
+    return _memo(cache, ("memory", replace(cand.vision, ranks=()), passes, in_flight),
+                 lambda: vision_memory(spec, wl, cand, flash, in_flight).total)

@@ -96,14 +96,18 @@ def megatron_candidates(space: ModelledSpace, base: Mapping[str, Any], adapter, 
 
 def tune_cut(cand: Candidate, layers: int) -> Iterator[Candidate]:
     """The same candidate with every first-stage layer count below the even split's."""
-    pp = cand.language.pp
+    for cut in first_stage_cuts(layers, cand.language.pp):
+        yield Candidate(cand.placement, cand.vision, cand.language, cand.micro_batches, cand.encoder_passes,
+                        cut, cand.global_batch)
+
+
+def first_stage_cuts(layers: int, pp: int) -> Iterator[tuple[int, ...]]:
+    """Every layer cut whose first stage has fewer layers than the even split's, the rest even."""
     if pp == 1:
         return
     even = even_cut(layers, pp)
     for first in range(1, even[0]):
-        rest = even_cut(layers - first, pp - 1)
-        yield Candidate(cand.placement, cand.vision, cand.language, cand.micro_batches, cand.encoder_passes,
-                        (first,) + rest, cand.global_batch)
+        yield (first,) + even_cut(layers - first, pp - 1)
 
 
 def heterogeneous_candidates(space: ModelledSpace, base: Mapping[str, Any], adapter, cache: dict

@@ -1,29 +1,37 @@
 """A layout per encoder plus the language's, and every such configuration the engine accepts.
 
-A `MultiCandidate` gives each encoder stage its own `StageChoice` (tp, dp, ranks) and says, per
-encoder, whether it runs on the language's ranks (colocated with it) or on ranks of its own:
+A `MultiCandidate` gives each encoder stage its own `StageChoice` (tp, dp, ranks, recompute,
+ZeRO stage) and says, per encoder, whether it runs on the language's ranks (colocated with it)
+or on ranks of its own:
 
     colocated       every stage on every rank
     disaggregated   every encoder on its own block of ranks, the language on the last block
     mixed           some encoders on the language's ranks, the others on blocks of their own
+    first_stage     every encoder on the ranks of the language's first pipeline stage, at the
+                    language's tp and dp (Megatron's single layout, the baseline)
 
-Candidates are generated from divisors (each stage's tp x dp = its ranks; the language's tp x
-cp x dp as for one encoder: enumerate.py's `_stage_layouts`) and rank splits, and each is then
-checked by `check_candidate`, the checks `ds-hetero validate` and `initialize` run: whether a
-placement, a tp or a batch split is valid is decided there only. Every encoder runs one pass
-per language micro-batch (fewer encoder passes per step are not searched here).
+The language may be pipelined (pp, pp_layers) and an encoder may run fewer passes per step than
+the language has micro-batches (`encoder_passes`). `view(name)` is the candidate as the
+single-encoder cost model sees it: that encoder, the language (multi_predict.py prices every
+encoder through it).
+
+`enumerate_multi` generates the layouts without a pipeline or a memory feature from divisors
+(each stage's tp x dp = its ranks; the language's tp x cp x dp as for one encoder:
+enumerate.py's `_stage_layouts`) and rank splits; multi_extended.py the others. Each is checked
+by `check_candidate`, the checks `ds-hetero validate` and `initialize` run: whether a
+placement, a tp, a pipeline or a batch split is valid is decided there only.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator, Mapping
 
 from ..config import SECTION
 from ..errors import HeteroConfigError
-from .candidate import StageChoice
+from .candidate import Candidate, StageChoice
 from .enumerate import SearchSpace, _stage_layouts, divisors
 from .frozen import carry_freeze
 from .validity import check_candidate
@@ -31,25 +39,43 @@ from .validity import check_candidate
 
 @dataclass(frozen=True)
 class MultiCandidate:
+    """encoder_passes  (encoder, passes per step) of each encoder with fewer passes than
+                       micro_batches (each then feeds micro_batches / passes language micro-batches)
+    pp_layers          decoder layers of each language pipeline stage (None: an even split)
+    """
+
     placement: str
     encoders: tuple[tuple[str, StageChoice], ...]
     language: StageChoice
     micro_batches: int
+    encoder_passes: tuple[tuple[str, int], ...] = ()
+    pp_layers: tuple[int, ...] | None = None
 
     # what report.py / search.py ask of a candidate
-    encoder_passes = None
-    pp_layers = None
     global_batch = None
-    modelled_features = False
-    megatron = False
 
     @property
     def passes(self) -> int:
         return self.micro_batches
 
+    def passes_of(self, name: str) -> int:
+        """Encoder `name`'s passes per step (the language's micro-batches unless fewer)."""
+        return dict(self.encoder_passes).get(name, self.micro_batches)
+
     @property
     def disaggregated(self) -> bool:
         return self.placement == "disaggregated"
+
+    @property
+    def megatron(self) -> bool:
+        return self.placement == "first_stage"
+
+    @property
+    def modelled_features(self) -> bool:
+        """A pipeline, first_stage, fewer encoder passes, recompute or per-stage ZeRO (multi_extended.py)."""
+        stages = [s for _, s in self.encoders] + [self.language]
+        return (self.megatron or self.language.pp > 1 or bool(self.encoder_passes)
+                or any(s.recompute or s.zero is not None for s in stages))
 
     def apart(self, name: str) -> bool:
         """Whether encoder `name` runs on ranks of its own (not the language's)."""
@@ -57,18 +83,33 @@ class MultiCandidate:
 
     @property
     def homogeneous(self) -> bool:
-        """Every encoder in the language's layout: colocated, the language's tp, its cp x dp as dp."""
+        """Every encoder in the language's layout: colocated, the language's tp, its cp x dp as dp,
+        no pipeline, one pass per micro-batch."""
         lang = self.language
-        return self.placement == "colocated" and all(
+        return self.placement == "colocated" and lang.pp == 1 and not self.encoder_passes and all(
             e.tp == lang.tp and e.dp == lang.dp * lang.cp for _, e in self.encoders)
+
+    def view(self, name: str) -> Candidate:
+        """Encoder `name` and the language as one single-encoder candidate (its placement towards
+        the language: first_stage, disaggregated when it runs apart, else colocated)."""
+        placement = "first_stage" if self.megatron else ("disaggregated" if self.apart(name) else "colocated")
+        passes = self.passes_of(name)
+        return Candidate(placement, dict(self.encoders)[name], self.language, self.micro_batches,
+                         passes if passes != self.micro_batches else None, self.pp_layers)
 
     def label(self) -> str:
         def one(name, s):
-            where = f"@{s.ranks[0]}-{s.ranks[-1]}" if s.ranks and self.placement != "colocated" else ""
-            return f"{name} {s.label()}{where}"
+            apart = s.ranks and self.placement in ("disaggregated", "mixed")
+            where = f"@{s.ranks[0]}-{s.ranks[-1]}" if apart else ""
+            passes = f" enc{self.passes_of(name)}" if name in dict(self.encoder_passes) else ""
+            return f"{name} {s.label()}{where}{passes}"
 
+        tail = f" mb{self.micro_batches}" + (" cut " + "/".join(map(str, self.pp_layers)) if self.pp_layers else "")
+        if self.megatron:
+            rc = "".join(f" +{name} rc" for name, s in self.encoders if s.recompute)
+            return f"Megatron {self.language.label()}{tail}{rc}"
         parts = [one(name, s) for name, s in self.encoders] + [one("L", self.language)]
-        return ", ".join(parts) + f" mb{self.micro_batches}"
+        return ", ".join(parts) + tail
 
     def section(self) -> dict[str, Any]:
         stages: dict[str, Any] = {}
@@ -78,7 +119,17 @@ class MultiCandidate:
                 st["cp"] = s.cp
                 if s.sequence_parallel:
                     st["sequence_parallel"] = True
-            if self.placement != "colocated":
+                if s.pp > 1:
+                    st["pp"] = s.pp
+                    if self.pp_layers is not None:
+                        st["pp_layers"] = list(self.pp_layers)
+            elif name in dict(self.encoder_passes):
+                st["micro_batches"] = self.passes_of(name)
+            if s.recompute:
+                st["recompute"] = True
+            if s.zero is not None:
+                st["zero_stage"] = s.zero
+            if self.placement in ("disaggregated", "mixed"):
                 st["ranks"] = list(s.ranks)
             stages[name] = st
         return {"placement": self.placement, "micro_batches": self.micro_batches, "stages": stages}
@@ -90,6 +141,25 @@ class MultiCandidate:
             cfg.pop(key, None)
         cfg[SECTION] = carry_freeze(self.section(), base) | dict(extra_section or {})
         return cfg
+
+
+def lighter_siblings(cand: MultiCandidate) -> list[MultiCandidate]:
+    """The candidate with one memory feature turned off, for each it uses (dominance.py): a stage's
+    recompute (Megatron's: every stage's at once), a per-stage ZeRO (every stage back on the config's)."""
+    out = []
+    if cand.megatron and cand.language.recompute:
+        out.append(replace(cand, encoders=tuple((n, replace(s, recompute=False)) for n, s in cand.encoders),
+                           language=replace(cand.language, recompute=False)))
+    for name, s in cand.encoders:
+        if s.recompute:
+            out.append(replace(cand, encoders=tuple((n, replace(e, recompute=False) if n == name else e)
+                                                    for n, e in cand.encoders)))
+    if cand.language.recompute:
+        out.append(replace(cand, language=replace(cand.language, recompute=False)))
+    if cand.language.zero is not None or any(s.zero is not None for _, s in cand.encoders):
+        out.append(replace(cand, encoders=tuple((n, replace(s, zero=None)) for n, s in cand.encoders),
+                           language=replace(cand.language, zero=None)))
+    return out
 
 
 def _splits(space: SearchSpace, names: tuple[str, ...]) -> Iterator[tuple[str, int, dict[str, tuple[int, ...]]]]:
@@ -130,6 +200,39 @@ def sequence_sharding(base, adapter, names, client_opt: bool = False) -> tuple[b
     (as enumerate.py's, with every encoder stage of the model)."""
     return (_accepts(base, adapter, names, StageChoice(tp=1, cp=2, dp=2), client_opt),
             _accepts(base, adapter, names, StageChoice(tp=2, dp=2, sequence_parallel=True), client_opt))
+
+
+class StageShapes:
+    """Whether the engine's checks accept a stage's sizes for the model's shapes (tp dividing heads,
+    MLP width, vocabulary; cp and sequence parallelism): `check_candidate` on a colocated probe in
+    which only that stage is sharded, remembered per stage and sizes. multi_extended.py skips the
+    layouts a probe refuses (as modelled.py does with validity.check_shapes for one encoder); a
+    refusal that names another field than the stage's own refuses nothing."""
+
+    def __init__(self, base: Mapping[str, Any], adapter, names: tuple[str, ...]):
+        self.base, self.adapter, self.names = base, adapter, names
+        self.seen: dict = {}
+
+    def encoder(self, name: str, tp: int) -> bool:
+        encoders = tuple((n, StageChoice(tp, 1) if n == name else StageChoice(1, tp)) for n in self.names)
+        return self._probe((name, tp), tp, MultiCandidate("colocated", encoders, StageChoice(1, tp), 1))
+
+    def language(self, tp: int, cp: int, sequence_parallel: bool) -> bool:
+        n = tp * cp
+        encoders = tuple((e, StageChoice(1, n)) for e in self.names)
+        probe = MultiCandidate("colocated", encoders, StageChoice(tp, 1, cp, sequence_parallel), 1)
+        return self._probe(("language", tp, cp, sequence_parallel), n, probe)
+
+    def _probe(self, key: tuple, world: int, probe: MultiCandidate) -> bool:
+        stage = key[0]
+        if key not in self.seen:
+            cfg = dict(self.base, train_batch_size=world, zero_optimization={"stage": 1})
+            try:
+                check_candidate(probe.ds_config(cfg), world, self.adapter, True)
+                self.seen[key] = True
+            except HeteroConfigError as exc:
+                self.seen[key] = not exc.field.startswith(f"{SECTION}.stages.{stage}")
+        return self.seen[key]
 
 
 def enumerate_multi(space: SearchSpace, base: Mapping[str, Any], adapter, names: tuple[str, ...],

@@ -1,37 +1,46 @@
 """One multi-encoder candidate -> predicted step time, throughput, memory, where the time goes.
 
-Each encoder is priced as the single-encoder cost model prices "the" encoder, through its
-`MultiSpec.view` and a workload whose image tokens are that encoder's boundary rows per sample
-(cost.py's `stage_times`, memory.py's `vision_memory`); the language model as there. Each
-encoder's exchange gets its own rows from the boundary's own plan (boundary_cost.py `_rows`),
-between its layout and the language's, colocated when it runs on the language's ranks.
+Every encoder is priced by the single-encoder cost model through `MultiCandidate.view(name)` (that
+encoder and the language as one candidate), `MultiSpec.view(name)` and a workload whose image
+tokens are that encoder's boundary rows per sample: its stage times (cost.py `stage_times`, with
+its own passes), its exchange (step_model.py `boundary_seconds`: rows from the boundary's own plan
+without a pipeline, every row priced as moved into a pipeline's first stage, nothing in
+first_stage), its memory (memory.py `encoder_peak`: the passes a rank holds at once, across the
+language micro-batches a pass feeds and the pipeline's in-flight ones). The language's pipeline
+stages: step_model.py `language_chunks`, memory.py `language_peaks`.
 
-Combining (pipeline.py's formulas):
-    the language's ranks run, per micro-batch, every encoder placed on them, the language
-    forward and backward, and every encoder's exchanges (the engine runs them one after the
-    other); with no encoder apart that is `colocated_step`.
-    an encoder on ranks of its own is the vision side of `disaggregated_step` against the
-    language's ranks (whose time per micro-batch includes the encoders they also run); the
-    apart encoders run concurrently on disjoint ranks, so the step is the slowest of those
-    pipelines.
+Combining (pipeline.py, pipeline_pp.py):
+    colocated       every encoder on every rank: `colocated_encoders_step` (each encoder's first
+                    forward and last backward outside the language's 1F1B, its other passes in
+                    the pipeline's idle time; without a pipeline every pass one after the other)
+    first_stage     every encoder inside each micro-batch of the first pipeline stage:
+                    `first_stage_step` with the encoders' times summed
+    apart           an encoder on ranks of its own is one stage ahead of the language's ranks:
+                    without a pipeline the encoder side of `disaggregated_step` against the
+                    language's ranks (whose time per micro-batch includes the encoders they also
+                    run); with one `disaggregated_pipeline_step` against the language's pipeline
+                    stages, the language's ranks running their own encoders as colocated ones
+                    (`colocated_encoders_step`, every exchange included). Apart encoders run
+                    concurrently on disjoint ranks: the step is the slowest of these.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..topology.layout import StageLayout
-from .boundary_cost import _rows
 from .candidate import Candidate, StageChoice
 from .cost import Prediction, engine_syncs, stage_times
 from .encoders import MultiSpec
 from .flops import language_work, vision_work
 from .machine import MachineProfile
-from .memory import language_memory, vision_memory
+from .memory import _memo, encoder_peak, language_peaks
 from .multi_candidate import MultiCandidate
-from .pipeline import StageTimes, colocated_step, disaggregated_step
-from .step_model import TINY, _memo
+from .pipeline import StageTimes, disaggregated_step
+from .pipeline_pp import colocated_encoders_step, disaggregated_pipeline_step, first_stage_step
+from .step_model import TINY, boundary_seconds, language_chunks
 from .workload import Workload
+
+NOTHING = StageTimes(0.0, 0.0, 0.0)
 
 
 def encoder_workloads(spec: MultiSpec, wl: Workload, rows: dict[str, int]) -> dict[str, Workload]:
@@ -39,78 +48,77 @@ def encoder_workloads(spec: MultiSpec, wl: Workload, rows: dict[str, int]) -> di
     return {name: replace(wl, image_tokens=rows[name]) for name in spec.names}
 
 
-def _exchange(cand: MultiCandidate, name: str, wl: Workload, spec: MultiSpec, machine: MachineProfile
-              ) -> tuple[float, float]:
-    """(seconds per exchange of encoder `name`, forward + backward bytes per exchange)."""
-    e, lang = dict(cand.encoders)[name], cand.language
-    apart = cand.apart(name)
-    nv, nl = e.tp * e.dp, lang.tp * lang.cp * lang.dp
-    l_ranks = tuple(lang.ranks or range(nl))
-    src = StageLayout(name, e.tp, 1, e.dp, tuple(e.ranks) if apart else l_ranks)
-    dst = StageLayout("language", lang.tp, lang.cp, lang.dp, l_ranks, sequence_parallel=lang.sequence_parallel)
-    b, m = wl.global_batch, cand.micro_batches
-    fwd, bwd = _rows(src, dst, "disaggregated" if apart else "colocated", b // m, b // (e.dp * m), b // m,
-                     b // (lang.dp * m), wl.image_tokens, wl.seq_len)
-    row_bytes = spec.language.hidden * spec.encoder(name).boundary_levels * wl.dtype_bytes
-    peers = nl + (nv if apart else 0)
-    t = (2 if apart else 1) * machine.collective_time("all_reduce", TINY, peers)  # the exchanges' consensus
-    for n_rows in (fwd, bwd):
-        if n_rows:  # the busiest receiver takes rows / nl of them
-            t += machine.collective_time("all_to_all", n_rows * row_bytes / nl, peers)
-    return t, (fwd + bwd) * row_bytes
-
-
 def _sum(times: list[StageTimes]) -> StageTimes:
     return StageTimes(sum(t.forward for t in times), sum(t.backward for t in times), sum(t.step for t in times))
+
+
+def _own(cache: dict | None, name: str) -> dict | None:
+    """Encoder `name`'s own cache (memory.py's keys name the layout, not the encoder)."""
+    return None if cache is None else cache.setdefault(("encoder cache", name), {})
 
 
 def predict_multi(cand: MultiCandidate, spec: MultiSpec, wls: dict[str, Workload], wl: Workload,
                   machine: MachineProfile, memory_limit: float | None = None, cache: dict | None = None
                   ) -> Prediction:
-    m, lang = cand.micro_batches, cand.language
-    first = spec.names[0]
-    lt, lpart = _memo(cache, ("language", replace(lang, ranks=()), m),
-                      lambda: stage_times(spec.view(first), wl, machine, "language", lang, m))
-    enc_t, enc_part, exch, exch_bytes = {}, {}, {}, 0.0
-    for name, layout in cand.encoders:
+    m, lang, names = cand.micro_batches, cand.language, spec.names
+    first = names[0]
+    chunks, parts = language_chunks(cand.view(first), spec.view(first), wl, machine, cache)
+    layouts = dict(cand.encoders)
+    enc_t, enc_part, exch, passes, exch_bytes = {}, {}, {}, {}, 0.0
+    for name in names:
+        layout = layouts[name]
+        passes[name] = m if cand.megatron else cand.passes_of(name)
         enc_t[name], enc_part[name] = _memo(
-            cache, ("encoder", name, replace(layout, ranks=()), m),
-            lambda: stage_times(spec.view(name), wls[name], machine, "vision", layout, m))
-        exch[name], b = _exchange(cand, name, wls[name], spec, machine)
-        exch_bytes += b * m
-    apart = [n for n in spec.names if cand.apart(n)]
-    here = [n for n in spec.names if n not in apart]
-    boundary = sum(exch.values())  # the language's ranks take part in every exchange
+            cache, ("encoder", name, replace(layout, ranks=()), passes[name]),
+            lambda: stage_times(spec.view(name), wls[name], machine, "vision", layout, passes[name]))
+        exch[name], b = boundary_seconds(cand.view(name), spec.view(name), wls[name], machine)
+        exch_bytes += b * passes[name]
+    apart = [n for n in names if cand.apart(n)]
+    here = [n for n in names if n not in apart]
     n_lang = lang.size
-    world = n_lang + sum(dict(cand.encoders)[n].tp * dict(cand.encoders)[n].dp for n in apart)
+    world = n_lang + sum(layouts[n].tp * layouts[n].dp for n in apart)
     syncs = engine_syncs(Candidate("colocated", StageChoice(1, 1), lang, m), machine, world)
     syncs += sum(machine.collective_time("all_reduce", TINY, e.tp) for _, e in cand.encoders)
-    local = _sum([enc_t[n] for n in here])
-    busy = {}
-    if not apart:
-        step, busy["language"] = colocated_step(local, lt, boundary, m)
+    busy: dict[str, float] = {}
+    if cand.megatron:
+        step, busy["language"] = first_stage_step(_sum([enc_t[n] for n in names]), chunks, m)
+        busy_all = busy["language"] * world
+    elif not apart:
+        step, busy["language"] = colocated_encoders_step([(enc_t[n], passes[n], exch[n]) for n in names], chunks, m)
         busy_all = busy["language"] * world
     else:
-        side = _sum([local, lt])  # the language's ranks: their encoders, then the language
-        step, busy_all = 0.0, 0.0
-        for n in apart:
-            s, busy[n], busy["language"] = disaggregated_step(enc_t[n], side, boundary, m)
-            step = max(step, s)
-            e = dict(cand.encoders)[n]
-            busy_all += busy[n] * e.tp * e.dp
-        busy_all += busy["language"] * n_lang
+        boundary = sum(exch.values())  # per micro-batch: apart placements pair passes with micro-batches
+        if lang.pp == 1:
+            side = _sum([enc_t[n] for n in here] + [chunks[0]])  # the language's ranks: their encoders, the language
+            step = 0.0
+            for n in apart:
+                s, busy[n], busy["language"] = disaggregated_step(enc_t[n], side, boundary, m)
+                step = max(step, s)
+        else:
+            own = [(enc_t[n], passes[n], exch[n]) for n in here] + [(NOTHING, passes[n], exch[n]) for n in apart]
+            step, busy["language"] = colocated_encoders_step(own, chunks, m)
+            for n in apart:
+                s, busy[n], _ = disaggregated_pipeline_step(enc_t[n], chunks, boundary, m)
+                step = max(step, s)
+        busy_all = sum(busy[n] * layouts[n].tp * layouts[n].dp for n in apart) + busy["language"] * n_lang
     step += syncs
     if machine.compute_units and machine.compute_units < world:
         step = max(step, busy_all / machine.compute_units)
-    breakdown = {n: dict(enc_part[n]) for n in spec.names}
-    breakdown["language"] = dict(lpart)
+    slowest = max(range(len(chunks)), key=lambda s: chunks[s].per_micro_batch)
+    breakdown = {n: dict(enc_part[n]) for n in names}
+    breakdown["language"] = dict(parts[slowest])
     for n in breakdown:
-        breakdown[n]["boundary"] = m * (exch[n] if n in exch else boundary) + syncs
-        if n in busy:
-            breakdown[n]["bubble"] = step - busy[n]
-    bubble = max((1 - b / step for b in busy.values()), default=0.0) if apart else \
-        (max(0.0, 1 - busy_all / world / step) if step else 0.0)
-    memory = _memory(cand, spec, wls, wl, machine.flash_attention, apart, here)
+        breakdown[n]["boundary"] = (passes[n] * exch[n] if n in exch else sum(passes[e] * exch[e] for e in names)) \
+            + syncs
+    if apart:
+        for n, b in busy.items():
+            breakdown[n]["bubble"] = step - b
+        bubble = max(1 - b / step for b in busy.values())
+    else:
+        bubble = max(0.0, 1 - busy_all / world / step) if step else 0.0
+        if lang.pp > 1:
+            breakdown["language"]["bubble"] = bubble * step
+    memory = multi_memory(cand, spec, wls, wl, machine.flash_attention, cache)
     flops = _memo(cache, "flops", lambda: model_flops(spec, wls, wl, machine.causal))
     limit = memory_limit if memory_limit is not None else machine.memory_bytes
     return Prediction(
@@ -119,20 +127,22 @@ def predict_multi(cand: MultiCandidate, spec: MultiSpec, wls: dict[str, Workload
         bubble=bubble, breakdown=breakdown, fits=max(memory.values()) <= limit, runnable=True)
 
 
-def _memory(cand, spec, wls, wl, flash, apart, here) -> dict[str, float]:
-    """Peak bytes per rank set: the language's ranks (with the encoders they run), each apart encoder's."""
-    def as_single(name):
-        return Candidate("disaggregated" if name in apart else "colocated", dict(cand.encoders)[name],
-                         cand.language, cand.micro_batches)
-
-    def enc(name, in_flight):
-        return vision_memory(spec.view(name), wls[name], as_single(name), flash, in_flight).total
-
-    lang = language_memory(spec.view(spec.names[0]), wl, as_single(spec.names[0]), flash, 0, 1).total
-    out = {"language": lang + sum(enc(n, 1) for n in here)}
-    for n in apart:  # one stage ahead of the language's: two passes in flight (1F1B)
-        out[n] = enc(n, min(2, cand.micro_batches))
-    return out if apart else {"all": out["language"]}
+def multi_memory(cand: MultiCandidate, spec: MultiSpec, wls: dict[str, Workload], wl: Workload, flash: bool,
+                 cache: dict | None = None) -> dict[str, float]:
+    """Peak bytes per rank set: {"all": ...} when every encoder runs on the language's ranks (a first
+    stage's rank in first_stage), else {"language": ..., each apart encoder: ...}. A language rank
+    holds its pipeline stage's in-flight micro-batches and every encoder it runs, each with its own
+    passes in flight (memory.py `encoder_in_flight`)."""
+    first = spec.names[0]
+    lang = language_peaks(spec.view(first), wl, cand.view(first), flash, cache)
+    enc = {n: encoder_peak(spec.view(n), wls[n], cand.view(n), flash, _own(cache, n)) for n in spec.names}
+    if cand.megatron:  # every encoder inside the first pipeline stage
+        return {"all": max([lang[0] + sum(enc.values())] + lang[1:])}
+    apart = [n for n in spec.names if cand.apart(n)]
+    here = sum(enc[n] for n in spec.names if n not in apart) + max(lang)
+    if not apart:
+        return {"all": here}
+    return {"language": here} | {n: enc[n] for n in apart}
 
 
 def model_flops(spec: MultiSpec, wls: dict[str, Workload], wl: Workload, causal: float) -> int:

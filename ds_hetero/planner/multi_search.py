@@ -5,7 +5,9 @@
 `rows`: each encoder's boundary rows per sample ({"vision": 64, "audio": 50}); the language's
 sequence (seq_len) includes them. The result is a search.Plan (`best`, `ds_config`), its
 predictions ranked fitting first, then by tokens/s; `ranked_table_multi` prints every encoder's
-layout. Only configurations the engine runs are searched (no pipeline / first_stage rows).
+layout and the Megatron baseline. Only configurations the engine runs are listed: enumerate_multi's
+layouts (multi_candidate.py) and, with `modelled=True`, multi_extended.py's (a pipelined language,
+first_stage, fewer encoder passes, recompute, per-stage ZeRO), each accepted by the engine's checks.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from .encoders import MultiSpec, multi_spec
 from .enumerate import SearchSpace
 from .machine import MachineProfile
 from .multi_candidate import enumerate_multi
+from .multi_extended import extended_predictions
 from .multi_predict import encoder_workloads, predict_multi
-from .report import _gb, _time, breakdown_table
+from .report import _gain, _gb, _time, breakdown_table
 from .search import Plan, base_config, dtype_bytes, zero_stage
 from .workload import Workload
 
@@ -67,7 +70,9 @@ def plan_encoders(model: Any, world_size: int, seq_len: int, rows: Mapping[str, 
                   machine: MachineProfile, base: Mapping[str, Any] | None = None, memory_gb: float | None = None,
                   max_tp: int | None = None, placements: tuple[str, ...] = ("colocated", "disaggregated", "mixed"),
                   micro_batches: tuple[int, ...] | None = None, adapter=None,
-                  has_client_optimizer: bool = False) -> Plan:
+                  has_client_optimizer: bool = False, modelled: bool = True) -> Plan:
+    """`modelled`: also search multi_extended.py's candidates (the name `search.plan` uses; here
+    every one listed runs: the engine's checks accepted it)."""
     hf_config, spec, instance = load_multi(model)
     if spec is None:
         raise ValueError("plan_encoders: this model has one encoder; use search.plan")
@@ -85,7 +90,18 @@ def plan_encoders(model: Any, world_size: int, seq_len: int, rows: Mapping[str, 
     limit = memory_gb * 1e9 if memory_gb is not None else None
     cache: dict = {}
     preds = [predict_multi(c, spec, wls, wl, machine, limit, cache) for c in candidates]
-    stats["runnable"], stats["modelled"] = len(preds), 0
+    stats["pruned"] = 0
+    if modelled:
+        more, extra = extended_predictions(
+            space, base, adapter, spec.names, spec.language.layers, wl.zero,
+            lambda c: predict_multi(c, spec, wls, wl, machine, limit, cache), preds, stats["cp"],
+            stats["sequence_parallel"], has_client_optimizer)
+        preds += more
+        for key in ("generated", "rejected", "pruned"):
+            stats[key] += extra[key]
+        for field, n in extra["reasons"].items():
+            stats["reasons"][field] = stats["reasons"].get(field, 0) + n
+    stats["runnable"], stats["modelled"], stats["extended"] = len(preds), 0, modelled
     stats["rows"] = rows
     preds.sort(key=lambda p: (not p.fits, -p.tokens_per_s))
     return Plan(preds, spec, wl, machine, base, stats)
@@ -117,7 +133,8 @@ def plan_multi_from_args(args, base, machine) -> Plan | None:
     return plan_encoders(args.model, args.world_size, args.seq_len, parse_rows(args.rows, args.image_tokens),
                          args.global_batch, machine, base=base, memory_gb=args.memory_gb, max_tp=args.max_tp,
                          placements=placements,
-                         micro_batches=tuple(args.micro_batches) if args.micro_batches else None)
+                         micro_batches=tuple(args.micro_batches) if args.micro_batches else None,
+                         modelled=not args.no_modelled)
 
 
 def ranked_table_multi(plan: Plan, top: int = 10) -> str:
@@ -129,7 +146,10 @@ def ranked_table_multi(plan: Plan, top: int = 10) -> str:
         f"global batch {wl.global_batch}, ZeRO {wl.zero}, {wl.dtype_bytes}-byte dtype",
         f"machine {plan.machine.name}: {plan.machine.source}",
         f"{st['generated']} configurations generated, {st['runnable']} accepted by the engine's checks (cp > 1 "
-        f"{'on' if st['cp'] else 'off'}, sequence parallelism {'on' if st['sequence_parallel'] else 'off'})",
+        f"{'on' if st['cp'] else 'off'}, sequence parallelism {'on' if st['sequence_parallel'] else 'off'}; "
+        f"language pipelines, first_stage, fewer encoder passes, recompute, per-stage ZeRO "
+        f"{'on' if st.get('extended') else 'off'}), {st.get('pruned', 0)} with recompute or a per-stage ZeRO "
+        "skipped (the same without it fits and runs)",
         "",
     ]
     head = (f"{'#':>3} {'placement':<13} {'layout (each encoder, L = language)':<60} {'step':>10} {'tokens/s':>10} "
@@ -148,9 +168,16 @@ def ranked_table_multi(plan: Plan, top: int = 10) -> str:
     if homog is not None:
         lines.append(f"baseline (every encoder in the language's layout): {homog.candidate.label()} "
                      f"({_time(homog.step_s)})")
-        if best is not None and best.fits:
-            lines.append(f"pick: predicted tokens/s {100 * (best.tokens_per_s / homog.tokens_per_s - 1):+.1f}% vs "
-                         "the baseline")
+    meg, meg_even = plan.best_megatron(), plan.best_megatron(even=True)
+    if meg is not None:
+        even = f"; with the even cut: {meg_even.candidate.label()} ({_time(meg_even.step_s)})" \
+            if meg_even is not None and meg_even is not meg else ""
+        lines.append(f"Megatron baseline, tuned (every encoder at the language's tp and dp on its first pipeline "
+                     f"stage): {meg.candidate.label()} ({_time(meg.step_s)}){even}")
+    gains = [f"{_gain(best, b)} vs {what}" for b, what in ((homog, "the baseline"), (meg, "the tuned Megatron baseline"))
+             if b is not None]
+    if best is not None and best.fits and gains:
+        lines.append("pick: predicted tokens/s " + ", ".join(gains))
     return "\n".join(lines)
 
 

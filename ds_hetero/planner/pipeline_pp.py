@@ -17,7 +17,9 @@ Placements:
                 pipeline and the last pass's backward follows it; the other passes run in the
                 idle time of the slowest stage where there is some, and add to it where not:
                     vf + vb + max(pipeline, M max(t) + (P - 1)(vf + vb))
-                This is the best such an ordering can do (an optimistic bound).
+                This is the best such an ordering can do (an optimistic bound). Several encoders on
+                every rank (multi_predict.py): each one's first forward and last backward outside,
+                their other passes in the idle time (`colocated_encoders_step`).
   disaggregated the encoder ranks are one more stage ahead of the language's: 1F1B over
                 [encoder] + language stages (P = M).
 Without a pipeline (pp = 1) these reduce to pipeline.py's colocated and disaggregated steps.
@@ -38,16 +40,30 @@ def one_f_one_b(per_micro_batch: Sequence[float], m: int) -> float:
 def colocated_pipeline_step(v: StageTimes, chunks: Sequence[StageTimes], boundary: float, m: int, passes: int
                             ) -> tuple[float, float]:
     """(step seconds, busy seconds of the busiest rank): the encoder on every rank, P passes."""
+    return colocated_encoders_step([(v, passes, boundary)], chunks, m)
+
+
+def colocated_encoders_step(encoders: Sequence[tuple[StageTimes, int, float]], chunks: Sequence[StageTimes], m: int
+                            ) -> tuple[float, float]:
+    """(step seconds, busy seconds of the busiest rank): several encoders on every rank, each given as
+    (its times per pass, its passes P_e, seconds of one of its exchanges). Each encoder's first
+    forward precedes the pipeline and its last backward follows it; its other P_e - 1 passes fill
+    the slowest stage's idle time (one encoder: `colocated_pipeline_step`'s formula):
+
+        sum_e t_e + max(pipeline, M max(t) + sum_e (P_e - 1) t_e) + sum_e P_e x exchange_e
+    """
     t = [c.per_micro_batch for c in chunks]
-    enc = v.per_micro_batch
+    work = sum(p * v.per_micro_batch for v, p, _ in encoders)
+    exchanges = sum(p * b for _, p, b in encoders)
+    v_steps = sum(v.step for v, _, _ in encoders)
     if len(t) == 1:
-        busy = passes * enc + m * t[0]
-        return busy + passes * boundary + v.step + chunks[0].step, busy + v.step + chunks[0].step
+        busy = work + m * t[0]
+        return busy + exchanges + v_steps + chunks[0].step, busy + v_steps + chunks[0].step
     pipe = one_f_one_b(t, m)
-    inner = max(pipe, m * max(t) + (passes - 1) * enc)
-    steps = v.step + max(c.step for c in chunks)
-    busy = passes * enc + m * max(t) + steps
-    return enc + inner + passes * boundary + steps, busy
+    inner = max(pipe, m * max(t) + sum((p - 1) * v.per_micro_batch for v, p, _ in encoders))
+    steps = v_steps + max(c.step for c in chunks)
+    busy = work + m * max(t) + steps
+    return sum(v.per_micro_batch for v, _, _ in encoders) + inner + exchanges + steps, busy
 
 
 def first_stage_step(v: StageTimes, chunks: Sequence[StageTimes], m: int) -> tuple[float, float]:

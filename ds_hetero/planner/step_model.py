@@ -21,7 +21,7 @@ from .candidate import Candidate
 from .cost import Prediction, engine_syncs, stage_times
 from .flops import model_flops_per_step
 from .machine import MachineProfile
-from .memory import even_cut, peak_memory
+from .memory import _memo, even_cut, peak_memory
 from .model_spec import ModelSpec
 from .pipeline import StageTimes, colocated_step, disaggregated_step
 from .pipeline_pp import colocated_pipeline_step, disaggregated_pipeline_step, first_stage_step
@@ -80,24 +80,11 @@ def _p2p(cand: Candidate, spec: ModelSpec, wl: Workload, machine: MachineProfile
                                    span=per_stage + 1)
 
 
-def _memo(cache: dict | None, key, fn):
-    """fn() once per key while planning (one Plan's search shares a cache: the stage times of a
-    layout repeat across thousands of candidates)."""
-    if cache is None:
-        return fn()
-    if key not in cache:
-        cache[key] = fn()
-    return cache[key]
-
-
-def predict(cand: Candidate, spec: ModelSpec, wl: Workload, machine: MachineProfile,
-            memory_limit: float | None = None, runnable: bool = True, cache: dict | None = None) -> Prediction:
-    """`cache`: a dict the caller keeps for one (spec, workload, machine) while ranking many candidates."""
-    if cand.global_batch is not None:
-        wl = replace(wl, global_batch=cand.global_batch)
-        cache = None  # keys below assume the workload's batch
-    m, passes, lang = cand.micro_batches, cand.passes, cand.language
-    world = lang.size + (cand.vision.tp * cand.vision.dp if cand.disaggregated else 0)
+def language_chunks(cand: Candidate, spec: ModelSpec, wl: Workload, machine: MachineProfile,
+                    cache: dict | None = None) -> tuple[list[StageTimes], list[dict[str, float]]]:
+    """(times, breakdown) of each language pipeline stage on one of its ranks, with the point to
+    point activations between stages (one stage when pp = 1)."""
+    m, lang = cand.micro_batches, cand.language
     cut = cand.pp_layers or even_cut(spec.language.layers, lang.pp)
     chunks, parts = [], []
     p2p = _p2p(cand, spec, wl, machine) if lang.pp > 1 else 0.0
@@ -111,6 +98,18 @@ def predict(cand: Candidate, spec: ModelSpec, wl: Workload, machine: MachineProf
             part["pipeline p2p"] = m * p2p
         chunks.append(t)
         parts.append(part)
+    return chunks, parts
+
+
+def predict(cand: Candidate, spec: ModelSpec, wl: Workload, machine: MachineProfile,
+            memory_limit: float | None = None, runnable: bool = True, cache: dict | None = None) -> Prediction:
+    """`cache`: a dict the caller keeps for one (spec, workload, machine) while ranking many candidates."""
+    if cand.global_batch is not None:
+        wl = replace(wl, global_batch=cand.global_batch)
+        cache = None  # keys below assume the workload's batch
+    m, passes, lang = cand.micro_batches, cand.passes, cand.language
+    world = lang.size + (cand.vision.tp * cand.vision.dp if cand.disaggregated else 0)
+    chunks, parts = language_chunks(cand, spec, wl, machine, cache)
     v_passes = m if cand.megatron else passes
     vt, vpart = _memo(cache, ("vision", replace(cand.vision, ranks=()), v_passes),
                       lambda: stage_times(spec, wl, machine, "vision", cand.vision, v_passes))

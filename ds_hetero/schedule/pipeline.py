@@ -226,6 +226,8 @@ class _Inline:
         w, plan = self.work, self.plan
         self.arrived[m] = {}
         for stage in w.stages.encoders:
+            if stage.name not in w.boundaries:  # another encoder's exchange (disaggregated: its ranks and stage 0's)
+                continue
             v = plan.pass_feeding(stage.name, m).index
             rows = w.encoder_forward(stage, self.samples, plan, v, self.step) if stage.held else w.empty_rows()
             if stage.held:
@@ -238,6 +240,8 @@ class _Inline:
         w, plan = self.work, self.plan
         self.arrived.pop(m, None)
         for stage in w.stages.encoders:
+            if stage.name not in w.boundaries:
+                continue
             v = plan.pass_feeding(stage.name, m).index
             grad = grads[stage.name] if grads is not None else w.empty_rows()
             grad = w.send_grads(stage.name, grad, plan, v, self.step)
