@@ -33,11 +33,12 @@ PRELOAD = ["torch", "torch.distributed", "deepspeed", "transformers"]
 # Imported lazily by the first engine build of every child, so once per rank per launch:
 # DeepSpeed's ZeRO optimizer check imports its Muon optimizer, whose torch.compile decorators
 # import dynamo and inductor (sympy, networkx: about 1,700 modules, several CPU-seconds per rank,
-# most of a 4-rank launch on 2 cores); the package's engine and the tiny models' transformers
-# classes. Only where the ranks run on the CPU (DS_ACCELERATOR=cpu, as the tests and benchmarks
-# set it): on a GPU machine the children keep importing them after the fork, where CUDA is set up.
+# most of a 4-rank launch on 2 cores); transformers' modeling base (generation, integrations,
+# accelerate: about a second per rank) and the package's engine. Only where the ranks run on
+# the CPU (DS_ACCELERATOR=cpu, as the tests and benchmarks set it): on a GPU
+# machine the children keep importing them after the fork, where CUDA is set up.
 # A name that fails to import is skipped by the forkserver (the child imports it as before).
-CPU_PRELOAD = ["deepspeed.runtime.zero.muon.muon_optimizer", "ds_hetero.entry", "ds_hetero.models.tiny",
+CPU_PRELOAD = ["deepspeed.runtime.zero.muon.muon_optimizer", "transformers.modeling_utils", "ds_hetero.entry",
                "ds_hetero.testing.parity"]
 
 
