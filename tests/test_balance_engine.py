@@ -11,6 +11,7 @@ different weights. eval_batch on an uneven batch equals the HF model's own loss.
 
 import pytest
 
+from ds_hetero.testing.cases import run_cases
 from ds_hetero.testing.launch import run_distributed
 from tests.helpers.balance_parity import train_uneven
 from tests.helpers.parity_checks import check_parity
@@ -71,12 +72,20 @@ def _check_balanced(results, control=None):
     return good
 
 
-def test_llava_token_balanced_encoder_matches_single_process_reference():
-    results = run_distributed(_llava_suite, world_size=4, timeout=900)
+@pytest.fixture(scope="module")
+def launched():
+    """Both suites of this module in one 4-rank launch: {case: [its result on each rank]}."""
+    cases = {"llava": (_llava_suite, {}), "qwen2_vl": (_qwen_suite, {})}
+    results = run_distributed(run_cases, world_size=4, timeout=1800, cases=cases)
+    return {name: [r[name] for r in results] for name in cases}
+
+
+def test_llava_token_balanced_encoder_matches_single_process_reference(launched):
+    results = launched["llava"]
     good = _check_balanced(results, control="llava control: two images swap source ranks")
     one_pass = good[0]["llava colocated vision dp4 in one pass + language tp2dp2 x 2 micro-batches, zero2 sgd"]
     assert max(one_pass["imbalance"]) <= 1.2 + 1e-9  # 10 equal images on 4 ranks: 3, 3, 2, 2
 
 
-def test_qwen2_vl_token_balanced_encoder_matches_single_process_reference():
-    _check_balanced(run_distributed(_qwen_suite, world_size=4, timeout=900))
+def test_qwen2_vl_token_balanced_encoder_matches_single_process_reference(launched):
+    _check_balanced(launched["qwen2_vl"])

@@ -15,6 +15,7 @@ end with different losses and weights, so the comparison can fail.
 
 import pytest
 
+from ds_hetero.testing.cases import run_cases
 from ds_hetero.testing.launch import run_distributed
 from ds_hetero.testing.parity import train_both
 from tests.helpers.parity_checks import CLIP, RTOL, check_parity
@@ -102,9 +103,17 @@ def _check_all(results):
             assert loss_err > RTOL and weight_err > 100 * RTOL, (kind, loss_err, weight_err)
 
 
-def test_llava_sequence_shards_match_single_process_reference():
-    _check_all(run_distributed(_llava_suite, world_size=4, timeout=900))
+@pytest.fixture(scope="module")
+def launched():
+    """Both suites of this module in one 4-rank launch: {case: [its result on each rank]}."""
+    cases = {"llava": (_llava_suite, {}), "qwen2_vl": (_qwen_suite, {})}
+    results = run_distributed(run_cases, world_size=4, timeout=1800, cases=cases)
+    return {name: [r[name] for r in results] for name in cases}
 
 
-def test_qwen2_vl_sequence_shards_match_single_process_reference():
-    _check_all(run_distributed(_qwen_suite, world_size=4, timeout=900))
+def test_llava_sequence_shards_match_single_process_reference(launched):
+    _check_all(launched["llava"])
+
+
+def test_qwen2_vl_sequence_shards_match_single_process_reference(launched):
+    _check_all(launched["qwen2_vl"])

@@ -10,6 +10,7 @@ different weights, so the comparison can fail.
 
 import pytest
 
+from ds_hetero.testing.cases import run_cases
 from ds_hetero.testing.launch import run_distributed
 from ds_hetero.testing.parity import LLAVA_TP4, train_both
 from tests.helpers.parity_checks import CLIP, check_parity
@@ -49,9 +50,17 @@ def _qwen_suite(rank, world_size):
     return {name: train_both(rank, world_size, "qwen2_vl", steps=5, clip=CLIP, **kw) for name, kw in runs.items()}
 
 
-def test_llava_layouts_match_single_process_reference():
-    check_parity(run_distributed(_llava_suite, world_size=4, timeout=600))
+@pytest.fixture(scope="module")
+def launched():
+    """Both suites of this module in one 4-rank launch: {case: [its result on each rank]}."""
+    cases = {"llava": (_llava_suite, {}), "qwen2_vl": (_qwen_suite, {})}
+    results = run_distributed(run_cases, world_size=4, timeout=1200, cases=cases)
+    return {name: [r[name] for r in results] for name in cases}
 
 
-def test_qwen2_vl_variable_image_tokens_match_single_process_reference():
-    check_parity(run_distributed(_qwen_suite, world_size=4, timeout=600))
+def test_llava_layouts_match_single_process_reference(launched):
+    check_parity(launched["llava"])
+
+
+def test_qwen2_vl_variable_image_tokens_match_single_process_reference(launched):
+    check_parity(launched["qwen2_vl"])

@@ -73,3 +73,18 @@ def test_check_false_returns_the_failure_in_the_rank_list():
     got = run_distributed(_rank_one_raises_others_return, world_size=3, timeout=60, check=False)
     assert got[0] == 0 and got[2] == 20, got
     assert isinstance(got[1], RankFailure) and got[1].rank == 1 and "boom on rank one" in got[1].message, got
+
+
+def test_cases_share_one_launch_and_a_failing_case_is_named():
+    """ds_hetero.testing.cases.run_cases: every case's result by name on every rank; a case that
+    raises names itself and keeps its own error in the rank's traceback."""
+    from ds_hetero.testing.cases import run_cases
+
+    cases = {"sum": (_all_reduce_rank, {}), "echo": (_echo, {"first": "a", "second": 2}),
+             "raises": (_rank_one_raises_others_return, {})}
+    got = run_distributed(run_cases, world_size=3, timeout=60, check=False, cases=cases)
+    assert got[0] == {"sum": 3.0, "echo": (0, "a", 2, None, None), "raises": 0}, got
+    assert got[2]["raises"] == 20, got
+    assert isinstance(got[1], RankFailure), got
+    assert "case 'raises' (_rank_one_raises_others_return) failed on rank 1" in got[1].message, got[1].message
+    assert "boom on rank one" in got[1].message, got[1].message

@@ -24,6 +24,7 @@ without dropout, recompute matches the single-process reference on LLaVA and Qwe
 
 import pytest
 
+from ds_hetero.testing.cases import run_cases
 from ds_hetero.testing.launch import run_distributed
 from ds_hetero.testing.parity import train_both
 from tests.helpers.memory_parity import CLIP, check_parity, freeze_names, frozen_report, max_diff, train_plain
@@ -181,8 +182,18 @@ def _recompute_reference_suite(rank, world_size):
             for name, (family, kw) in runs.items()}
 
 
-def test_frozen_modules_match_reference_and_stay_bit_identical():
-    results = run_distributed(_frozen_suite, world_size=4, timeout=900)
+@pytest.fixture(scope="module")
+def launched():
+    """Every distributed check of this module in one 4-rank launch: {case: [its result on each rank]}."""
+    cases = {"frozen": (_frozen_suite, {}), "zero": (_zero_suite, {}), "zero3_sequence": (_zero3_sequence_suite, {}),
+             "sharded_passes": (_sharded_passes_suite, {}), "recompute": (_recompute_suite, {}),
+             "recompute_reference": (_recompute_reference_suite, {})}
+    results = run_distributed(run_cases, world_size=4, timeout=3000, cases=cases)
+    return {name: [r[name] for r in results] for name in cases}
+
+
+def test_frozen_modules_match_reference_and_stay_bit_identical(launched):
+    results = launched["frozen"]
     check_parity(results)
     # bytes all ranks sent in backward exchanges, per step (a rank may keep its rows local)
     total = {name: [sum(r[name]["backward_bytes"][i] for r in results) for i in range(3)] for name in results[0]}
@@ -204,27 +215,27 @@ def test_frozen_modules_match_reference_and_stay_bit_identical():
         assert projector["optimizer_params"]["language"] == 0
 
 
-def test_zero_stage_per_stage_matches_reference():
-    results = run_distributed(_zero_suite, world_size=4, timeout=900)
+def test_zero_stage_per_stage_matches_reference(launched):
+    results = launched["zero"]
     engines = [r.pop("engines") for r in results]
     assert all(e == {"vision": 3, "language": 2} for e in engines), engines
     check_parity(results)
 
 
-def test_zero3_with_sequence_shards_matches_reference_and_needs_both_corrections():
-    results = run_distributed(_zero3_sequence_suite, world_size=4, timeout=900)
+def test_zero3_with_sequence_shards_matches_reference_and_needs_both_corrections(launched):
+    results = launched["zero3_sequence"]
     check_parity([r for r, _ in results])
     for _, controls in results:
         for fix, (err, where, abs_err, compared) in controls.items():
             assert compared > 0 and err > 100 * 1e-5, (fix, err, where)
 
 
-def test_fewer_encoder_passes_with_sharded_sequence_match_reference():
-    check_parity(run_distributed(_sharded_passes_suite, world_size=4, timeout=900))
+def test_fewer_encoder_passes_with_sharded_sequence_match_reference(launched):
+    check_parity(launched["sharded_passes"])
 
 
-def test_recompute_equals_no_recompute_with_dropout():
-    results = run_distributed(_recompute_suite, world_size=4, timeout=900)
+def test_recompute_equals_no_recompute_with_dropout(launched):
+    results = launched["recompute"]
     for per_rank in results:
         for label, r in per_rank.items():
             loss, weight = r["recompute"]
@@ -233,5 +244,5 @@ def test_recompute_equals_no_recompute_with_dropout():
             assert loss > 1e-4 or weight > 1e-4, (label, "the negative control did not move", r)
 
 
-def test_recompute_matches_reference_llava_and_qwen2_vl():
-    check_parity(run_distributed(_recompute_reference_suite, world_size=4, timeout=900))
+def test_recompute_matches_reference_llava_and_qwen2_vl(launched):
+    check_parity(launched["recompute_reference"])

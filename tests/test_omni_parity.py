@@ -13,6 +13,7 @@ the run goes through): the losses then differ from the reference.
 
 import pytest
 
+from ds_hetero.testing.cases import run_cases
 from ds_hetero.testing.launch import run_distributed
 from ds_hetero.testing.parity import train_both
 
@@ -83,16 +84,26 @@ def _check(results):
                 assert total == bound, (name, total, bound)
 
 
-def test_omni_colocated_matches_the_single_process_thinker():
-    _check(run_distributed(_suite, world_size=4, timeout=900, runs=[n for n in RUNS if n.startswith("colocated")]))
+@pytest.fixture(scope="module")
+def launched():
+    """Every check of this module in one 4-rank launch: {case: [its result on each rank]}."""
+    cases = {"colocated": (_suite, {"runs": [n for n in RUNS if n.startswith("colocated")]}),
+             "disaggregated": (_suite, {"runs": [n for n in RUNS if not n.startswith("colocated")]}),
+             "control": (_control, {})}
+    results = run_distributed(run_cases, world_size=4, timeout=2400, cases=cases)
+    return {name: [r[name] for r in results] for name in cases}
 
 
-def test_omni_disaggregated_and_mixed_match_the_single_process_thinker():
-    _check(run_distributed(_suite, world_size=4, timeout=900, runs=[n for n in RUNS if not n.startswith("colocated")]))
+def test_omni_colocated_matches_the_single_process_thinker(launched):
+    _check(launched["colocated"])
 
 
-def test_omni_audio_rows_at_the_image_positions_fail_the_comparison():
-    for per_rank in run_distributed(_control, world_size=4, timeout=600):
+def test_omni_disaggregated_and_mixed_match_the_single_process_thinker(launched):
+    _check(launched["disaggregated"])
+
+
+def test_omni_audio_rows_at_the_image_positions_fail_the_comparison(launched):
+    for per_rank in launched["control"]:
         right, swapped = per_rank["right"], per_rank["swapped"]
         for got, hf in zip(right["losses"], right["hf_losses"]):  # the same data, rows in place: parity
             assert abs(got - hf) <= RTOL * abs(hf), (right["losses"], right["hf_losses"])

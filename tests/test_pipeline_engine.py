@@ -13,8 +13,10 @@ its input gradient ends with different weights on the first pipeline stage.
 
 import pytest
 
+from ds_hetero.testing.cases import run_cases
 from ds_hetero.testing.launch import run_distributed
-from tests.helpers.pipeline_parity import drop_pipeline_gradient, evaluate_first, run_layouts
+from tests.helpers.pipeline_parity import (FOUR_LAYERS, bf16_losses, drop_pipeline_gradient, evaluate_first,
+                                           per_shard_loading, run_layouts, save_pretrained_roundtrip)
 
 pytestmark = pytest.mark.distributed
 
@@ -80,26 +82,40 @@ def _check(results):
     return control_seen, evaluated
 
 
-def test_pipeline_layouts_match_single_process_reference():
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """Every check of this module in one 4-rank launch: {case: [its result on each rank]}."""
+    from ds_hetero.testing.parity import build_model
+
+    tmp = tmp_path_factory.mktemp("pipeline_engine")
+    checkpoint = str(tmp / "model")
+    build_model("llava", seed=7, **FOUR_LAYERS).save_pretrained(checkpoint)
+    (tmp / "saved").mkdir()
+    cases = {"layouts": (_suite_a, {}), "placements": (_suite_b, {}), "bf16": (bf16_losses, {}),
+             "save_pretrained": (save_pretrained_roundtrip, {"tmp": str(tmp / "saved")}),
+             "per_shard_loading": (per_shard_loading, {"checkpoint": checkpoint})}
+    results = run_distributed(run_cases, world_size=4, timeout=3000, cases=cases)
+    return {name: [r[name] for r in results] for name in cases}
+
+
+def test_pipeline_layouts_match_single_process_reference(launched):
     """pp2 dp2, pp2 tp2, pp4 with a tp2 encoder, and the negative control."""
-    control_seen, evaluated = _check(run_distributed(_suite_a, world_size=4, timeout=1500))
+    control_seen, evaluated = _check(launched["layouts"])
     assert control_seen, "the negative control did not run"
     assert evaluated == {"vision dp4 + language pp2dp2 zero1 adamw"}, evaluated
 
 
-def test_pipeline_placements_match_single_process_reference():
+def test_pipeline_placements_match_single_process_reference(launched):
     """An uneven cut, first_stage, disaggregated into a pp3 pipeline, Qwen2-VL with variable image tokens."""
-    _, evaluated = _check(run_distributed(_suite_b, world_size=4, timeout=1500))
+    _, evaluated = _check(launched["placements"])
     assert evaluated == {"disaggregated vision dp1 rank 0 + language pp3 ranks 1-3 zero1 adamw"}, evaluated
 
 
-def test_pipeline_bf16_trains_the_same_function():
+def test_pipeline_bf16_trains_the_same_function(launched):
     """bf16 with ZeRO 1 against fp32 with ZeRO 2 on the same layout and batches (bf16 rounding:
     losses within 2e-2 relative; a wrong gradient scale or a dropped gradient would exceed it
     by the third step)."""
-    from tests.helpers.pipeline_parity import bf16_losses
-
-    for r in run_distributed(bf16_losses, world_size=4, timeout=1500):
+    for r in launched["bf16"]:
         assert r["bf16"]["dtype"] == "torch.bfloat16" and r["fp32"]["dtype"] == "torch.float32"
         for got, want in zip(r["bf16"]["losses"], r["fp32"]["losses"]):
             assert abs(got - want) <= 2e-2 * abs(want), r
@@ -107,12 +123,10 @@ def test_pipeline_bf16_trains_the_same_function():
             assert abs(got - want) <= 5e-2 * abs(want), r
 
 
-def test_pipeline_save_pretrained(tmp_path):
+def test_pipeline_save_pretrained(launched):
     """save_pretrained with pp2 tp2: one file per pipeline stage; from_pretrained reads exactly the
     live weights of every rank (and they differ from the untrained ones: the check can fail)."""
-    from tests.helpers.pipeline_parity import save_pretrained_roundtrip
-
-    r = run_distributed(save_pretrained_roundtrip, world_size=4, timeout=900, tmp=str(tmp_path))[0]
+    r = launched["save_pretrained"][0]
     assert r["names"][0] and r["names"][1] > 0, r
     assert r["diff"] == 0.0, r
     assert r["control"] > 1e-3, r
@@ -120,15 +134,10 @@ def test_pipeline_save_pretrained(tmp_path):
         "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"], r
 
 
-def test_pipeline_per_shard_loading(tmp_path):
+def test_pipeline_per_shard_loading(launched):
     """weights= with pp2 tp2: each rank reads its pipeline stage's layers only and trains exactly
     like the same layout built from the full model."""
-    from ds_hetero.testing.parity import build_model
-    from tests.helpers.pipeline_parity import FOUR_LAYERS, per_shard_loading
-
-    checkpoint = str(tmp_path / "model")
-    build_model("llava", seed=7, **FOUR_LAYERS).save_pretrained(checkpoint)
-    for rank, r in enumerate(run_distributed(per_shard_loading, world_size=4, timeout=900, checkpoint=checkpoint)):
+    for rank, r in enumerate(launched["per_shard_loading"]):
         built, loaded = r["built"], r["loaded"]
         for got, want in zip(loaded["losses"], built["losses"]):
             assert abs(got - want) <= RTOL * abs(want), (rank, loaded["losses"], built["losses"])

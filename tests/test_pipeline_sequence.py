@@ -14,6 +14,7 @@ import pytest
 from ds_hetero.config import load_config
 from ds_hetero.schedule.pipeline_shapes import hidden_length
 from ds_hetero.stages.checks import check_all
+from ds_hetero.testing.cases import run_cases
 from ds_hetero.testing.launch import run_distributed
 from ds_hetero.topology.layout import StageLayout
 from tests.helpers.pipeline_sequence import CP_CONTROL, ZERO3_CONTROL, check_parity
@@ -45,22 +46,28 @@ def test_sequence_shards_and_zero3_with_a_pipeline_are_accepted(language, zero):
     check_all(load_config(config, 4))
 
 
+@pytest.fixture(scope="module")
+def launched():
+    """Both distributed checks of this module in one 4-rank launch: {case: [its result on each rank]}."""
+    from tests.helpers.pipeline_sequence import sequence_layouts, zero3_layouts
+
+    cases = {"sequence": (sequence_layouts, {}), "zero3": (zero3_layouts, {})}
+    results = run_distributed(run_cases, world_size=4, timeout=3000, cases=cases)
+    return {name: [r[name] for r in results] for name in cases}
+
+
 @pytest.mark.distributed
-def test_pipeline_sequence_shards_match_single_process_reference():
+def test_pipeline_sequence_shards_match_single_process_reference(launched):
     """pp2 cp2, pp2 tp2 with sequence parallelism (both with eval_batch), Qwen2-VL pp2 cp2, and a
     last pipeline stage that shifts its labels inside its shard (must differ)."""
-    from tests.helpers.pipeline_sequence import sequence_layouts
-
-    evaluated = check_parity(run_distributed(sequence_layouts, world_size=4, timeout=1500), CP_CONTROL)
+    evaluated = check_parity(launched["sequence"], CP_CONTROL)
     assert evaluated == {"vision dp4 + language pp2cp2 zero1 adamw",
                          "vision dp4 + language pp2tp2 sequence_parallel zero2 sgd"}, evaluated
 
 
 @pytest.mark.distributed
-def test_pipeline_zero3_matches_single_process_reference():
+def test_pipeline_zero3_matches_single_process_reference(launched):
     """ZeRO 3 with pp2 dp2 (with eval_batch), pp4, pp2 cp2 and first_stage, and ZeRO 3 left to
     count micro-steps at the next forward only (must differ)."""
-    from tests.helpers.pipeline_sequence import zero3_layouts
-
-    evaluated = check_parity(run_distributed(zero3_layouts, world_size=4, timeout=1500), ZERO3_CONTROL)
+    evaluated = check_parity(launched["zero3"], ZERO3_CONTROL)
     assert evaluated == {"vision dp4 + language pp2dp2 zero3 adamw"}, evaluated

@@ -27,8 +27,9 @@ of fp32 with its copies equal.
 
 import pytest
 
+from ds_hetero.testing.cases import run_cases
 from ds_hetero.testing.launch import run_distributed
-from tests.helpers.tied_pipeline_parity import run_tied_layouts
+from tests.helpers.tied_pipeline_parity import bf16_tied, run_tied_layouts, save_pretrained_tied
 
 pytestmark = pytest.mark.distributed
 
@@ -107,8 +108,18 @@ def _check_parity(results, name):
             assert c["own_group"], (rank, name, "the tied copy is not alone in its optimizer param group")
 
 
-def test_tied_llava_pipeline_matches_single_process_reference():
-    results = run_distributed(_llava, world_size=4, timeout=1500)
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """Every distributed check of this module in one 4-rank launch: {case: [its result on each rank]}."""
+    saved = tmp_path_factory.mktemp("tied_pipeline")
+    cases = {"llava": (_llava, {}), "qwen2_vl": (_qwen2_vl, {}),
+             "save_pretrained": (save_pretrained_tied, {"tmp": str(saved)}), "bf16": (bf16_tied, {})}
+    results = run_distributed(run_cases, world_size=4, timeout=3000, cases=cases)
+    return {name: [r[name] for r in results] for name in cases}
+
+
+def test_tied_llava_pipeline_matches_single_process_reference(launched):
+    results = launched["llava"]
     for name in results[0]:
         if not name.startswith("control"):
             _check_parity(results, name)
@@ -126,18 +137,15 @@ def test_tied_llava_pipeline_matches_single_process_reference():
     assert abs(r["norms"][0] - r["ref_norms"][0]) > 1e-2 * r["ref_norms"][0], (r["norms"], r["ref_norms"])
 
 
-def test_tied_qwen2_vl_pipeline_matches_single_process_reference():
-    results = run_distributed(_qwen2_vl, world_size=4, timeout=1500)
-    _check_parity(results, "tied qwen2-vl vision dp4 + language pp2dp2 zero2 adamw")
+def test_tied_qwen2_vl_pipeline_matches_single_process_reference(launched):
+    _check_parity(launched["qwen2_vl"], "tied qwen2-vl vision dp4 + language pp2dp2 zero2 adamw")
 
 
-def test_tied_pipeline_save_pretrained(tmp_path):
+def test_tied_pipeline_save_pretrained(launched):
     """pp2 tp2: one tensor for the tie (written by the first pipeline stage), `from_pretrained`
     gives a tied model whose weights are every rank's live weights, and logits equal; per-shard
     loading of that checkpoint gives both copies."""
-    from tests.helpers.tied_pipeline_parity import save_pretrained_tied
-
-    results = run_distributed(save_pretrained_tied, world_size=4, timeout=900, tmp=str(tmp_path))
+    results = launched["save_pretrained"]
     # read back per shard (weights=) into the same layout: each rank's weights exactly the live
     # ones, the tied copy is the parameter its pipeline stage holds after the load (ranks 0, 1:
     # the embedding's; 2, 3: the head's), and one step later the copies are still equal
@@ -157,12 +165,10 @@ def test_tied_pipeline_save_pretrained(tmp_path):
     assert r["logits_diff"] <= 1e-6, r
 
 
-def test_tied_pipeline_bf16_trains_the_same_function():
+def test_tied_pipeline_bf16_trains_the_same_function(launched):
     """bf16 with ZeRO 1 against fp32 with ZeRO 2 (pp2 tp2, same batches): losses within bf16
     rounding (2e-2), norms 5e-2, and the bf16 run's two copies equal to the bit."""
-    from tests.helpers.tied_pipeline_parity import bf16_tied
-
-    results = run_distributed(bf16_tied, world_size=4, timeout=900)
+    results = launched["bf16"]
     for r in results:
         assert r["bf16"]["dtype"] == "torch.bfloat16" and r["fp32"]["dtype"] == "torch.float32"
         for got, want in zip(r["bf16"]["losses"], r["fp32"]["losses"]):

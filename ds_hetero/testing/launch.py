@@ -10,7 +10,8 @@ deadline. No process outlives the call. The tests and the benchmarks share this 
 
 Children are forked from a forkserver that has imported torch/deepspeed/transformers once, so
 a launch costs a fraction of a second instead of the several seconds of a fresh interpreter,
-and no child inherits OpenMP state from the pytest process. Rendezvous is a FileStore in a
+and no child inherits OpenMP state from the pytest process. On CPU ranks the forkserver also
+imports what every engine build would import again in each child (see CPU_PRELOAD). Rendezvous is a FileStore in a
 fresh temporary directory, so concurrent test runs never fight over a port.
 """
 
@@ -29,6 +30,16 @@ from datetime import timedelta
 from typing import Any, Callable
 
 PRELOAD = ["torch", "torch.distributed", "deepspeed", "transformers"]
+# Imported lazily by the first engine build of every child, so once per rank per launch:
+# DeepSpeed's ZeRO optimizer check imports its Muon optimizer, whose torch.compile decorators
+# import dynamo and inductor (sympy, networkx: about 1,700 modules, several CPU-seconds per rank,
+# most of a 4-rank launch on 2 cores); transformers' modeling base (generation, integrations,
+# accelerate: about a second per rank) and the package's engine. Only where the ranks run on
+# the CPU (DS_ACCELERATOR=cpu, as the tests and benchmarks set it): on a GPU
+# machine the children keep importing them after the fork, where CUDA is set up.
+# A name that fails to import is skipped by the forkserver (the child imports it as before).
+CPU_PRELOAD = ["deepspeed.runtime.zero.muon.muon_optimizer", "transformers.modeling_utils", "ds_hetero.entry",
+               "ds_hetero.testing.parity"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +52,8 @@ class RankFailure:
 
 def _context() -> mp.context.BaseContext:
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
+    on_cpu = os.environ.get("DS_ACCELERATOR") == "cpu"
+    ctx.set_forkserver_preload(PRELOAD + (CPU_PRELOAD if on_cpu else []))
     return ctx
 
 

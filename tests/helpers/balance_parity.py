@@ -52,7 +52,7 @@ def _balance_figures(family, corrupt):
                                  for d in StepPlan(cfg, engine.adapter.encoders(), b).encoder_pass("vision", v)
                                  .boundary.src_dp),
         }
-        if corrupt:  # every plan this process builds from now on routes two images to the wrong rows
+        if corrupt:  # every plan built until train_uneven returns routes two images to the wrong rows
             original = StepPlan._encoder_pass
             StepPlan._encoder_pass = lambda self, *a: dataclasses.replace(
                 original(self, *a), boundary=_swap_two_images(original(self, *a).boundary))
@@ -62,7 +62,13 @@ def _balance_figures(family, corrupt):
 
 def train_uneven(rank, world_size, family, layout, zero_stage=1, steps=5, clip=0.3, optimizer="sgd",
                  micro_batches=2, placement="colocated", balance=None, corrupt=False):
-    return train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimizer=optimizer,
-                      micro_batches=micro_batches, placement=placement,
-                      hetero={"balance": balance} if balance else None, make_data=uneven_batches,
-                      inspect=_balance_figures(family, corrupt))
+    from ds_hetero.step.plan import StepPlan
+
+    right = StepPlan._encoder_pass
+    try:
+        return train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimizer=optimizer,
+                          micro_batches=micro_batches, placement=placement,
+                          hetero={"balance": balance} if balance else None, make_data=uneven_batches,
+                          inspect=_balance_figures(family, corrupt))
+    finally:  # undo the control's patch: later runs in the same process (a shared launch) plan right
+        StepPlan._encoder_pass = right

@@ -74,26 +74,31 @@ def evaluate_first(engine, batches):
     return {"eval_loss": engine.eval_batch(batches[0])}
 
 
-def bf16_losses(rank, world_size, steps=3):
-    """Language pp2 dp2 + vision dp4 in bf16 with ZeRO 1 (and fp32 with ZeRO 2 for the reference
-    losses, on the same batches): the pipeline runs in bf16 and trains the same function."""
+def bf16_losses(rank, world_size, steps=3, model_kw=FOUR_LAYERS, language=None, tied_name=None):
+    """A pipelined language stage (default pp2 dp2; vision dp4) in bf16 with ZeRO 1 (and fp32 with
+    ZeRO 2 for the reference losses, on the same batches): the pipeline runs in bf16 and trains the
+    same function. tied_name: a tied model's embedding name; this rank's copy of the tied weight
+    (None where it holds none) comes back under "copy"."""
     import torch
 
     import ds_hetero
-    from ds_hetero.testing.parity import build_model, make_batches
+    from ds_hetero.testing.parity import build_model, full_named_parameters, make_batches
 
+    language = language or {"dp": 2, "pp": 2}
     out = {}
     for name, extra, zero in (("bf16", {"bf16": {"enabled": True}}, 1), ("fp32", {}, 2)):
-        model = build_model("llava", seed=7, **FOUR_LAYERS)
+        model = build_model("llava", seed=7, **model_kw)
         batches = make_batches("llava", model, steps, 16)
         config = {"train_batch_size": 16, "zero_optimization": {"stage": zero}, "gradient_clipping": 0.3,
                   "zero_allow_untested_optimizer": True, "steps_per_print": 10**6, **extra,
-                  "hetero_parallel": {"micro_batches": 4, "stages": {"vision": {"dp": 4},
-                                                                      "language": {"dp": 2, "pp": 2}}}}
+                  "hetero_parallel": {"micro_batches": 4, "stages": {"vision": {"dp": 4}, "language": language}}}
         engine = ds_hetero.initialize(model, config, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, eps=1e-4))
         results = [engine.train_batch(s) for s in batches]
         out[name] = dict(losses=[r.loss for r in results], norms=[r.grad_norm for r in results],
                          dtype=str(engine.stages.dtype))
+        if tied_name is not None:
+            copy = engine.stages.language.tied
+            out[name]["copy"] = None if copy is None else full_named_parameters(engine)[tied_name].float().tolist()
         engine.groups.destroy()
     return out
 

@@ -2,7 +2,7 @@
 stage trained against the single-process Hugging Face reference, both copies of the tied weight,
 and the negative controls."""
 
-from tests.helpers.pipeline_parity import FOUR_LAYERS, run_layouts
+from tests.helpers.pipeline_parity import FOUR_LAYERS, bf16_losses, run_layouts
 
 TIED = {**FOUR_LAYERS, "tie_word_embeddings": True}
 TIED_NAME = {"llava": "model.language_model.embed_tokens.weight", "qwen2_vl": "model.language_model.embed_tokens.weight"}
@@ -166,25 +166,5 @@ def bf16_tied(rank, world_size, steps=3):
     """Tied LLaVA, language pp2 tp2 + vision dp4, in bf16 with ZeRO 1 (fp32 gradient partitions
     in DeepSpeed's compact buffer) and in fp32 with ZeRO 2, same batches: losses, norms, and this
     rank's copy of the tied weight (None where it holds none)."""
-    import torch
-
-    import ds_hetero
-    from ds_hetero.testing.parity import build_model, full_named_parameters, make_batches
-
-    out = {}
-    for name, extra, zero in (("bf16", {"bf16": {"enabled": True}}, 1), ("fp32", {}, 2)):
-        model = build_model("llava", seed=7, **TIED)
-        batches = make_batches("llava", model, steps, 16)
-        config = {"train_batch_size": 16, "zero_optimization": {"stage": zero}, "gradient_clipping": 0.3,
-                  "zero_allow_untested_optimizer": True, "steps_per_print": 10**6, **extra,
-                  "hetero_parallel": {"micro_batches": 4, "stages": {"vision": {"dp": 4},
-                                                                      "language": {"tp": 2, "dp": 1, "pp": 2}}}}
-        engine = ds_hetero.initialize(model, config, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, eps=1e-4))
-        results = [engine.train_batch(s) for s in batches]
-        copy = engine.stages.language.tied
-        got = full_named_parameters(engine) if copy is not None else {}
-        out[name] = dict(losses=[r.loss for r in results], norms=[r.grad_norm for r in results],
-                         dtype=str(engine.stages.dtype),
-                         copy=None if copy is None else got[TIED_NAME["llava"]].float().tolist())
-        engine.groups.destroy()
-    return out
+    return bf16_losses(rank, world_size, steps, model_kw=TIED, language={"tp": 2, "dp": 1, "pp": 2},
+                       tied_name=TIED_NAME["llava"])
