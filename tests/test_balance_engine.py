@@ -11,8 +11,7 @@ different weights. eval_batch on an uneven batch equals the HF model's own loss.
 
 import pytest
 
-from ds_hetero.testing.cases import run_cases
-from ds_hetero.testing.launch import run_distributed
+from ds_hetero.testing.cases import launch_cases
 from tests.helpers.balance_parity import train_uneven
 from tests.helpers.parity_checks import check_parity
 
@@ -76,8 +75,7 @@ def _check_balanced(results, control=None):
 def launched():
     """Both suites of this module in one 4-rank launch: {case: [its result on each rank]}."""
     cases = {"llava": (_llava_suite, {}), "qwen2_vl": (_qwen_suite, {})}
-    results = run_distributed(run_cases, world_size=4, timeout=1800, cases=cases)
-    return {name: [r[name] for r in results] for name in cases}
+    return launch_cases(cases, world_size=4, timeout=1800)
 
 
 def test_llava_token_balanced_encoder_matches_single_process_reference(launched):

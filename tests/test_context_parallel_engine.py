@@ -15,8 +15,7 @@ end with different losses and weights, so the comparison can fail.
 
 import pytest
 
-from ds_hetero.testing.cases import run_cases
-from ds_hetero.testing.launch import run_distributed
+from ds_hetero.testing.cases import launch_cases
 from ds_hetero.testing.parity import train_both
 from tests.helpers.parity_checks import CLIP, RTOL, check_parity
 
@@ -107,8 +106,7 @@ def _check_all(results):
 def launched():
     """Both suites of this module in one 4-rank launch: {case: [its result on each rank]}."""
     cases = {"llava": (_llava_suite, {}), "qwen2_vl": (_qwen_suite, {})}
-    results = run_distributed(run_cases, world_size=4, timeout=1800, cases=cases)
-    return {name: [r[name] for r in results] for name in cases}
+    return launch_cases(cases, world_size=4, timeout=1800)
 
 
 def test_llava_sequence_shards_match_single_process_reference(launched):

@@ -10,8 +10,7 @@ different weights, so the comparison can fail.
 
 import pytest
 
-from ds_hetero.testing.cases import run_cases
-from ds_hetero.testing.launch import run_distributed
+from ds_hetero.testing.cases import launch_cases
 from ds_hetero.testing.parity import LLAVA_TP4, train_both
 from tests.helpers.parity_checks import CLIP, check_parity
 
@@ -54,8 +53,7 @@ def _qwen_suite(rank, world_size):
 def launched():
     """Both suites of this module in one 4-rank launch: {case: [its result on each rank]}."""
     cases = {"llava": (_llava_suite, {}), "qwen2_vl": (_qwen_suite, {})}
-    results = run_distributed(run_cases, world_size=4, timeout=1200, cases=cases)
-    return {name: [r[name] for r in results] for name in cases}
+    return launch_cases(cases, world_size=4, timeout=1200)
 
 
 def test_llava_layouts_match_single_process_reference(launched):

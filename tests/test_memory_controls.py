@@ -24,8 +24,7 @@ without dropout, recompute matches the single-process reference on LLaVA and Qwe
 
 import pytest
 
-from ds_hetero.testing.cases import run_cases
-from ds_hetero.testing.launch import run_distributed
+from ds_hetero.testing.cases import launch_cases
 from ds_hetero.testing.parity import train_both
 from tests.helpers.memory_parity import CLIP, check_parity, freeze_names, frozen_report, max_diff, train_plain
 
@@ -188,8 +187,7 @@ def launched():
     cases = {"frozen": (_frozen_suite, {}), "zero": (_zero_suite, {}), "zero3_sequence": (_zero3_sequence_suite, {}),
              "sharded_passes": (_sharded_passes_suite, {}), "recompute": (_recompute_suite, {}),
              "recompute_reference": (_recompute_reference_suite, {})}
-    results = run_distributed(run_cases, world_size=4, timeout=3000, cases=cases)
-    return {name: [r[name] for r in results] for name in cases}
+    return launch_cases(cases, world_size=4, timeout=3000)
 
 
 def test_frozen_modules_match_reference_and_stay_bit_identical(launched):

@@ -13,8 +13,7 @@ the run goes through): the losses then differ from the reference.
 
 import pytest
 
-from ds_hetero.testing.cases import run_cases
-from ds_hetero.testing.launch import run_distributed
+from ds_hetero.testing.cases import launch_cases
 from ds_hetero.testing.parity import train_both
 
 pytestmark = pytest.mark.distributed
@@ -90,8 +89,7 @@ def launched():
     cases = {"colocated": (_suite, {"runs": [n for n in RUNS if n.startswith("colocated")]}),
              "disaggregated": (_suite, {"runs": [n for n in RUNS if not n.startswith("colocated")]}),
              "control": (_control, {})}
-    results = run_distributed(run_cases, world_size=4, timeout=2400, cases=cases)
-    return {name: [r[name] for r in results] for name in cases}
+    return launch_cases(cases, world_size=4, timeout=2400)
 
 
 def test_omni_colocated_matches_the_single_process_thinker(launched):

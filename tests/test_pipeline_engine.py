@@ -13,8 +13,7 @@ its input gradient ends with different weights on the first pipeline stage.
 
 import pytest
 
-from ds_hetero.testing.cases import run_cases
-from ds_hetero.testing.launch import run_distributed
+from ds_hetero.testing.cases import launch_cases
 from tests.helpers.pipeline_parity import (FOUR_LAYERS, bf16_losses, drop_pipeline_gradient, evaluate_first,
                                            per_shard_loading, run_layouts, save_pretrained_roundtrip)
 
@@ -94,8 +93,7 @@ def launched(tmp_path_factory):
     cases = {"layouts": (_suite_a, {}), "placements": (_suite_b, {}), "bf16": (bf16_losses, {}),
              "save_pretrained": (save_pretrained_roundtrip, {"tmp": str(tmp / "saved")}),
              "per_shard_loading": (per_shard_loading, {"checkpoint": checkpoint})}
-    results = run_distributed(run_cases, world_size=4, timeout=3000, cases=cases)
-    return {name: [r[name] for r in results] for name in cases}
+    return launch_cases(cases, world_size=4, timeout=3000)
 
 
 def test_pipeline_layouts_match_single_process_reference(launched):

@@ -14,8 +14,7 @@ import pytest
 from ds_hetero.config import load_config
 from ds_hetero.schedule.pipeline_shapes import hidden_length
 from ds_hetero.stages.checks import check_all
-from ds_hetero.testing.cases import run_cases
-from ds_hetero.testing.launch import run_distributed
+from ds_hetero.testing.cases import launch_cases
 from ds_hetero.topology.layout import StageLayout
 from tests.helpers.pipeline_sequence import CP_CONTROL, ZERO3_CONTROL, check_parity
 
@@ -52,8 +51,7 @@ def launched():
     from tests.helpers.pipeline_sequence import sequence_layouts, zero3_layouts
 
     cases = {"sequence": (sequence_layouts, {}), "zero3": (zero3_layouts, {})}
-    results = run_distributed(run_cases, world_size=4, timeout=3000, cases=cases)
-    return {name: [r[name] for r in results] for name in cases}
+    return launch_cases(cases, world_size=4, timeout=3000)
 
 
 @pytest.mark.distributed

@@ -27,8 +27,7 @@ of fp32 with its copies equal.
 
 import pytest
 
-from ds_hetero.testing.cases import run_cases
-from ds_hetero.testing.launch import run_distributed
+from ds_hetero.testing.cases import launch_cases
 from tests.helpers.tied_pipeline_parity import bf16_tied, run_tied_layouts, save_pretrained_tied
 
 pytestmark = pytest.mark.distributed
@@ -114,8 +113,7 @@ def launched(tmp_path_factory):
     saved = tmp_path_factory.mktemp("tied_pipeline")
     cases = {"llava": (_llava, {}), "qwen2_vl": (_qwen2_vl, {}),
              "save_pretrained": (save_pretrained_tied, {"tmp": str(saved)}), "bf16": (bf16_tied, {})}
-    results = run_distributed(run_cases, world_size=4, timeout=3000, cases=cases)
-    return {name: [r[name] for r in results] for name in cases}
+    return launch_cases(cases, world_size=4, timeout=3000)
 
 
 def test_tied_llava_pipeline_matches_single_process_reference(launched):

@@ -26,3 +26,12 @@ def run_cases(rank: int, world_size: int, cases: Mapping[str, tuple[Callable[...
         except BaseException as exc:  # noqa: BLE001 - name the case, keep the original traceback
             raise RuntimeError(f"case {name!r} ({fn.__name__}) failed on rank {rank}") from exc
     return out
+
+
+def launch_cases(cases: Mapping[str, tuple[Callable[..., Any], dict]], world_size: int, timeout: float
+                 ) -> dict[str, list[Any]]:
+    """`cases` in one launch of `world_size` ranks: {case: [its result on each rank]}."""
+    from .launch import run_distributed
+
+    results = run_distributed(run_cases, world_size=world_size, timeout=timeout, cases=cases)
+    return {name: [r[name] for r in results] for name in cases}
