@@ -94,7 +94,7 @@ def _row(rank, world, name, size, steps, batch):
     import torch.distributed as dist
 
     import ds_hetero
-    from ds_hetero.data import ShapesCaptionDataset
+    from ds_hetero.toy import ShapesCaptionDataset
     from ds_hetero.models.tiny import tiny_llava
 
     vision, language, zero = ROWS[name]

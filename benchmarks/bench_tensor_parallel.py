@@ -95,7 +95,7 @@ def run_layout(rank, tp, groups, steps):
 
 def worker(rank, world, steps):
     from ds_hetero.topology.groups import build_groups
-    from ds_hetero.topology.layout import StageLayout
+    from ds_hetero.layout import StageLayout
 
     ranks = tuple(range(WORLD))
     groups = build_groups({f"tp{t}": StageLayout(f"tp{t}", t, 1, WORLD // t, ranks) for t in (1, 2, 4)}, rank)

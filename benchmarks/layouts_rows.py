@@ -106,7 +106,7 @@ def build_model(a):
 
 def make_batches(model, a, n):
     """n global batches (lists of samples), identical on every rank."""
-    from ds_hetero.data import ShapesCaptionDataset
+    from ds_hetero.toy import ShapesCaptionDataset
 
     data = ShapesCaptionDataset.for_llava(model.config, size=n * a["batch"], seed=a["seed"] + 1,
                                           max_shapes=2, grid=3)

@@ -6,8 +6,8 @@
 `ds_hetero.initialize` (entry.py) reads, plans and checks the config; the engine builds this
 rank's StageSet (stages/build.py: groups, tp shards, stage modules, weights, one DeepSpeed
 engine per held stage) and a boundary communicator per encoder stage, then runs each step:
-the batch agreement, a StepPlan (step/plan.py), the schedule of the placement (schedule/),
-one gradient norm over all stages and the clipped step (stages/global_step.py).
+the batch agreement, a StepPlan (step/step_plan.py), the schedule of the placement (schedule/),
+one gradient norm over all stages and the clipped step (optimizer_step/global_step.py).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from .loss import label_token_count
 from .models import adapter_for
 from .result import StepResult
 from .schedule import ColocatedSchedule, DisaggregatedSchedule, PipelineSchedule
-from .stages import global_step
+from .optimizer_step import global_step
 from .stages.build import build_stage_set
-from .step.plan import StepPlan
+from .step.step_plan import StepPlan
 from .step.shares import stage_samples
 from .timeline import Timeline, bubble_fraction
 
@@ -90,6 +90,7 @@ class HeteroEngine:
         self.adapter = adapter if adapter is not None else adapter_for(model)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.stages, self.load_report = build_stage_set(model, config, self.adapter, self.rank, optimizer, checkpoint)
+        global_step.check_clippable(self.stages)
         self.boundaries = boundaries(self.stages, self.adapter.hidden_size)
         self.timeline = Timeline()
         # "mixed" (some encoders colocated with the language stage, some apart) runs the two-stage
@@ -107,7 +108,7 @@ class HeteroEngine:
     def loss_observer(self):
         """Called as (logits, labels, shifted) after each training micro-batch's language loss, when
         set: client metrics such as token accuracy from the engine's own loss pass
-        (integrations/token_metrics.py)."""
+        (integrations/trainer/token_metrics.py)."""
         return self.schedule.loss_observer
 
     @loss_observer.setter

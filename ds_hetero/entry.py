@@ -5,7 +5,7 @@
 Order, the same on every rank: the model's adapter and its weights' headers, the DeepSpeed config
 read once, an "auto" section planned (rank 0 plans and broadcasts: planner/auto.py), the
 `hetero_parallel` section parsed for the world size and checked with the checks `ds-hetero
-validate` runs (stages/checks.py), all before the first collective of the engine; then the
+validate` runs (validation.py), all before the first collective of the engine; then the
 default process group with the config's timeout, then the engine (engine.py). The engine takes
 the parsed config and never imports the planner.
 """
@@ -22,7 +22,7 @@ from .config import DEFAULT_TIMEOUT_S, HeteroConfig, parse_config, read_ds_confi
 from .engine import HeteroEngine
 from .models import adapter_for
 from .planner.auto import resolve_auto
-from .stages.checks import check_all
+from .validation import check_all
 from .tensor_parallel.lora_checks import check_lora
 from .topology.distributed import ensure_distributed
 from .weights import open_weights

@@ -9,7 +9,7 @@
 
 `--model-family` picks the built-in tiny model (llava, the default; qwen2-vl, qwen2.5-vl, qwen3-vl, internvl,
 llava-onevision, gemma3; omni: a Qwen2.5-Omni thinker with vision, audio and language stages, on the same
-captions shown as an image, described by a synthetic clip, both, or neither: ds_hetero/data/omni_shapes.py);
+captions shown as an image, described by a synthetic clip, both, or neither: ds_hetero/toy/omni_shapes.py);
 with `--model PATH` the family is the checkpoint's own (its config's model_type).
 
 The model is built from config with seeded weights (a CLIP tower + projector and a Llama LM),
@@ -84,10 +84,10 @@ def build_model(args):
 
 def build_dataset(args, model):
     if args.model_family == "omni" or type(model).__name__.startswith("Qwen2_5Omni"):
-        from ds_hetero.data.omni_shapes import OmniShapesDataset
+        from ds_hetero.toy.omni_shapes import OmniShapesDataset
 
         return OmniShapesDataset(args.samples, model.config, seed=args.seed, max_shapes=2)
-    from ds_hetero.data.family_formats import shapes_dataset_for
+    from ds_hetero.toy.family_formats import shapes_dataset_for
 
     return shapes_dataset_for(model.config, size=args.samples, seed=args.seed)  # the family's own sample format
 

@@ -6,7 +6,7 @@ import torch
 
 from ds_hetero.context_parallel import full_attention_mask, padded_lengths, shard_input_ids, shard_language_batch
 from ds_hetero.errors import HeteroConfigError
-from ds_hetero.topology.layout import StageLayout
+from ds_hetero.layout import StageLayout
 from ds_hetero.loss import shifted_labels
 from ds_hetero.testing.launch import run_distributed
 
@@ -76,9 +76,9 @@ def test_heads_not_divisible_by_tp_times_cp_names_the_field_and_the_sizes_that_w
 
 @pytest.mark.parametrize("language", [{"cp": 2, "dp": 2}, {"tp": 2, "cp": 2, "dp": 1, "sequence_parallel": True}])
 def test_zero3_with_cp_refuses_reduce_scatter_off_with_the_field(language):
-    # ZeRO 3 with sequence shards runs (stages/zero3_sequence.py) on DeepSpeed's reduce-scatter path only
+    # ZeRO 3 with sequence shards runs (context_parallel/zero3.py) on DeepSpeed's reduce-scatter path only
     from ds_hetero.config import load_config
-    from ds_hetero.stages.checks import check_engine_support
+    from ds_hetero.validation import check_engine_support
 
     cfg = load_config({"train_batch_size": 8, "zero_optimization": {"stage": 3, "reduce_scatter": False},
                        "optimizer": {"type": "SGD"},

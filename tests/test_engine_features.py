@@ -28,7 +28,7 @@ def _config(zero=1, bf16=False, **stages):
 
 def _engine(config, seed=5, data_seed=0, size=64):
     import ds_hetero
-    from ds_hetero.data import ShapesCaptionDataset
+    from ds_hetero.toy import ShapesCaptionDataset
     from ds_hetero.models.tiny import tiny_llava
 
     model = tiny_llava("clip", seed=seed)

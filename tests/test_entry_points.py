@@ -146,7 +146,7 @@ def test_trainer_eval_loss_and_save_model_match_single_process(runs, placement):
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from ds_hetero.data import ShapesCaptionDataset
+    from ds_hetero.toy import ShapesCaptionDataset
     from ds_hetero.testing.parity import hf_inputs
 
     history = _summary(runs, placement, "trainer_resumed")["log_history"]
@@ -224,7 +224,7 @@ def test_every_conflict_raises_on_every_rank(runs):
 
 def test_accelerate_yaml_check_names_what_the_yaml_set():
     from ds_hetero.errors import HeteroConfigError
-    from ds_hetero.integrations.accelerate import check_launch_environment
+    from ds_hetero.integrations.accelerate_prepare import check_launch_environment
 
     env = {"ACCELERATE_DEEPSPEED_CONFIG_FILE": "ds_configs/llava_colocated.json",
            "ACCELERATE_CONFIG_DS_FIELDS": "deepspeed_config_file,zero3_init_flag"}

@@ -9,7 +9,7 @@ whole decoder's `layer_types` at its own layer positions (Gemma 3, and the slidi
 Gemma 3 chunk whose mask is left causal, and a Qwen3-VL cut with a DeepStack layer outside the first
 chunk (which the model check refuses), each give different logits. The refusal is a
 HeteroConfigError naming `pp_layers`, from the checks `ds-hetero validate` and `initialize` share
-(stages/checks.py::check_all), and the planner's cached layout verdicts keep cuts apart (a refused
+(validation.py::check_all), and the planner's cached layout verdicts keep cuts apart (a refused
 cut refuses no other).
 """
 
@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from ds_hetero.config import load_config
-from ds_hetero.config.pipeline import layer_cut
+from ds_hetero.pipeline_parallel.cut import layer_cut
 from ds_hetero.errors import HeteroConfigError
 from ds_hetero.models import adapter_for
-from ds_hetero.models import pipeline as pipeline_module
+from ds_hetero.pipeline_parallel import chunk as pipeline_module
 from ds_hetero.models.adapter import placeholder_mask
-from ds_hetero.models.pipeline import PipelineChunk
-from ds_hetero.stages.checks import check_all
+from ds_hetero.pipeline_parallel.chunk import PipelineChunk
+from ds_hetero.validation import check_all
 
 
 def _sliding_internvl(seed):
@@ -119,7 +119,7 @@ def test_qwen2_sliding_layer_chunk_reading_the_whole_layer_types_differs(monkeyp
 def test_gemma3_chunks_with_a_causal_image_mask_differ(monkeypatch):
     """Negative control of `decoder_mask`: chunks that leave the image blocks causal (the plain
     decoder's mask, as PipelineChunk built it before) do not compose to the Gemma 3 stage."""
-    from ds_hetero.models.stages import LanguageStage
+    from ds_hetero.models.language_stage import LanguageStage
 
     model, whole, batch, rows = _family("gemma3")
     want = whole(batch["input_ids"], rows, batch["attention_mask"], batch["position_ids"])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ds_hetero.models import Gemma3Adapter, Qwen2_5_VLAdapter, adapter_for
-from ds_hetero.models.stages import LanguageStage
+from ds_hetero.models.language_stage import LanguageStage
 from ds_hetero.models.tiny_families import tiny_gemma3, tiny_qwen2_5_vl
 from tests.helpers.family_data import QWEN25_GRIDS, gemma3_samples, qwen_multi_samples
 from ds_hetero.testing.samples import qwen_samples, token_loss_sum
@@ -118,7 +118,7 @@ def test_gemma3_negative_control_plain_causal_mask():
 def test_gemma3_refuses_sequence_shards_and_mismatched_images():
     from ds_hetero.config import load_config
     from ds_hetero.errors import HeteroConfigError
-    from ds_hetero.stages.checks import check_model
+    from ds_hetero.validation import check_model
 
     model = tiny_gemma3()
     cfg = load_config({"train_batch_size": 4, "hetero_parallel": {"stages": {
@@ -272,7 +272,7 @@ def test_internvl_negative_control_without_pixel_shuffle_order():
 
 
 def test_shapes_dataset_in_each_family_format_is_accepted():
-    from ds_hetero.data.family_formats import shapes_dataset_for
+    from ds_hetero.toy.family_formats import shapes_dataset_for
     from ds_hetero.models.tiny_families import tiny_internvl, tiny_llava_onevision, tiny_qwen3_vl
 
     onevision = tiny_llava_onevision(seed=1).double()

@@ -212,7 +212,7 @@ def test_a_sequence_length_the_shards_do_not_divide_is_planned_padded():
 
 def test_sequence_sharding_switch_follows_validation(monkeypatch, llava):
     """cp > 1 appears in the enumeration as soon as the engine's checks accept it."""
-    import ds_hetero.stages.checks as engine
+    import ds_hetero.validation as engine
     from ds_hetero.models import adapter_for
     from ds_hetero.planner.enumerate import sequence_sharding
 

@@ -51,7 +51,7 @@ def _suite(rank, world_size, tmp):
     import torch
 
     import ds_hetero
-    from ds_hetero.data import ShapesCaptionDataset
+    from ds_hetero.toy import ShapesCaptionDataset
     from ds_hetero.models.tiny import tiny_llava
     from ds_hetero.testing.samples import llava_samples
 

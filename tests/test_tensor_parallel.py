@@ -119,7 +119,7 @@ FAMILIES = ["llama", "qwen2", "llama+sp", "qwen2+sp", "llama+padded-vocab", "qwe
 
 def _family_checks(rank, world_size):
     from ds_hetero.topology.groups import build_groups
-    from ds_hetero.topology.layout import StageLayout
+    from ds_hetero.layout import StageLayout
 
     layouts = {f"tp{t}": StageLayout(f"tp{t}", t, 1, 4 // t, (0, 1, 2, 3)) for t in TPS}
     groups = build_groups(layouts, rank)

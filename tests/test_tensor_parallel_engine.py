@@ -103,7 +103,7 @@ def _errors(losses, params, ref_losses, ref_params):
 def _engine_checks(rank, world_size):
     from ds_hetero.patches import skip_cpu_shm_comm_build
     from ds_hetero.topology.groups import build_groups
-    from ds_hetero.topology.layout import StageLayout
+    from ds_hetero.layout import StageLayout
 
     skip_cpu_shm_comm_build()
     groups = build_groups({"language": StageLayout("language", 2, 1, 2, (0, 1, 2, 3))}, rank)

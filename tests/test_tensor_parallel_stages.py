@@ -67,7 +67,7 @@ def _stage_checks(rank, world_size):
     import torch.distributed as dist
 
     from ds_hetero.topology.groups import build_groups
-    from ds_hetero.topology.layout import StageLayout
+    from ds_hetero.layout import StageLayout
     from tests.helpers import tp_checks as m
     from ds_hetero.testing.samples import collate, llava_samples
 

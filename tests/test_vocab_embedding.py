@@ -145,7 +145,7 @@ def _suite(rank, world_size, tmp):
     import torch.distributed as dist
 
     from ds_hetero.topology.groups import build_groups
-    from ds_hetero.topology.layout import StageLayout
+    from ds_hetero.layout import StageLayout
 
     group = build_groups({"language": StageLayout("language", 2, 1, 1, (0, 1))}, rank)["language"].tp
     out = {}

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from ..topology.layout import StageLayout
+from ..layout import StageLayout
 from .stage_options import OPTION_KEYS, StageOptions
 
 SECTION = "hetero_parallel"

@@ -21,10 +21,10 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ..step.balance import transformer_cost
+from .cost import transformer_cost
 from .adapter import StageAdapter
 from .llava import LlavaVisionStage
-from .stages import LanguageStage, empty_rows
+from .language_stage import LanguageStage, empty_rows
 
 
 class LlavaOnevisionVisionStage(nn.Module):

@@ -17,9 +17,9 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ..step.balance import transformer_cost
+from .cost import transformer_cost
 from .adapter import StageAdapter
-from .stages import LanguageStage, empty_rows
+from .language_stage import LanguageStage, empty_rows
 
 
 class Qwen2VLVisionStage(nn.Module):

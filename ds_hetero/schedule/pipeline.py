@@ -27,7 +27,7 @@ One step, on every rank in an order that is a pure function of the StepPlan:
 Why not DeepSpeed's PipelineEngine, whose schedule this follows: it requires the model as a
 PipelineModule of LayerSpecs and owns the whole model, its data and its optimizer step, while
 here every pipeline stage is an engine next to the encoders' engines, stepped with one gradient
-norm over all of them (stages/global_step.py). Its pure instruction schedule fits; its engine
+norm over all of them (optimizer_step/global_step.py). Its pure instruction schedule fits; its engine
 does not.
 
 Scaling (stage_work.py): the last pipeline stage hands DeepSpeed `local / N * dp * M` as in
@@ -45,10 +45,10 @@ import torch.distributed as dist
 
 from ..loss import token_loss_sum
 from ..stages.tied_embeddings import reduce_tied_gradients
-from ..stages.zero3_pipeline import count_backward
-from ..step.plan import StepPlan
+from ..pipeline_parallel.zero3 import count_backward
+from ..step.step_plan import StepPlan
 from .pipeline_fill import EncodersInPipeline, encoder_work_is_local
-from .pipeline_shapes import hidden_shape as shard_shape
+from ..pipeline_parallel.shapes import hidden_shape as shard_shape
 from .stage_work import StageWork
 
 
@@ -87,7 +87,7 @@ class PipelineSchedule(StageWork):
     def micro_step(self, stage, index: int) -> None:
         """After every backward but a stage's last: backwards run back to back here (1F1B's
         cool-down, encoder passes run before or after the pipeline), so ZeRO 3 must count each one now
-        (stages/zero3_pipeline.py), then DeepSpeed's micro-step."""
+        (pipeline_parallel/zero3.py), then DeepSpeed's micro-step."""
         if index < stage.passes - 1:
             count_backward(stage.engine)
         super().micro_step(stage, index)
@@ -202,7 +202,7 @@ class PipelineSchedule(StageWork):
                     sends.append((dist.isend(g, prev, group=group), g))
                 # LoadMicroBatch: batches are built where they are used; ReduceTiedGrads,
                 # ReduceGrads, OptimizerStep: the engines reduce at the accumulation boundary
-                # and stages/global_step.py takes the one clipped step over every stage.
+                # and optimizer_step/global_step.py takes the one clipped step over every stage.
             if fill is not None:  # encoder work in this stage's idle steps
                 fill.after(t)
         if fill is not None:

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..step.plan import StepPlan
+from ..step.step_plan import StepPlan
 from .fill_drain import Work, fill_drain_order
 
 

@@ -5,7 +5,7 @@ collective): process groups of every stage -> shard each stage over its tp group
 model into stage modules -> read each held stage's weights shard (if a checkpoint was given)
 -> free the modules of stages this rank does not hold -> one `deepspeed.initialize` per held
 stage, each with its own StageMPU and batch keys. With a pipelined language stage (pp > 1) a rank
-holds one pipeline stage of it (models/pipeline.py): its Stage's module and engine are that
+holds one pipeline stage of it (pipeline_parallel/chunk.py): its Stage's module and engine are that
 chunk's, its mpu answers for the chunk's tp/cp/dp groups (gradients reduced over the chunk's dp).
 
 Frozen parameters (`stages.<name>.freeze`, or `requires_grad=False` set by the user) are marked
@@ -22,19 +22,18 @@ from typing import Any, Callable
 import torch
 
 from ..config import LANGUAGE, HeteroConfig
-from ..config.pipeline import layer_cut
+from ..pipeline_parallel.cut import layer_cut
 from ..models.freeze import apply_freeze, trainable_parameters
-from ..models.pipeline import cut_language_stage
+from ..pipeline_parallel.chunk import cut_language_stage
 from ..models.recompute import enable_recompute
 from ..tensor_parallel.shard import is_tied
 from ..topology.groups import build_groups
 from ..topology.mpu import StageMPU, stage_context
 from ..weights import load_stages
-from .clipping import check_supported
 from .stage_set import Stage, StageSet
 from .tied_embeddings import param_groups, tied_copy
-from .zero3_pipeline import confine_trace_check
-from .zero3_sequence import correct_sequence_average, partition_over_sequence_shards
+from ..pipeline_parallel.zero3 import confine_trace_check
+from ..context_parallel.zero3 import correct_sequence_average, partition_over_sequence_shards
 
 
 def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: int,
@@ -77,7 +76,6 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
                     model=modules[name], model_parameters=params if stage.trains else None,
                     optimizer=optimizer if stage.trains else None, mpu=stage.mpu, config=ds_config)
             if stage.trains:
-                check_supported(stage.engine, name)
                 correct_sequence_average(stage.engine, layout.cp)
             if language.pp > 1:  # ZeRO 3: each engine's trace check over its own ranks, not the world
                 confine_trace_check(stage.engine, groups[name].dp_cp)

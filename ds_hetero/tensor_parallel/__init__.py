@@ -7,7 +7,7 @@ sequence_parallel.py for the sequence-sharded language stage.
 """
 
 from .layers import ColumnParallelLinear, RowParallelLinear, gather_full, shard_tensor
-from .plans import PLANS, ShardPlan, validate_tensor_parallel
+from .shard_plans import PLANS, ShardPlan, validate_tensor_parallel
 from .regions import enter_region, exit_region
 from .embedding import VocabParallelEmbedding
 from .shard import is_tied, shard_embeddings, shard_language_model, shard_projector, shard_vision_tower

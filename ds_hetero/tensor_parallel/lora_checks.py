@@ -8,7 +8,7 @@ from torch import nn
 
 from ..errors import HeteroConfigError
 from .lora import is_lora_layer
-from .plans import planned_modules
+from .shard_plans import planned_modules
 
 LANGUAGE = "language"
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import HeteroConfigError
-from .plans import apply_plans, validate_tensor_parallel
+from .shard_plans import apply_plans, validate_tensor_parallel
 from .embedding import VocabParallelEmbedding, check_plain_embedding, padded_vocab
 from .sequence_parallel import apply_sequence_parallel
 from .vocab import VocabParallelCausalLMLoss, VocabParallelLMHead

@@ -151,7 +151,7 @@ def factory_run(out):
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 
     import ds_hetero
-    from ds_hetero.data import ShapesCaptionDataset
+    from ds_hetero.toy import ShapesCaptionDataset
     from ds_hetero.models.tiny import tiny_llava
 
     calls = []

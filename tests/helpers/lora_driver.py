@@ -52,7 +52,7 @@ def run_layout(out, name, placement, stages):
     from peft import PeftModel
 
     import ds_hetero
-    from ds_hetero.integrations.peft_adapter import save_peft_adapter
+    from ds_hetero.integrations.trainer.peft_adapter import save_peft_adapter
     from ds_hetero.testing.parity import make_batches, max_rel_err, reference_train
 
     peft = lora_model()

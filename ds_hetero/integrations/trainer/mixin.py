@@ -33,16 +33,16 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
-from ..errors import HeteroConfigError
+from ...errors import HeteroConfigError
 from .callback import HeteroCallback
-from ..loss import label_token_count
-from .ds_config import is_derived_mismatch, trainer_ds_config
-from .metrics import StepMetrics
+from ...loss import label_token_count
+from ..ds_config import is_derived_mismatch, trainer_ds_config
+from ..metrics import StepMetrics
 from .peft_adapter import save_peft_adapter
 from .rank_batch import RankBatch
 from .token_metrics import TokenMetrics
-from .trainer_loss import check_loss_options, overrides, per_stage_optimizer
-from .trainer_parts import (GlobalBatch, GlobalBatchDataLoader, GlobalBatchSampler, HeteroModel, HeteroOptimizer,
+from .loss import check_loss_options, overrides, per_stage_optimizer
+from .parts import (GlobalBatch, GlobalBatchDataLoader, GlobalBatchSampler, HeteroModel, HeteroOptimizer,
                             IndexDataset, SamplerBatches, _NormSource)
 
 
@@ -100,7 +100,7 @@ class HeteroTrainerMixin:
     def _ensure_engine(self) -> HeteroModel:
         if self.hetero is not None:
             return self.hetero
-        from ..entry import initialize
+        from ...entry import initialize
 
         cfg = self._hetero_config
         # The Trainer fills its remaining "auto" values (ZeRO bucket sizes) in deepspeed_init at

@@ -18,7 +18,7 @@ neighbours compute the shape from the same micro-batch, so no shape is ever sent
 from __future__ import annotations
 
 from ..boundary.inputs import num_shards
-from ..topology.layout import StageLayout
+from ..layout import StageLayout
 
 
 def hidden_length(layout: StageLayout, batch_length: int, sharded: bool) -> int:

@@ -9,7 +9,7 @@ ids; the processors expand one placeholder per image into the image's token coun
 
 from __future__ import annotations
 
-from ..data.shapes import WORDS
+from .shapes import WORDS
 
 TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }} : {% if m['content'] is string %}{{ m['content'] }} {% else %}"

@@ -14,7 +14,7 @@ import os
 import torch
 from torch.utils.data import BatchSampler, DataLoader
 
-from ..data.loader import GlobalBatchLoader
+from ...data.loader import GlobalBatchLoader
 
 
 class HeteroModel(torch.nn.Module):

@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from ..errors import HeteroConfigError
+from ...errors import HeteroConfigError
 
 # compute_loss implementations whose loss the engine reproduces exactly (with the options above refused)
 KNOWN_LOSSES = {"transformers.trainer.Trainer", "trl.trainer.sft_trainer.SFTTrainer"}

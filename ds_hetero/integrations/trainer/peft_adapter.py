@@ -17,8 +17,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from ..checkpoint.hf_gather import full_tensor
-from ..tensor_parallel.lora import is_lora_layer
+from ...checkpoint.hf_gather import full_tensor
+from ...tensor_parallel.lora import is_lora_layer
 
 PEFT_PREFIX = "base_model.model."  # PeftModel.state_dict() names = this + the base model's names
 

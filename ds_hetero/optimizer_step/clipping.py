@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import HeteroConfigError
-from .tied_embeddings import is_shared_copy, zero12_norm_without_shared
+from ..stages.tied_embeddings import is_shared_copy, zero12_norm_without_shared
 
 
 def _is_zero12(opt) -> bool:

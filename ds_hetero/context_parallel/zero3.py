@@ -25,7 +25,7 @@ divide by `dp*cp / cp` (`stage_1_and_2.py`, `average_tensor`). ZeRO 3 does not, 
    optimizer instance `_gradient_averaging_world_size` returns the partition size divided by
    cp, so the reduce-scatter result is multiplied by cp. The contiguous path would then divide
    twice, so the config check refuses `zero_optimization.reduce_scatter: false` with ZeRO 3 and
-   cp > 1 (stages/checks.py).
+   cp > 1 (validation.py).
 
 With sequence parallelism alone (cp 1) neither applies: the partition group is the dp group,
 and the tp ranks' partial gradients of the replicated parameters are summed by ds_hetero's own

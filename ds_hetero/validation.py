@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..config import HeteroConfig
-from ..errors import HeteroConfigError
+from .config import HeteroConfig
+from .errors import HeteroConfigError
 
 
 def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) -> None:
@@ -38,7 +38,7 @@ def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) 
                 "barrier over the world group while it is built (stage3.py, partitioning its parameters), which the "
                 "other ranks never join; give the encoder \"zero_stage\": 1 or 2 (the language stage may keep 3)")
     check_stage_options(cfg)
-    from ..models import known_encoder_stages
+    from .models import known_encoder_stages
 
     known = known_encoder_stages()
     extra = [name for name in cfg.stages if name != cfg.language.name and name not in known]
@@ -87,7 +87,7 @@ def check_stage_options(cfg: HeteroConfig) -> None:
 
 def check_sequence_shards(cfg: HeteroConfig, zero: int) -> None:
     """ZeRO 3 on a context-parallel language stage needs DeepSpeed's reduce-scatter path, the one
-    stages/zero3_sequence.py corrects."""
+    context_parallel/zero3.py corrects."""
     section = cfg.ds_config.get("zero_optimization")
     reduce_scatter = section.get("reduce_scatter", True) if isinstance(section, Mapping) else True
     if zero == 3 and cfg.language.cp > 1 and reduce_scatter is False:
@@ -100,7 +100,7 @@ def check_sequence_shards(cfg: HeteroConfig, zero: int) -> None:
 
 def check_pipeline_model(cfg: HeteroConfig, model) -> None:
     """The layer cut fits the decoder, and no weight is shared between the first and last chunk."""
-    from ..config.pipeline import layer_cut
+    from .pipeline_parallel.cut import layer_cut
 
     if cfg.language.pp == 1:
         return
@@ -133,9 +133,9 @@ def check_model(cfg: HeteroConfig, model) -> None:
     """The model-level checks: an adapter exists, every tp divides what it must (heads, kv
     heads, MLP width, vocabulary), every freeze entry names parameters and something trains.
     Needs only shapes and requires_grad flags: a model on the meta device will do."""
-    from ..models import adapter_for
-    from ..models.freeze import check_freeze
-    from ..models.recompute import check_recompute
+    from .models import adapter_for
+    from .models.freeze import check_freeze
+    from .models.recompute import check_recompute
 
     try:
         adapter = adapter_for(model)

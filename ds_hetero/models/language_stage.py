@@ -65,7 +65,7 @@ class LanguageStage(nn.Module):
         return self.lm_head(hidden)
 
     # What the decoder needs beyond `inputs_embeds`, `attention_mask` and `position_ids` comes from
-    # the two hooks below, so that a pipeline chunk (models/pipeline.py) runs exactly what this
+    # the two hooks below, so that a pipeline chunk (pipeline_parallel/chunk.py) runs exactly what this
     # forward runs: a family overrides the hooks, never `forward`.
 
     def embed_inputs(self, input_ids: torch.Tensor, rows, n_placeholders: Sequence[int] | None = None

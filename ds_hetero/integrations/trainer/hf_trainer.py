@@ -29,8 +29,8 @@ from __future__ import annotations
 from transformers import Trainer
 
 from .callback import HeteroCallback
-from .trainer_mixin import HeteroTrainerMixin, hetero
-from .trainer_parts import GlobalBatchDataLoader, GlobalBatchSampler, HeteroModel, HeteroOptimizer
+from .mixin import HeteroTrainerMixin, hetero
+from .parts import GlobalBatchDataLoader, GlobalBatchSampler, HeteroModel, HeteroOptimizer
 
 __all__ = ["GlobalBatchDataLoader", "GlobalBatchSampler", "HeteroCallback", "HeteroModel", "HeteroOptimizer",
            "HeteroTrainer", "HeteroTrainerMixin", "hetero"]

@@ -22,12 +22,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..loss import IGNORE_INDEX, shifted_labels
+from ...loss import IGNORE_INDEX, shifted_labels
 
 
 def _token_stats(logits: torch.Tensor, target: torch.Tensor, head) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(valid, correct, entropy sum) of one micro-batch, float64 scalars on the logits' device."""
-    from ..tensor_parallel import VocabParallelLMHead
+    from ...tensor_parallel import VocabParallelLMHead
 
     mask = target != IGNORE_INDEX
     x = logits.float()[mask]  # [n, V or V/tp]
@@ -60,7 +60,7 @@ class TokenMetrics:
 
     def __init__(self, engine):
         self.engine = engine
-        from ..tensor_parallel import VocabParallelLMHead
+        from ...tensor_parallel import VocabParallelLMHead
 
         language = engine.stages.language
         head = language.module.lm_head

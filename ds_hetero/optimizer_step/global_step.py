@@ -15,7 +15,14 @@ import torch
 import torch.distributed as dist
 
 from . import clipping
-from .stage_set import StageSet
+from ..stages.stage_set import StageSet
+
+
+def check_clippable(stages: StageSet) -> None:
+    """Every trained stage's optimizer wrapper is one whose clipping can span all stages (else a
+    HeteroConfigError naming zero_optimization.stage): checked once, when the engine is built."""
+    for stage in stages.training:
+        clipping.check_supported(stage.engine, stage.name)
 
 
 def stage_norms(stages: StageSet) -> dict[str, float]:

@@ -6,7 +6,7 @@ assumes one forward, then one backward, on every rank of the world at once.
 
 Each pipeline stage (chunk) is its own DeepSpeed engine whose module is only that chunk, so ZeRO 3
 partitions, gathers and reduce-scatters every chunk parameter over the chunk's own data-parallel
-group (dp, or dp x cp: stages/zero3_sequence.py); the point-to-point sends between chunks are
+group (dp, or dp x cp: context_parallel/zero3.py); the point-to-point sends between chunks are
 outside the engine and never touch a ZeRO parameter. Everything ZeRO 3 does per parameter is
 therefore already inside one pipeline stage, except one check:
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transformers import TrainerCallback
 
-from ..errors import HeteroConfigError
+from ...errors import HeteroConfigError
 
 
 class HeteroCallback(TrainerCallback):

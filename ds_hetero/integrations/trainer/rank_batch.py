@@ -25,8 +25,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ..data.agreement import digest
-from ..data.samples import as_sample_list, split_collated
+from ...data.agreement import digest
+from ...data.samples import as_sample_list, split_collated
 
 
 class RankBatch:

@@ -3,7 +3,7 @@
     first chunk   : embeddings (each encoder's rows replace its placeholders) + its layers -> hidden
     middle chunk  : hidden -> its layers -> hidden
     last chunk    : hidden -> its layers -> final norm -> head -> logits
-    (pp 1 is LanguageStage itself, models/stages.py)
+    (pp 1 is LanguageStage itself, models/language_stage.py)
 
 How: the chunk runs the Hugging Face decoder's own `forward` (causal mask, rotary or mRoPE
 position embeddings, per-layer attention types) on a shallow copy of the decoder whose `layers`
@@ -31,13 +31,14 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .stages import LanguageStage
-
 
 class PipelineChunk(nn.Module):
-    """Pipeline stage `index` of `pp` of a LanguageStage, holding decoder layers `layers`."""
+    """Pipeline stage `index` of `pp` of a language stage (models/language_stage.py), holding decoder layers `layers`.
 
-    def __init__(self, stage: LanguageStage, index: int, pp: int, layers: range):
+    The stage is read, not imported: its decoder (`language_model`), `token_ids`, `embed_inputs`,
+    `decoder_mask` and `lm_head`, so this axis sits below the model adapters."""
+
+    def __init__(self, stage: nn.Module, index: int, pp: int, layers: range):
         super().__init__()
         self.index, self.pp, self.layers = index, pp, layers
         self.is_first, self.is_last = index == 0, index == pp - 1
@@ -109,7 +110,7 @@ def chunk_config(config, layers: range):
     return config
 
 
-def cut_language_stage(stage: LanguageStage, index: int, pp: int, cut: Sequence[range]) -> PipelineChunk:
+def cut_language_stage(stage: nn.Module, index: int, pp: int, cut: Sequence[range]) -> PipelineChunk:
     """This rank's chunk; every parameter of the language stage outside it goes to the meta
     device (its memory is freed, and no engine or checkpoint mistakes it for a held one)."""
     chunk = PipelineChunk(stage, index, pp, cut[index])
