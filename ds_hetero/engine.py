@@ -134,10 +134,13 @@ class HeteroEngine:
     def needed_positions(self) -> set[int]:
         """Global-batch positions whose full sample this rank reads, known before the batch is:
         its language shares, and its encoders' shares where they go by position. With balance
-        "tokens" an encoder's share depends on the batch's token ids (see `_next_samples`)."""
+        "tokens" an encoder's share depends on the batch's token ids (see `_next_samples`), and
+        so does the language stage's with packed batching."""
         needed: set[int] = set()
         for stage in self.stages.held:
             if stage.name != self.config.language.name and self.config.balance_of(stage.name) == "tokens":
+                continue
+            if stage.name == self.config.language.name and self.config.packed:
                 continue
             for m in range(stage.passes):
                 needed.update(stage_samples(self.config, stage.name, stage.coord.dp, m))
@@ -156,19 +159,24 @@ class HeteroEngine:
 
     def balanced_positions(self, plan: StepPlan) -> set[int]:
         """Positions of the samples whose items this rank's token-balanced encoder stages encode
-        this step: known only once the batch's token ids are (the rest of `needed_positions`)."""
-        return {p for stage in self.stages.encoders
-                if stage.held and self.config.balance_of(stage.name) == "tokens"
-                for p in plan.encoder_positions(stage.name, stage.coord.dp)}
+        this step, and its packed language shares: known only once the batch's token ids are (the
+        rest of `needed_positions`)."""
+        out = {p for stage in self.stages.encoders
+               if stage.held and self.config.balance_of(stage.name) == "tokens"
+               for p in plan.encoder_positions(stage.name, stage.coord.dp)}
+        language = self.stages.language
+        if language.held and self.config.packed:
+            out |= plan.language_positions(language.coord.dp)
+        return out
 
     def plan_of(self, samples: Sequence[dict[str, Any]]) -> StepPlan | None:
         """The step's plan; None for a malformed batch (the batch agreement then refuses it on every rank)."""
         try:
-            return StepPlan(self.config, self.adapter.encoders(), samples)
+            return StepPlan(self.config, self.adapter.encoders(), samples, language_cost=self.adapter.language_cost)
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
 
-    def _agree_on_batch(self, samples: Sequence[dict[str, Any]]) -> int:
+    def _agree_on_batch(self, samples: Sequence[dict[str, Any]], plan: StepPlan | None = None) -> int:
         """The global label-token count, after every rank of every stage accepted the batch.
 
         With samples passed in, every rank holds the same full list; from the loader a rank reads
@@ -189,9 +197,13 @@ class HeteroEngine:
                 problem = str(exc)
             # one pipeline stage counts (every pipeline stage of a dp replica reads the same samples)
             if language.held and language.coord.tp == 0 and language.coord.cp == 0 and language.coord.pp == 0:
-                for m in range(self.config.micro_batches):
-                    for p in stage_samples(self.config, language.name, language.coord.dp, m):
-                        mine += label_token_count(samples[p]["labels"])
+                # any partition of the batch over the dp replicas sums to the global count: the
+                # samples cut's shares, or (loader, packed) the shares whose samples this rank read
+                shares = (plan.language_positions(language.coord.dp) if plan is not None and self.config.packed
+                          else [p for m in range(self.config.micro_batches)
+                                for p in stage_samples(self.config, language.name, language.coord.dp, m)])
+                for p in shares:
+                    mine += label_token_count(samples[p]["labels"])
         return agreement.agree(problem, mine, self.stages.boundary_group, self.device, inputs)
 
     def train_batch(self, samples: Sequence[dict[str, Any]] | None = None) -> StepResult:
@@ -202,8 +214,9 @@ class HeteroEngine:
         samples, plan = self._next_samples() if samples is None else (as_sample_list(samples), None)
 
         try:  # every collective of the step, the batch agreement first, reports through one error
-            n_labels = self._agree_on_batch(samples)  # a refused batch raises ValueError on every rank
-            plan = plan or StepPlan(self.config, self.adapter.encoders(), samples)
+            n_labels = self._agree_on_batch(samples, plan)  # a refused batch raises ValueError on every rank
+            plan = plan or StepPlan(self.config, self.adapter.encoders(), samples,
+                                    language_cost=self.adapter.language_cost)
             self.schedule.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0}
             loss_sum = self.schedule.run(samples, plan, n_labels, step)
             with self.timeline.span("optimizer.norm", "optimizer", step):

@@ -3,11 +3,11 @@ validation (parse.py) and rank placement (ranks.py)."""
 
 from .parse import load_config, parse_config
 from .read import read_ds_config
-from .schema import (BALANCES, DEFAULT_TIMEOUT_S, DERIVED_BATCH_KEYS, ENCODER_STAGES, LANGUAGE, MAX_TIMEOUT_S,
+from .schema import (BALANCES, DEFAULT_TIMEOUT_S, DERIVED_BATCH_KEYS, ENCODER_STAGES, LANGUAGE, LANGUAGE_BATCHINGS, MAX_TIMEOUT_S,
                      PLACEMENTS, SECTION, SECTION_KEYS, STAGE_KEYS, STAGE_NAMES, HeteroConfig)
 
 __all__ = [
-    "BALANCES", "DEFAULT_TIMEOUT_S", "DERIVED_BATCH_KEYS", "ENCODER_STAGES", "HeteroConfig", "LANGUAGE",
+    "BALANCES", "DEFAULT_TIMEOUT_S", "DERIVED_BATCH_KEYS", "ENCODER_STAGES", "HeteroConfig", "LANGUAGE", "LANGUAGE_BATCHINGS",
     "MAX_TIMEOUT_S", "PLACEMENTS", "SECTION", "SECTION_KEYS", "STAGE_KEYS", "STAGE_NAMES", "load_config",
     "parse_config", "read_ds_config",
 ]

@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from ..errors import HeteroConfigError
+from .batching import parse_language_batching
 from .pipeline import parse_pipeline
 from .ranks import assign_ranks
 from .read import read_ds_config
@@ -80,6 +81,7 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
         raise HeteroConfigError(f"{SECTION}.balance", f"got {balance!r}; valid values are {' or '.join(BALANCES)}")
     encoder_mbs = _encoder_micro_batches(specs, micro_batches, placement)
     encoder_balance = _encoder_balance(specs, balance)
+    language_batching, max_tokens = parse_language_batching(section)
 
     for name, layout in layouts.items():
         mbs = encoder_mbs.get(name, micro_batches)
@@ -108,6 +110,8 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
         encoder_balance=MappingProxyType(encoder_balance),
         options=MappingProxyType({name: spec["options"] for name, spec in specs.items()}),
         pp_layers=specs[LANGUAGE]["pp_layers"],
+        language_batching=language_batching,
+        max_tokens_per_micro_batch=max_tokens,
     )
 
 

@@ -77,6 +77,8 @@ class StageAdapter:
     pad_token_id: int = 0
     # The encoder stages this family has, as `stages.<name>` in the config (see encoders()).
     ENCODER_STAGES: tuple[str, ...] = ("vision",)
+    # Why language_batching "packed" cannot run this family (None: it can; models/packing.py).
+    PACKING_REFUSED: str | None = None
 
     model: nn.Module
 
@@ -167,6 +169,14 @@ class StageAdapter:
                                  sequence_parallel=language.sequence_parallel, split_input=False)
         if groups["language"].is_member and is_sharded(language):
             apply_sequence_sharded_attention(self.model.get_decoder(), groups["language"].cp)
+
+    def language_cost(self, tokens: int) -> int:
+        """One decoder layer's work on a sample of `tokens` tokens (packed batching balances it,
+        step/packing.py): linear layers and attention over the sample itself."""
+        from ..step.balance import transformer_cost
+
+        text = getattr(self.model.config, "text_config", self.model.config)
+        return transformer_cost(tokens, tokens, text.hidden_size, text.intermediate_size)
 
     def vision_inputs(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Keyword arguments of the vision stage's forward for these samples' images."""

@@ -26,6 +26,7 @@ import torch
 from ..boundary.inputs import num_shards
 from ..context_parallel import is_sharded, shard_input_ids, shard_language_batch
 from ..loss import token_loss_sum
+from ..models.packing import packed_language_inputs
 from ..stages.stage_set import Stage, StageSet
 from ..step.step_plan import StepPlan
 from ..tensor_parallel import VocabParallelLMHead
@@ -92,15 +93,20 @@ class StageWork:
             stage.backward((rows * grad.to(rows.dtype)).sum() * plan.encoder_scale(stage.name))
 
     # ------------------------------------------------------------------ language
-    def language_batch(self, mine: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], tuple[int, ...], bool]:
+    def language_batch(self, mine: Sequence[dict[str, Any]], rows: Sequence[Sequence[dict[str, Any]]] | None = None
+                       ) -> tuple[dict[str, Any], tuple[int, ...], bool]:
         """The language stage's inputs on the device: (batch, placeholders of each encoder, sharded).
 
-        With sequence shards (cp, or sp) the batch is this rank's shard and its labels are
-        already shifted (context_parallel.sequence).
+        `rows`: packed rows of these samples (models/packing.py), or None for one padded row
+        per sample. With sequence shards (cp, or sp) the batch is this rank's shard and its
+        labels are already shifted (context_parallel.sequence).
         """
         layout = self.stages.language.layout
         sharded = is_sharded(layout)
-        host = self.adapter.language_inputs(mine, multiple=num_shards(layout))
+        if rows is None:
+            host = self.adapter.language_inputs(mine, multiple=num_shards(layout))
+        else:
+            host = packed_language_inputs(self.adapter, rows, multiple=num_shards(layout))
         # counted on the host, so the stage's placeholder check needs no device read
         ids = shard_input_ids(host["input_ids"], layout, self.stages.rank) if sharded else host["input_ids"]
         counts = tuple(int(port.mask(ids).sum()) for port in self.ports.values())
@@ -114,7 +120,8 @@ class StageWork:
         """This rank's sum of token losses of micro-batch m (fp32, on the device)."""
         language = self.stages.language
         mine = [samples[p] for p in plan.language_samples(language.coord.dp, m)]
-        batch, counts, sharded = self.language_batch(mine)
+        rows = [[samples[p] for p in row] for row in plan.language_rows(language.coord.dp, m)] if plan.packed else None
+        batch, counts, sharded = self.language_batch(mine, rows)
         # rows_in follow the config's stage order; the language stage takes them in its ports' order
         by_stage = dict(zip((s.name for s in self.stages.encoders), rows_in, strict=True))
         rows_in = tuple(by_stage[name] for name in self.ports)
