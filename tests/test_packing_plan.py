@@ -21,9 +21,9 @@ from ds_hetero.config import load_config
 from ds_hetero.models import adapter_for
 from ds_hetero.models.packing import packed_language_inputs
 from ds_hetero.models.tiny import tiny_llava, tiny_qwen2_vl
-from ds_hetero.stages.checks import check_all
+from ds_hetero.validation import check_all
 from ds_hetero.step.packing import assign_samples, cut_rows, language_cost_of, load_figures, pack_micro_batch
-from ds_hetero.step.plan import StepPlan
+from ds_hetero.step.step_plan import StepPlan
 from ds_hetero.testing.uneven import uneven_batches
 from tests.helpers.plan_simulator import check
 from tests.test_boundary_plan import layouts

@@ -173,7 +173,7 @@ class StageAdapter:
     def language_cost(self, tokens: int) -> int:
         """One decoder layer's work on a sample of `tokens` tokens (packed batching balances it,
         step/packing.py): linear layers and attention over the sample itself."""
-        from ..step.balance import transformer_cost
+        from .cost import transformer_cost
 
         text = getattr(self.model.config, "text_config", self.model.config)
         return transformer_cost(tokens, tokens, text.hidden_size, text.intermediate_size)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from .balance import lpt, transformer_cost
+from .balance import lpt
 
 # Width of a language layer when the model's is not known (a pure plan without an adapter):
 # only the ratio of the linear to the quadratic term matters for the assignment.
@@ -34,8 +34,9 @@ DEFAULT_HIDDEN, DEFAULT_FFN = 4096, 11008
 def language_cost_of(hidden: int = DEFAULT_HIDDEN, ffn: int = DEFAULT_FFN) -> Callable[[int], int]:
     """tokens -> one decoder layer's work on a sample of that many tokens (attention over the
     sample itself: packing keeps it inside the sample). Causal attention does half the scores
-    of full attention; the factor is common to every sample, so the full term is kept."""
-    return lambda tokens: transformer_cost(tokens, tokens, hidden, ffn)
+    of full attention; the factor is common to every sample, so the full term is kept. The
+    encoder's formula (models/cost.py `transformer_cost`) with the attention length the sample's."""
+    return lambda tokens: tokens * (4 * hidden + 2 * ffn + 2 * tokens)
 
 
 def assign_samples(lengths: Sequence[int], dp: int, cost: Callable[[int], int]) -> list[list[int]]:

@@ -47,7 +47,7 @@ def _wrong_packing(kind):
 
 
 def _packing_figures(engine, batches):
-    from ds_hetero.step.plan import StepPlan
+    from ds_hetero.step.step_plan import StepPlan
 
     language = engine.stages.language
     shared, computed, real = [], 0, 0
