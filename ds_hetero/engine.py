@@ -131,16 +131,19 @@ class HeteroEngine:
         return self.stages.device
 
     # ------------------------------------------------------------------ training
-    def needed_positions(self) -> set[int]:
+    def needed_positions(self, cover: bool = False) -> set[int]:
         """Global-batch positions whose full sample this rank reads, known before the batch is:
         its language shares, and its encoders' shares where they go by position. With balance
         "tokens" an encoder's share depends on the batch's token ids (see `_next_samples`), and
-        so does the language stage's with packed batching."""
+        so does the language stage's with packed batching. `cover`: the language shares by position
+        even then (the Trainer's data path learns every sample's token ids from the ranks that
+        collated it, so every position must be some language rank's; integrations/trainer/
+        rank_batch.py)."""
         needed: set[int] = set()
         for stage in self.stages.held:
             if stage.name != self.config.language.name and self.config.balance_of(stage.name) == "tokens":
                 continue
-            if stage.name == self.config.language.name and self.config.packed:
+            if stage.name == self.config.language.name and self.config.packed and not cover:
                 continue
             for m in range(stage.passes):
                 needed.update(stage_samples(self.config, stage.name, stage.coord.dp, m))
@@ -185,6 +188,8 @@ class HeteroEngine:
         the language shares (one tp x cp rank per language dp replica counts its share).
         """
         problem = agreement.local_problem(samples, self.config.global_batch_size, self.adapter.check_sample)
+        if problem is None and plan is None and self.config.packed:
+            problem = "the batch could not be planned (language_batching \"packed\" reads every sample's input_ids)"
         mine, inputs = 0, 0
         language = self.stages.language
         if problem is None:
@@ -213,6 +218,8 @@ class HeteroEngine:
         # lists / numpy converted; a collated dict or raw dataset rows refused by name (data/samples.py)
         samples, plan = self._next_samples() if samples is None else (as_sample_list(samples), None)
 
+        if plan is None and self.config.packed:  # its language shares say who counts which labels
+            plan = self.plan_of(samples)  # None for a malformed batch: the agreement refuses it
         try:  # every collective of the step, the batch agreement first, reports through one error
             n_labels = self._agree_on_batch(samples, plan)  # a refused batch raises ValueError on every rank
             plan = plan or StepPlan(self.config, self.adapter.encoders(), samples,

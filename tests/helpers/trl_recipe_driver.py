@@ -1,6 +1,7 @@
 """Run under `deepspeed --num_gpus 4` by tests/test_trl_recipe.py: recipes/trl_sft_vlm.py with TRL's stock
 SFTTrainer + a plain DeepSpeed JSON, then with `ds_hetero.hetero(SFTTrainer)` + the same JSON with
-hetero_parallel (vision dp4, language tp2 dp2), for the tiny LLaVA and Qwen2-VL, in one launch;
+hetero_parallel (vision dp4, language tp2 dp2), and with `language_batching` "packed" (the engine packs
+what TRL's collator padded), for the tiny LLaVA and Qwen2-VL, in one launch;
 then LLaVA with LoRA (PEFT, all-linear) both ways, and the LLaVA one in ds_hetero's seeded data order
 (the negative control).
 
@@ -32,7 +33,8 @@ def main(out):
     report = {}
     try:
         for model in ("llava", "qwen2_vl"):
-            for kind, config in (("stock", "trainer_zero1.json"), ("hetero", "trainer_colocated.json")):
+            for kind, config in (("stock", "trainer_zero1.json"), ("hetero", "trainer_colocated.json"),
+                                 ("packed", "trainer_colocated_packed.json")):
                 AcceleratorState._reset_state(reset_partial_state=False)  # one Trainer per script, several here
                 name = f"{model}_{kind}"
                 recipe.main(["--model", model, "--deepspeed", os.path.join(ROOT, "ds_configs", config),
