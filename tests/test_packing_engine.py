@@ -31,6 +31,11 @@ def _llava_suite(rank, world_size):
             layout={"vision": {"dp": 2}, "language": {"dp": 2}}, placement="disaggregated"),
         "llava packed vision dp4 + language cp2dp2 zero1 sgd": dict(
             layout={"vision": V4, "language": {"cp": 2, "dp": 2}}),
+        "llava packed vision dp4 + language pp2dp2 zero1 sgd": dict(
+            layout={"vision": V4, "language": {"dp": 2, "pp": 2}}),
+        "llava packed first_stage vision tp2 + language pp2tp2 zero1 adamw": dict(
+            layout={"vision": {"tp": 2, "dp": 1}, "language": {"tp": 2, "dp": 1, "pp": 2}}, optimizer="adamw",
+            placement="first_stage", micro_batches=4),
     }
     out = {name: train_packed(rank, world_size, "llava", **kw) for name, kw in runs.items()}
     for kind in CONTROLS:

@@ -123,8 +123,7 @@ class PipelineSchedule(StageWork):
 
         def micro_batch(m):
             if m not in state:
-                mine = [samples[p] for p in plan.language_samples(coord.dp, m)]
-                batch, counts, sharded = self.language_batch(mine)
+                batch, counts, sharded = self.language_micro_batch(samples, plan, coord.dp, m)
                 state[m] = {"batch": batch, "counts": counts, "sharded": sharded}
             return state[m]
 

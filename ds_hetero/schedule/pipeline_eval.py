@@ -31,8 +31,7 @@ class PipelineEvaluationSchedule(EvaluationSchedule):
         language = self.stages.language
         coord, pp = language.coord, language.layout.pp
         neighbours, group = language.groups.ranks_of["pp"], language.groups.pp
-        mine = [samples[p] for p in plan.language_samples(coord.dp, m)]
-        batch, counts, sharded = self.language_batch(mine)
+        batch, counts, sharded = self.language_micro_batch(samples, plan, coord.dp, m)
         args = (batch["attention_mask"], batch["position_ids"])
         if coord.pp == 0:
             out = language(batch["input_ids"], tuple(rows_in), *args, n_placeholders=counts)

@@ -115,13 +115,20 @@ class StageWork:
             batch = shard_language_batch(batch, layout, self.stages.rank)
         return batch, counts, sharded
 
+    def language_micro_batch(self, samples: Sequence[dict[str, Any]], plan: StepPlan, dp: int, m: int
+                             ) -> tuple[dict[str, Any], tuple[int, ...], bool]:
+        """`language_batch` of language dp rank `dp`'s micro-batch m: its padded samples, or its
+        packed rows (every pipeline stage of a dp replica builds the same one, so the shapes
+        between them follow from the plan: pipeline_parallel/shapes.py)."""
+        mine = [samples[p] for p in plan.language_samples(dp, m)]
+        rows = [[samples[p] for p in row] for row in plan.language_rows(dp, m)] if plan.packed else None
+        return self.language_batch(mine, rows)
+
     def language_loss_sum(self, samples: Sequence[dict[str, Any]], plan: StepPlan, m: int,
                           rows_in: Sequence[torch.Tensor], step: int | None = None) -> torch.Tensor:
         """This rank's sum of token losses of micro-batch m (fp32, on the device)."""
         language = self.stages.language
-        mine = [samples[p] for p in plan.language_samples(language.coord.dp, m)]
-        rows = [[samples[p] for p in row] for row in plan.language_rows(language.coord.dp, m)] if plan.packed else None
-        batch, counts, sharded = self.language_batch(mine, rows)
+        batch, counts, sharded = self.language_micro_batch(samples, plan, language.coord.dp, m)
         # rows_in follow the config's stage order; the language stage takes them in its ports' order
         by_stage = dict(zip((s.name for s in self.stages.encoders), rows_in, strict=True))
         rows_in = tuple(by_stage[name] for name in self.ports)
