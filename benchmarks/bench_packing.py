@@ -157,7 +157,8 @@ def summarize(per_rank):
 
 
 def print_table(table, a, world):
-    print(f"\nLLaVA (text {a.text_hidden} x {a.text_layers} layers), {world} ranks one per core, global batch "
+    binding = "one per core" if world <= len(os.sched_getaffinity(0)) else f"on {len(os.sched_getaffinity(0))} cores"
+    print(f"\nLLaVA (text {a.text_hidden} x {a.text_layers} layers), {world} ranks {binding}, global batch "
           f"{a.batch}, 2 micro-batches, SFT mix / {a.scale}; medians of {a.rounds} rounds (machine shared: ratios only)")
     base = table["samples"]["step"]
     print(f"{'row':8}  {'step s':>7}  {'vs samples':>10}  {'real/computed':>13}  {'language max/mean':>17}")
