@@ -264,6 +264,7 @@ class HeteroEngine:
             busy_time=busy,
             bubble_fraction=bubble_fraction(busy, step_time),
             skipped=not all(applied),  # as the stage engines counted it (a non-finite norm skips all)
+            language_tokens=plan.language_load(),  # O(samples) on the host, no communication
         )
 
     # ------------------------------------------------------------------ evaluation and export

@@ -23,6 +23,9 @@ class StepResult:
                                 an encoder that does not train: it has no backward exchange)
     busy_time       seconds this rank spent in forward, backward and optimizer work
     bubble_fraction 1 - busy_time / step_time: the share of the step this rank waited
+    language_tokens the language stage's tokens of the step, from its plan (the same on every rank):
+                    `real`, `computed` (every dp rank's rows padded, all ranks together) and
+                    `max_mean` (the slowest language dp rank's cost over the mean); docs/packing.md
     """
 
     loss: float
@@ -38,6 +41,7 @@ class StepResult:
     busy_time: float = 0.0
     bubble_fraction: float = 0.0
     skipped: bool = False
+    language_tokens: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)

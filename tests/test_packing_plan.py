@@ -207,3 +207,20 @@ def test_packed_boundary_is_exact_at_the_lower_bound_for_every_layout_pair(famil
                         check(build_plan(cfg.stages["vision"], cfg.language, plan.encoder_pass("vision", v).boundary))
                         cases += 1
     assert cases > 50
+
+
+def test_language_load_reports_padding_and_balance():
+    model = tiny_llava("clip", seed=1)
+    adapter = adapter_for(model)
+    batch = uneven_batches("llava", model, 1, 8)[0]
+    loads = {}
+    for batching in ("samples", "packed"):
+        ds = _ds({"tp": 2, "dp": 2, "sequence_parallel": True})
+        ds["hetero_parallel"]["language_batching"] = batching
+        plan = StepPlan(load_config(ds, 4), adapter.encoders(), batch, language_cost=adapter.language_cost)
+        loads[batching] = plan.language_load()
+    real = sum(int(s["input_ids"].numel()) for s in batch)
+    assert loads["samples"]["real"] == loads["packed"]["real"] == real
+    assert loads["samples"]["computed"] > real  # each share padded to its longest sample
+    assert loads["packed"]["computed"] - real < 2 * 2 * 2  # only up to the 2 shards, per rank and micro-batch
+    assert 1.0 <= loads["packed"]["max_mean"] < loads["samples"]["max_mean"]

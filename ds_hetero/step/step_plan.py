@@ -36,7 +36,7 @@ from ..boundary.inputs import BoundaryInputs, seq_lens, shard_bounds
 from ..config import LANGUAGE, HeteroConfig
 from ..context_parallel.sequence import image_positions, is_sharded, padded_length, padded_lengths
 from .balance import EncoderAssignment, assign_pass
-from .packing import language_cost_of, pack_micro_batch
+from .packing import language_cost_of, load_figures, pack_micro_batch
 from .shares import dp_share
 
 
@@ -74,9 +74,10 @@ class StepPlan:
         self.language_share = self.micro_batch_size // language.dp  # samples per language dp rank
         self.packed = config.packed
         self._rows, self._language_dp = (), {}
+        self._lengths = [int(s["input_ids"].numel()) for s in samples]
+        self._language_cost = language_cost or language_cost_of()
         if self.packed:
-            lengths = [int(s["input_ids"].numel()) for s in samples]
-            cost = language_cost or language_cost_of()
+            lengths, cost = self._lengths, self._language_cost
             self._rows = tuple(
                 pack_micro_batch(mb, [lengths[p] for p in mb], language.dp, cost, config.max_tokens_per_micro_batch)
                 for mb in (dp_share(m, self.micro_batch_size, 1, 0) for m in range(self.micro_batches)))
@@ -100,6 +101,19 @@ class StepPlan:
         if self.packed:
             return self._rows[m][dp]
         return tuple((p,) for p in self.language_samples(dp, m))
+
+    def language_load(self) -> dict[str, float]:
+        """The language stage's tokens this step: `real` (the samples'), `computed` (every dp
+        rank's rows padded to its longest, rounded up to the shard count; all ranks together) and
+        `max_mean` (the slowest dp rank's language cost over the mean, worst micro-batch)."""
+        language = self.config.stages[LANGUAGE]
+        real = computed = 0
+        worst = 1.0
+        for m in range(self.micro_batches):
+            rows = [self.language_rows(d, m) for d in range(language.dp)]
+            f = load_figures(rows, self._lengths, padded_length(1, language), self._language_cost, self.packed)
+            real, computed, worst = real + f["real"], computed + f["computed"], max(worst, f["max_mean"])
+        return {"real": real, "computed": computed, "max_mean": worst}
 
     def language_dp_of(self, p: int) -> int:
         """The language dp rank that consumes sample p."""
