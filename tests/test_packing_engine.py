@@ -4,7 +4,8 @@ The reference is the unmodified Hugging Face model on the UNPACKED, padded batch
 (`model(**batch).loss`); the engine packs each language dp rank's samples into one row with
 positions restarting per sample (tests/helpers/packing_parity.py). fp32, 5 steps, clipping
 active: losses 1e-5 relative, grad norms 1e-4, every weight 1e-5; boundary bytes equal the
-lower bound. Negative controls: positions not restarted (attention and RoPE across samples),
+lower bound. LLaVA with tp2 dp2, sp, cp2, pp2, first_stage and disaggregated; Qwen2-VL (variable
+image tokens, text-only samples) with ZeRO 2 and with ZeRO 3 under a token budget. Negative controls: positions not restarted (attention and RoPE across samples),
 and the loss taken across a sample boundary, each far from the reference.
 """
 
