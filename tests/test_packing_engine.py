@@ -12,7 +12,7 @@ and the loss taken across a sample boundary, each far from the reference.
 import pytest
 
 from ds_hetero.testing.cases import launch_cases
-from tests.helpers.packing_parity import train_packed
+from tests.helpers.packing_parity import loader_pair, train_packed
 from tests.helpers.parity_checks import RTOL, check_parity
 
 pytestmark = pytest.mark.distributed
@@ -77,7 +77,8 @@ def _check(results):
 
 @pytest.fixture(scope="module")
 def launched():
-    cases = {"llava": (_llava_suite, {}), "qwen2_vl": (_qwen_suite, {})}
+    cases = {"llava": (_llava_suite, {}), "qwen2_vl": (_qwen_suite, {}),
+             "loader": (loader_pair, {"layout": {"vision": V4, "language": L22}})}
     return launch_cases(cases, world_size=4, timeout=2400)
 
 
@@ -87,3 +88,14 @@ def test_llava_packed_matches_single_process_reference(launched):
 
 def test_qwen2_vl_packed_matches_single_process_reference(launched):
     _check(launched["qwen2_vl"])
+
+
+def test_packed_through_the_engines_loader_equals_the_samples_cut(launched):
+    for r in launched["loader"]:
+        samples, packed = r["samples"], r["packed"]
+        for a, b in zip(packed["losses"], samples["losses"]):
+            assert abs(a - b) <= RTOL * abs(b), (packed["losses"], samples["losses"])
+        for a, b in zip(packed["norms"], samples["norms"]):
+            assert abs(a - b) <= 1e-4 * abs(b), (packed["norms"], samples["norms"])
+        for p, s in zip(packed["load"], samples["load"]):  # the same tokens, less padding
+            assert p["real"] == s["real"] and p["computed"] <= s["computed"], (p, s)

@@ -75,3 +75,27 @@ def train_packed(rank, world_size, family, layout, zero_stage=1, steps=5, clip=0
                           inspect=_packing_figures)
     finally:  # later cases in the same launch pack right
         restore()
+
+
+def loader_pair(rank, world_size, layout, steps=3):
+    """The engine's own loader (each rank reads in full only its shares, light samples elsewhere):
+    packed against the samples cut on the same seeded dataset: the same losses and norms (the same
+    function), and the packed run read its packed language shares (known only from the token ids)."""
+    import ds_hetero
+    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import ShapesCaptionDataset
+
+    out = {}
+    for batching in ("samples", "packed"):
+        model = tiny_llava("clip", seed=3)
+        data = ShapesCaptionDataset.for_llava(model.config, size=32, seed=0)
+        config = {"train_batch_size": 8, "zero_optimization": {"stage": 1}, "gradient_clipping": 0.3,
+                  "optimizer": {"type": "SGD", "params": {"lr": 0.5}}, "zero_allow_untested_optimizer": True,
+                  "steps_per_print": 10**6,
+                  "hetero_parallel": {"micro_batches": 2, "language_batching": batching, "stages": layout}}
+        engine = ds_hetero.initialize(model, config, training_data=data)
+        results = [engine.train_batch() for _ in range(steps)]
+        out[batching] = {"losses": [r.loss for r in results], "norms": [r.grad_norm for r in results],
+                         "load": [r.language_tokens for r in results]}
+        engine.groups.destroy()
+    return out
