@@ -38,7 +38,7 @@ def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) 
                 "barrier over the world group while it is built (stage3.py, partitioning its parameters), which the "
                 "other ranks never join; give the encoder \"zero_stage\": 1 or 2 (the language stage may keep 3)")
     check_stage_options(cfg)
-    from .models import known_encoder_stages
+    from .families import known_encoder_stages
 
     known = known_encoder_stages()
     extra = [name for name in cfg.stages if name != cfg.language.name and name not in known]
@@ -133,7 +133,7 @@ def check_model(cfg: HeteroConfig, model) -> None:
     """The model-level checks: an adapter exists, every tp divides what it must (heads, kv
     heads, MLP width, vocabulary), every freeze entry names parameters and something trains.
     Needs only shapes and requires_grad flags: a model on the meta device will do."""
-    from .models import adapter_for
+    from .families import adapter_for
     from .models.freeze import check_freeze
     from .models.recompute import check_recompute
 

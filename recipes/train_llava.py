@@ -38,7 +38,7 @@ warnings.filterwarnings("ignore", category=FutureWarning, message=".*torch.distr
 import torch
 
 
-# --model-family -> the built-in tiny model (ds_hetero/models/meta.py)
+# --model-family -> the built-in tiny model (ds_hetero/families/meta.py)
 FAMILIES = {"llava": "tiny-llava", "qwen2-vl": "tiny-qwen2-vl", "qwen2.5-vl": "tiny-qwen2.5-vl",
             "qwen3-vl": "tiny-qwen3-vl", "gemma3": "tiny-gemma3", "internvl": "tiny-internvl",
             "llava-onevision": "tiny-llava-onevision", "omni": "tiny-qwen2.5-omni"}
@@ -74,10 +74,10 @@ def build_model(args):
 
         return meta_model(args.model, dtype=torch.float32), args.model
     if args.model_family != "llava":
-        from ds_hetero.models.meta import builtin_model
+        from ds_hetero.families.meta import builtin_model
 
         return builtin_model(FAMILIES[args.model_family], seed=args.seed), None
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     return tiny_llava(args.vision, seed=args.seed), None
 

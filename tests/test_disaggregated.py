@@ -47,7 +47,7 @@ def _die_mid_step(rank, world_size, tmp):
     import signal
 
     import ds_hetero
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
     from ds_hetero.testing.samples import llava_samples
 
     model = tiny_llava("clip", seed=1)

@@ -52,7 +52,7 @@ def _suite(rank, world_size, tmp):
 
     import ds_hetero
     from ds_hetero.toy import ShapesCaptionDataset
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
     from ds_hetero.testing.samples import llava_samples
 
     def refused(engine, samples, words):

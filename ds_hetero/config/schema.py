@@ -39,8 +39,8 @@ SECTION = "hetero_parallel"
 # layout over them): with the language's tp it is Megatron's single layout, the usual baseline.
 PLACEMENTS = ("colocated", "disaggregated", "mixed", "first_stage")
 LANGUAGE = "language"
-ENCODER_STAGES = ("vision", "audio")
-STAGE_NAMES = ENCODER_STAGES + (LANGUAGE,)
+# The encoder stages' names come from the model families (families/ `known_encoder_stages`): parsing is
+# given them (parse_config `encoder_stages`); config keeps no list of its own.
 SECTION_KEYS = ("placement", "micro_batches", "stages", "timeout_s", "balance")
 DEFAULT_TIMEOUT_S = 300.0  # a collective waiting longer than this raises instead of hanging
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # process-group timeouts are integer milliseconds: keep them finite and sane

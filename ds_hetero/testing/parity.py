@@ -18,7 +18,7 @@ LLAVA_TP4 = dict(text_heads=4, text_kv_heads=4)  # kv heads divisible by tp 4
 
 
 def build_model(family, seed, **kw):
-    from ds_hetero.models.tiny import tiny_llava, tiny_qwen2_5_omni, tiny_qwen2_vl
+    from ds_hetero.toy import tiny_llava, tiny_qwen2_5_omni, tiny_qwen2_vl
 
     if family == "omni":
         return tiny_qwen2_5_omni(seed=seed, **kw)
@@ -88,7 +88,7 @@ def reference_forward(family, model, adapter, samples):
 
 def hf_inputs(family, model, samples):
     """The padded batch the single-process model takes, labels included."""
-    from ds_hetero.models import adapter_for
+    from ds_hetero.families import adapter_for
 
     adapter = adapter_for(model)
     batch, vision = adapter.language_inputs(samples), adapter.vision_inputs(samples)
@@ -104,7 +104,7 @@ def hf_inputs(family, model, samples):
 def reference_train(family, model, batches, make_optimizer, clip, per_stage_clip=False, per_micro_batch_mean=0):
     """Single-process training; the two flags build deliberately wrong variants (negative controls)."""
     from ds_hetero.loss import label_token_count, token_loss_sum
-    from ds_hetero.models import adapter_for
+    from ds_hetero.families import adapter_for
 
     adapter = adapter_for(model)
     opt = make_optimizer(list(model.parameters()))

@@ -1,4 +1,4 @@
-"""Processors for the tiny models (models/tiny.py), built locally: a word-level tokenizer over the shapes
+"""Processors for the tiny models (families/<family>/tiny.py), built locally: a word-level tokenizer over the shapes
 captions, a chat template and the family's image processor, so TRL-style scripts run with no download.
 
     processor = tiny_processor(model)      # LlavaProcessor or Qwen2VLProcessor

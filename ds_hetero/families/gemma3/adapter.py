@@ -24,9 +24,9 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .cost import transformer_cost
-from .adapter import StageAdapter
-from .language_stage import LanguageStage, empty_rows
+from ...models.cost import transformer_cost
+from ...models.adapter import StageAdapter
+from ...models.language_stage import LanguageStage, empty_rows
 
 
 class Gemma3VisionStage(nn.Module):
@@ -114,9 +114,9 @@ class Gemma3Adapter(StageAdapter):
         return {"pixel_values": torch.cat(images)}
 
     def check_layouts(self, cfg) -> None:
-        from ..config import SECTION
-        from ..context_parallel import is_sharded
-        from ..errors import HeteroConfigError
+        from ...config import SECTION
+        from ...context_parallel import is_sharded
+        from ...errors import HeteroConfigError
 
         language = cfg.stages["language"]
         if is_sharded(language):

@@ -25,9 +25,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .cost import transformer_cost
-from .qwen2_vl import Qwen2VLAdapter
-from .language_stage import LanguageStage, empty_rows
+from ...models.cost import transformer_cost
+from ..qwen2_vl.adapter import Qwen2VLAdapter
+from ...models.language_stage import LanguageStage, empty_rows
 
 
 class Qwen3VLVisionStage(nn.Module):
@@ -89,9 +89,9 @@ class Qwen3VLAdapter(Qwen2VLAdapter):
     def check_layouts(self, cfg) -> None:
         """With a pipelined language stage, the DeepStack levels reach the first pipeline stage only
         (they travel with the boundary rows): the decoder layers they are added after must all be in it."""
-        from ..config import SECTION
-        from ..pipeline_parallel.cut import layer_cut
-        from ..errors import HeteroConfigError
+        from ...config import SECTION
+        from ...pipeline_parallel.cut import layer_cut
+        from ...errors import HeteroConfigError
 
         levels = len(self.model.config.vision_config.deepstack_visual_indexes)
         if cfg.language.pp > 1 and levels:

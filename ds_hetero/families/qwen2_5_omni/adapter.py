@@ -35,9 +35,9 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .cost import transformer_cost
-from .adapter import EncoderPort, StageAdapter
-from .language_stage import LanguageStage, empty_rows
+from ...models.cost import transformer_cost
+from ...models.adapter import EncoderPort, StageAdapter
+from ...models.language_stage import LanguageStage, empty_rows
 
 
 def audio_output_length(frames: int) -> int:

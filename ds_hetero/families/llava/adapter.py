@@ -15,9 +15,9 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .cost import transformer_cost
-from .adapter import StageAdapter
-from .language_stage import LanguageStage, empty_rows
+from ...models.cost import transformer_cost
+from ...models.adapter import StageAdapter
+from ...models.language_stage import LanguageStage, empty_rows
 
 
 class LlavaVisionStage(nn.Module):

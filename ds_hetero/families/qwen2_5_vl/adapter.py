@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from .cost import transformer_cost
-from .qwen2_vl import Qwen2VLAdapter, Qwen2VLVisionStage
-from .language_stage import LanguageStage
+from ...models.cost import transformer_cost
+from ..qwen2_vl.adapter import Qwen2VLAdapter, Qwen2VLVisionStage
+from ...models.language_stage import LanguageStage
 
 
 def split_qwen2_5_vl(model: nn.Module) -> dict[str, nn.Module]:

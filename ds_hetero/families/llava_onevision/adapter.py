@@ -21,10 +21,10 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .cost import transformer_cost
-from .adapter import StageAdapter
-from .llava import LlavaVisionStage
-from .language_stage import LanguageStage, empty_rows
+from ...models.cost import transformer_cost
+from ...models.adapter import StageAdapter
+from ..llava.adapter import LlavaVisionStage
+from ...models.language_stage import LanguageStage, empty_rows
 
 
 class LlavaOnevisionVisionStage(nn.Module):

@@ -20,9 +20,9 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .cost import transformer_cost
-from .adapter import StageAdapter
-from .language_stage import LanguageStage, empty_rows
+from ...models.cost import transformer_cost
+from ...models.adapter import StageAdapter
+from ...models.language_stage import LanguageStage, empty_rows
 
 
 class InternVLVisionStage(nn.Module):
@@ -54,7 +54,7 @@ class InternVLVisionStage(nn.Module):
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """With an earlier feature layer, the layers after it (and the tower's final norm) get no
-        gradient: left out of the optimizer, as for LLaVA (models/llava.py says why)."""
+        gradient: left out of the optimizer, as for LLaVA (families/llava/adapter.py says why)."""
         if self.feature_layer == -1:
             return [p for p in self.parameters() if p.requires_grad]
         layers = self.vision_tower.encoder.layer
@@ -120,8 +120,8 @@ class InternVLAdapter(StageAdapter):
         return {"pixel_values": torch.cat(tiles) if tiles else torch.zeros(0, *self.image_shape)}
 
     def check_layouts(self, cfg) -> None:
-        from ..config import SECTION
-        from ..errors import HeteroConfigError
+        from ...config import SECTION
+        from ...errors import HeteroConfigError
 
         if cfg.stages["vision"].tp > 1 and self.model.config.vision_config.use_qk_norm:
             raise HeteroConfigError(
