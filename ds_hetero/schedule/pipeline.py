@@ -104,6 +104,12 @@ class PipelineSchedule(StageWork):
         later = set(language.ranks[language.chunk_size:])
         return not any(later & set(e.layout.ranks) for e in self.stages.encoders)
 
+    def _row_grads(self, rows) -> dict[str, torch.Tensor]:
+        """Pipeline stage 0's gradients of the rows of every encoder that trains (a frozen one
+        gets none back: no gradient exchange, no backward)."""
+        return {e.name: r.grad if r.grad is not None else torch.zeros_like(r)
+                for e, r in zip(self.stages.encoders, rows) if e.trains}
+
     # ------------------------------------------------------------------ 1F1B
     def _pipeline(self, samples, plan: StepPlan, arrived, n_labels: int, step: int, inline=None, fill=None):
         from deepspeed.runtime.pipe import schedule as ds
@@ -187,11 +193,8 @@ class PipelineSchedule(StageWork):
                                 language.engine.backward((s["output"] * s.pop("output_grad")).sum(),
                                                          scale_wrt_gas=False)
                     s.pop("output")
-                    if coord.pp == 0:  # the row gradients of the encoders that train
-                        grads = {e.name: r.grad if r.grad is not None else torch.zeros_like(r)
-                                 for e, r in zip(self.stages.encoders, s.pop("rows")) if e.trains}
-                        if grads or inline is not None:
-                            row_grads[m] = grads
+                    if coord.pp == 0:
+                        row_grads[m] = self._row_grads(s.pop("rows"))
                         del state[m]
                     self.micro_step(language, m)
                     if inline is not None and coord.pp == 0:
