@@ -24,6 +24,7 @@ from .config import HeteroConfig
 from .data import agreement
 from .data.loader import GlobalBatchLoader
 from .data.samples import as_sample_list
+from .failures import is_collective_failure, own_failure, peer_failure
 from .loss import label_token_count
 from .families import adapter_for
 from .result import StepResult
@@ -179,8 +180,13 @@ class HeteroEngine:
         # lists / numpy converted; a collated dict or raw dataset rows refused by name (data/samples.py)
         samples, plan = self._next_samples() if samples is None else (as_sample_list(samples), None)
 
-        try:  # every collective of the step, the batch agreement first, reports through one error
-            n_labels = self._agree_on_batch(samples)  # a refused batch raises ValueError on every rank
+        try:  # the batch agreement: a refused batch raises ValueError on every rank alike, engine usable
+            n_labels = self._agree_on_batch(samples)
+        except Exception as exc:
+            if is_collective_failure(exc):
+                raise self._peer_failure(exc, step) from exc
+            raise
+        try:  # every other collective and this rank's own work of the step report through one error
             plan = plan or StepPlan(self.config, self.adapter.encoders(), samples)
             self.schedule.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0}
             loss_sum = self.schedule.run(samples, plan, n_labels, step)
@@ -192,12 +198,10 @@ class HeteroEngine:
                     self.stages, norms, loss_sum, n_labels)
             with self.timeline.span("optimizer.step", "optimizer", step):
                 applied = global_step.step_all(self.stages, grad_norm, self.config.gradient_clipping)
-        except RuntimeError as exc:  # a collective failed: a peer died, hung past the timeout, or raised
-            raise RuntimeError(
-                f"ds_hetero: rank {self.rank} ({', '.join(s.name for s in self.stages.held)}) failed in step "
-                f"{step}: a peer rank stopped answering (it died, raised, or exceeded hetero_parallel.timeout_s = "
-                f"{self.config.timeout_s:g} s); see the first failing rank's error. Cause: {exc}"
-            ) from exc
+        except Exception as exc:  # failures.py: this rank's own error as itself, or which peer stopped
+            if is_collective_failure(exc):
+                raise self._peer_failure(exc, step) from exc
+            raise own_failure(exc, self.stages.boundary_group, self.rank, self._held_names(), step)
 
         # The first step's exchanges checked rows, hidden size and dtype on every rank; from now on
         # the batch agreement's digest of each step's boundary inputs stands in for that consensus.
@@ -223,6 +227,13 @@ class HeteroEngine:
             bubble_fraction=bubble_fraction(busy, step_time),
             skipped=not all(applied),  # as the stage engines counted it (a non-finite norm skips all)
         )
+
+    def _held_names(self) -> str:
+        return ", ".join(s.name for s in self.stages.held)
+
+    def _peer_failure(self, exc: BaseException, step: int) -> RuntimeError:
+        return peer_failure(exc, self.stages.boundary_group, self.stages.groups.boundary_ranks, self.rank,
+                            self._held_names(), step, self.config.timeout_s)
 
     # ------------------------------------------------------------------ evaluation and export
     def eval_batch(self, samples: Sequence[dict[str, Any]]) -> float:

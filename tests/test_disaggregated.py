@@ -97,6 +97,7 @@ def test_a_rank_that_dies_mid_step_makes_the_others_fail_fast(tmp_path):
     for rank in (0, 1, 2):
         section = report.split(f"--- rank {rank} ---")[1].split("--- rank")[0]
         assert f"ds_hetero: rank {rank}" in section and "stopped answering" in section, report
+        assert "rank 3 left no report (it died" in section, report  # the survivor names the dead peer
         after = float(section.split("[RAISED ")[-1].split(" s AFTER")[0])
         assert after < RAISE_WITHIN_S, (rank, after, report)
     assert "did not finish" not in report, report

@@ -104,6 +104,12 @@ class PipelineSchedule(StageWork):
         later = set(language.ranks[language.chunk_size:])
         return not any(later & set(e.layout.ranks) for e in self.stages.encoders)
 
+    def _row_grads(self, rows) -> dict[str, torch.Tensor]:
+        """Pipeline stage 0's gradients of the rows of every encoder that trains (a frozen one
+        gets none back: no gradient exchange, no backward)."""
+        return {e.name: r.grad if r.grad is not None else torch.zeros_like(r)
+                for e, r in zip(self.stages.encoders, rows) if e.trains}
+
     # ------------------------------------------------------------------ 1F1B
     def _pipeline(self, samples, plan: StepPlan, arrived, n_labels: int, step: int, inline=None, fill=None):
         from deepspeed.runtime.pipe import schedule as ds
@@ -188,8 +194,7 @@ class PipelineSchedule(StageWork):
                                                          scale_wrt_gas=False)
                     s.pop("output")
                     if coord.pp == 0:
-                        row_grads[m] = {e.name: r.grad if r.grad is not None else torch.zeros_like(r)
-                                        for e, r in zip(self.stages.encoders, s.pop("rows"))}
+                        row_grads[m] = self._row_grads(s.pop("rows"))
                         del state[m]
                     self.micro_step(language, m)
                     if inline is not None and coord.pp == 0:
@@ -230,17 +235,18 @@ class _Inline:
                 continue
             v = plan.pass_feeding(stage.name, m).index
             rows = w.encoder_forward(stage, self.samples, plan, v, self.step) if stage.held else w.empty_rows()
-            if stage.held:
+            if stage.held and stage.trains:  # kept for its backward
                 self.sources[stage.name, v] = rows
             out = w.send_rows(stage.name, rows.detach() if stage.held else rows, plan, v, self.step)
-            self.arrived[m][stage.name] = out.requires_grad_(True)
+            self.arrived[m][stage.name] = out.requires_grad_(stage.trains)
 
     def backward(self, m: int, grads: dict[str, torch.Tensor] | None) -> None:
-        """Every encoder's pass m: its row gradients back, then its backward where held."""
+        """Every encoder's pass m: its row gradients back, then its backward where held (none for
+        an encoder that does not train: no exchange either, on every rank alike)."""
         w, plan = self.work, self.plan
         self.arrived.pop(m, None)
         for stage in w.stages.encoders:
-            if stage.name not in w.boundaries:
+            if stage.name not in w.boundaries or not stage.trains:
                 continue
             v = plan.pass_feeding(stage.name, m).index
             grad = grads[stage.name] if grads is not None else w.empty_rows()

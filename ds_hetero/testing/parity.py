@@ -198,13 +198,15 @@ def max_rel_err(got, want):
 
 def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimizer="adamw", model_kw=None,
                micro_batches=2, batch_size=8, controls=False, placement="colocated", hetero=None,
-               make_data=None, inspect=None, prepare=None, freeze_reference=None, after=None):
+               make_data=None, inspect=None, prepare=None, freeze_reference=None, after=None, rank_model=None):
     """hetero: more `hetero_parallel` keys; make_data(family, model, steps, batch_size) -> batches
     instead of make_batches; inspect(engine, batches) -> more result entries (may patch the engine
     before training: it runs first and its dict is read after); prepare(model): on the model before
     the reference is copied (e.g. the user's own requires_grad_(False)); freeze_reference(reference):
     freeze in the reference what the config freezes; after(engine, initial, got, results) -> more
-    entries, after training (`initial`: the parameters before training, `got`: after, by name)."""
+    entries, after training (`initial`: the parameters before training, `got`: after, by name);
+    rank_model(model, rank): on this rank's model after the reference was copied (e.g. per-rank
+    initial weights: the reference stays rank 0's model, which the engine must train)."""
     from ds_hetero.entry import initialize
 
     model_kw = model_kw or {}
@@ -237,6 +239,8 @@ def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimi
         freeze_reference(reference)
     initial = {n: p.detach().clone() for n, p in reference.named_parameters()} if after is not None else None
     batches = (make_data or make_batches)(family, model, steps, batch_size)
+    if rank_model is not None:
+        rank_model(model, rank)
 
     engine = initialize(model, config, optimizer=make_optimizer)
     extra = inspect(engine, batches) if inspect is not None else {}
