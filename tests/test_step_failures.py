@@ -18,7 +18,7 @@ from ds_hetero.testing.launch import RankFailure, run_distributed
 
 def _raise_in_step_1(rank, world_size, raising):
     import ds_hetero
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
     from ds_hetero.testing.samples import llava_samples
 
     model = tiny_llava("clip", seed=1)
