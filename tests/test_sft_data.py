@@ -216,3 +216,32 @@ def test_the_shipped_data_is_what_the_script_makes(tmp_path):
             assert f.read() == g.read(), name
     total = sum(os.path.getsize(os.path.join(DATA, n)) for n in names)
     assert total < 300_000, total
+
+
+def _recipe():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_llava", os.path.join(ROOT, "recipes", "train_llava.py"))
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    return recipe
+
+
+def test_recipe_refuses_data_for_a_tiny_family_without_processor():
+    recipe = _recipe()
+    args = recipe.parse_args(["--model-family", "gemma3", "--data", MESSAGES])
+    with pytest.raises(SystemExit, match="no processor.*--model PATH"):
+        recipe.data_processor(args, model=None)
+
+
+def test_a_checkpoint_brings_its_own_processor(tmp_path, llava):
+    """--model PATH: the processor saved next to the weights (AutoProcessor) encodes as the one it was saved from."""
+    model, processor = llava
+    processor.save_pretrained(tmp_path)
+    recipe = _recipe()
+    args = recipe.parse_args(["--model", str(tmp_path), "--data", MESSAGES])
+    loaded = recipe.data_processor(args, model)
+    assert type(loaded).__name__ == "LlavaProcessor"
+    want, got = SFTDataset.from_file(MESSAGES, processor), SFTDataset.from_file(MESSAGES, loaded)
+    for i in (0, 5, 7):
+        assert want[i].keys() == got[i].keys() and all(torch.equal(want[i][k], got[i][k]) for k in want[i]), i
