@@ -93,7 +93,7 @@ def build_model(args):
     return tiny_llava(args.vision, seed=args.seed), None
 
 
-# --model-family values whose tiny model has a locally built processor (ds_hetero/models/tiny_processors.py)
+# --model-family values whose tiny model has a locally built processor (ds_hetero/toy/processors.py)
 DATA_FAMILIES = ("llava", "qwen2-vl", "qwen2.5-vl")
 
 
@@ -107,7 +107,7 @@ def data_processor(args, model):
         raise SystemExit(f"--data: the built-in tiny {args.model_family} has no processor to encode conversations "
                          f"with; use --model-family {' / '.join(DATA_FAMILIES)}, or --model PATH (a checkpoint "
                          f"directory with its processor files)")
-    from ds_hetero.models.tiny_processors import tiny_processor
+    from ds_hetero.toy.processors import tiny_processor
 
     return tiny_processor(model)
 

@@ -21,7 +21,7 @@ LLAVA_JSON, MESSAGES = os.path.join(DATA, "shapes_llava.json"), os.path.join(DAT
 @pytest.fixture(scope="module")
 def llava():
     from ds_hetero.models.tiny import tiny_llava
-    from ds_hetero.models.tiny_processors import tiny_processor
+    from ds_hetero.toy.processors import tiny_processor
 
     model = tiny_llava("clip", seed=0)
     return model, tiny_processor(model)
@@ -30,9 +30,18 @@ def llava():
 @pytest.fixture(scope="module")
 def qwen():
     from ds_hetero.models.tiny import tiny_qwen2_vl
-    from ds_hetero.models.tiny_processors import tiny_processor
+    from ds_hetero.toy.processors import tiny_processor
 
     model = tiny_qwen2_vl(seed=0)
+    return model, tiny_processor(model)
+
+
+@pytest.fixture(scope="module")
+def qwen25():
+    from ds_hetero.models.meta import builtin_model
+    from ds_hetero.toy.processors import tiny_processor
+
+    model = builtin_model("tiny-qwen2.5-vl", seed=0)  # the recipe's --model-family qwen2.5-vl
     return model, tiny_processor(model)
 
 
@@ -69,7 +78,7 @@ def test_both_formats_give_the_same_samples(family, request):
     assert torch.equal(a.input_ids(3), a[3]["input_ids"])
 
 
-@pytest.mark.parametrize("family", ["llava", "qwen"])
+@pytest.mark.parametrize("family", ["llava", "qwen", "qwen25"])
 def test_labels_only_on_assistant_turns(family, request):
     model, processor = request.getfixturevalue(family)
     data = SFTDataset.from_file(MESSAGES, processor)

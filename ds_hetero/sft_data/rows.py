@@ -44,9 +44,6 @@ class Turn:
     role: str  # user, assistant or system
     parts: tuple[tuple[str, str], ...]  # ("text", words) or ("image", "")
 
-    def text(self) -> str:
-        return " ".join(t for kind, t in self.parts if kind == "text")
-
     def message(self) -> dict[str, Any]:
         """The turn as a chat template takes it (a list of typed parts, as TRL and the HF processors do)."""
         return {"role": self.role, "content": [{"type": "image"} if kind == "image" else {"type": "text", "text": t}

@@ -5,7 +5,7 @@
 
 48 rows: most one image and one question, every 6th two images, every 5th two question/answer turns,
 every 8th text only (no image). The words are those of the shapes captions, which the tiny models'
-processors (ds_hetero/models/tiny_processors.py) tokenize; a real checkpoint's processor takes them too.
+processors (ds_hetero/toy/processors.py) tokenize; a real checkpoint's processor takes them too.
 shapes_llava.json is the LLaVA format (a JSON list, `image` a path or a list of paths, `<image>` in
 the human turn); shapes_messages.jsonl the messages format (LLaMA-Factory's: `<image>` in the
 user's content, `images` a list), row for row the same conversations.
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from PIL import Image
 
-    from ds_hetero.data.shapes import ShapesCaptionDataset
+    from ds_hetero.toy.shapes import ShapesCaptionDataset
 
     raw = ShapesCaptionDataset(2 * ROWS, seed=args.seed, max_shapes=2, image_sizes=SIZES)
     os.makedirs(os.path.join(args.out, "images"), exist_ok=True)
