@@ -45,6 +45,22 @@ def qwen25():
     return model, tiny_processor(model)
 
 
+LATE_IMAGE = {"messages": [{"role": "user", "content": "<image> what is here ?"},
+                           {"role": "assistant", "content": "a red circle"},
+                           {"role": "user", "content": "and <image> what is here ?"},
+                           {"role": "assistant", "content": "a blue square at the top left"}],
+              "images": ["images/000.png", "images/001.png"]}
+
+
+def _late_image_rows(tmp_path):
+    """The shipped rows 0, 4, 5, 7 and a row whose second image follows an assistant turn."""
+    with open(MESSAGES) as f:
+        lines = f.readlines()
+    path = tmp_path / "late_image.jsonl"
+    path.write_text("".join(lines[i] for i in (0, 4, 5, 7)) + json.dumps(LATE_IMAGE) + "\n")
+    return str(path)
+
+
 def _expected_labels(row, tokenizer):
     """The label tokens in order: every assistant turn's text and its end-of-turn </s>."""
     want = []
@@ -78,21 +94,50 @@ def test_both_formats_give_the_same_samples(family, request):
     assert torch.equal(a.input_ids(3), a[3]["input_ids"])
 
 
-@pytest.mark.parametrize("family", ["llava", "qwen", "qwen25"])
-def test_labels_only_on_assistant_turns(family, request):
-    model, processor = request.getfixturevalue(family)
-    data = SFTDataset.from_file(MESSAGES, processor)
-    for i in (0, 4, 5, 7):  # one image; two question/answer turns; two images; text only
+def _label_errors(data, model, processor) -> list[str]:
+    """What is wrong with each sample's labels: anything but exactly its assistant turns' tokens."""
+    errors = []
+    for i in range(len(data)):
         s, row = data[i], data.rows[i]
         labels, ids = s["labels"], s["input_ids"]
         kept = labels != -100
-        assert torch.equal(labels[kept], ids[kept])  # a label is the token itself (the model shifts)
-        assert labels[kept].tolist() == _expected_labels(row, processor.tokenizer), i
-        assert not kept[ids == model.config.image_token_id].any()
-        # the user turns and the "assistant :" headers carry no label
-        words = processor.tokenizer.convert_ids_to_tokens(ids[~kept].tolist())
-        assert words.count("assistant") == sum(t.role == "assistant" for t in row.turns)
-        assert "what" in words and "what" not in processor.tokenizer.convert_ids_to_tokens(labels[kept].tolist())
+        words = processor.tokenizer.convert_ids_to_tokens(ids[~kept].tolist())  # the unlabelled tokens
+        checks = {
+            "a label is not its own token": torch.equal(labels[kept], ids[kept]),  # (the model shifts)
+            "not the assistant turns' tokens": labels[kept].tolist() == _expected_labels(row, processor.tokenizer),
+            "an image token labelled": not kept[ids == model.config.image_token_id].any(),
+            "a header labelled": words.count("assistant") == sum(t.role == "assistant" for t in row.turns),
+            "a user turn labelled": "what" in words,
+        }
+        errors += [f"row {i}: {what}" for what, ok in checks.items() if not ok]
+    return errors
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen", "qwen25"])
+def test_labels_only_on_assistant_turns(family, request, tmp_path):
+    model, processor = request.getfixturevalue(family)
+    # one image; two question/answer turns; two images; text only; an image after an answer
+    data = SFTDataset.from_file(_late_image_rows(tmp_path), processor, image_folder=DATA)
+    assert _label_errors(data, model, processor) == []
+
+
+def test_label_check_catches_a_shifted_alignment(llava, tmp_path, monkeypatch):
+    """Negative control: labels carried onto the expanded ids by one constant shift (right while every image
+    precedes every answer) fail on the row whose second image follows an answer."""
+    import ds_hetero.sft_data.encode as encode
+
+    def shifted(unexpanded, mask, expanded, row):
+        off, labels = len(expanded) - len(unexpanded), [-100] * len(expanded)
+        for k, m in enumerate(mask):
+            if m:
+                labels[k + off] = expanded[k + off]
+        return labels
+
+    model, processor = llava
+    monkeypatch.setattr(encode, "expand_labels", shifted)
+    data = SFTDataset.from_file(_late_image_rows(tmp_path), processor, image_folder=DATA)
+    errors = _label_errors(data, model, processor)
+    assert errors and all(e.startswith("row 4:") for e in errors), errors
 
 
 def test_the_model_takes_a_sample(llava):
@@ -254,3 +299,39 @@ def test_a_checkpoint_brings_its_own_processor(tmp_path, llava):
     want, got = SFTDataset.from_file(MESSAGES, processor), SFTDataset.from_file(MESSAGES, loaded)
     for i in (0, 5, 7):
         assert want[i].keys() == got[i].keys() and all(torch.equal(want[i][k], got[i][k]) for k in want[i]), i
+
+
+def test_markers_the_processor_inserts_around_images_carry_no_label(llava, tmp_path):
+    """A processor that adds tokens around each image run (as Gemma 3's does: <start_of_image> ... <end_of_image>):
+    the labels still sit on the assistant tokens only. Here it inserts <s> and </s>, the latter also the turns'
+    end token, so a position-blind alignment would label the wrong copy."""
+    model, processor = llava
+    image_id, bos, eos = model.config.image_token_id, 1, processor.tokenizer.eos_token_id
+
+    class Bracketing:
+        tokenizer = processor.tokenizer
+        apply_chat_template = processor.apply_chat_template
+
+        def __call__(self, **kwargs):
+            out = processor(**kwargs)
+            ids, wrapped = out["input_ids"][0].tolist(), []
+            for k, t in enumerate(ids):
+                if t == image_id and (k == 0 or ids[k - 1] != image_id):
+                    wrapped.append(bos)
+                wrapped.append(t)
+                if t == image_id and (k + 1 == len(ids) or ids[k + 1] != image_id):
+                    wrapped.append(eos)
+            return {**out, "input_ids": torch.tensor([wrapped])}
+
+    path = _late_image_rows(tmp_path)
+    plain = SFTDataset.from_file(path, processor, image_folder=DATA)
+    bracketed = SFTDataset.from_file(path, Bracketing(), image_folder=DATA)
+    for i in (0, 1, 2, 4):
+        a, b = plain[i], bracketed[i]
+        assert len(b["input_ids"]) == len(a["input_ids"]) + 2 * len(plain.rows[i].images)
+        assert b["labels"][b["labels"] != -100].tolist() == a["labels"][a["labels"] != -100].tolist() \
+            == _expected_labels(plain.rows[i], processor.tokenizer), i
+        # every inserted </s> sits right after an image run and is unlabelled
+        after_image = torch.zeros_like(b["input_ids"], dtype=torch.bool)
+        after_image[1:] = b["input_ids"][:-1] == image_id
+        assert (b["labels"][after_image] == -100).all()
