@@ -75,7 +75,10 @@ def parse_args(argv=None):
     p.add_argument("--trace-window", type=int, default=100_000,
                    help="spans per rank the trace keeps: the last ones (memory stays bounded on long runs)")
     p.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not args.data and (args.image_folder or args.skip_bad_rows):
+        p.error("--image-folder and --skip-bad-rows apply to --data FILE, which is not given")
+    return args
 
 
 def build_model(args):

@@ -288,6 +288,12 @@ def test_recipe_refuses_data_for_a_tiny_family_without_processor():
         recipe.data_processor(args, model=None)
 
 
+def test_recipe_data_options_need_data(capsys):
+    with pytest.raises(SystemExit):
+        _recipe().parse_args(["--image-folder", DATA])
+    assert "apply to --data FILE" in capsys.readouterr().err
+
+
 def test_a_checkpoint_brings_its_own_processor(tmp_path, llava):
     """--model PATH: the processor saved next to the weights (AutoProcessor) encodes as the one it was saved from."""
     model, processor = llava
