@@ -14,7 +14,7 @@ from .shapes import WORDS
 TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }} : {% if m['content'] is string %}{{ m['content'] }} {% else %}"
     "{% for c in m['content'] %}{% if c['type'] == 'image' %}IMAGE {% else %}{{ c['text'] }} {% endif %}"
-    "{% endfor %}{% endif %}</s> {% endfor %}"
+    "{% endfor %}{% endif %}</s> {% endfor %}{% if add_generation_prompt %}assistant : {% endif %}"
 )
 PROMPT_WORDS = ("user", "assistant", "what", "is", "here", "?", ":")
 
