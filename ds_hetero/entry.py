@@ -47,7 +47,7 @@ def prepare_config(model: torch.nn.Module, config: str | os.PathLike | Mapping[s
     else:
         world = int(os.environ.get("WORLD_SIZE", "0")) or ensure_distributed(DEFAULT_TIMEOUT_S)[1]
     cfg = parse_config(ds, world, known_encoder_stages())
-    check_all(cfg, model, has_client_optimizer)
+    check_all(cfg, model, has_client_optimizer, adapter)
     check_lora(model, adapter or adapter_for(model), cfg)  # PEFT LoRA layers (tensor_parallel/lora.py)
     ensure_distributed(cfg.timeout_s)  # the default group waits as long as the stages' groups do
     return cfg

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from ..layout import StageLayout
+from ..layout import AXES, StageLayout
 from .stage_options import OPTION_KEYS, StageOptions
 
 SECTION = "hetero_parallel"
@@ -45,7 +45,7 @@ SECTION_KEYS = ("placement", "micro_batches", "stages", "timeout_s", "balance")
 DEFAULT_TIMEOUT_S = 300.0  # a collective waiting longer than this raises instead of hanging
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # process-group timeouts are integer milliseconds: keep them finite and sane
 BALANCES = ("tokens", "position")  # how encoder images go to dp ranks (step/balance.py)
-STAGE_KEYS = ("tp", "cp", "dp", "ranks", "sequence_parallel", "micro_batches", "balance", "pp", "pp_layers") + OPTION_KEYS
+STAGE_KEYS = AXES + ("ranks", "sequence_parallel", "micro_batches", "balance", "pp_layers") + OPTION_KEYS
 # DeepSpeed batch keys that ds_hetero derives per stage.
 DERIVED_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
