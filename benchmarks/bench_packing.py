@@ -56,7 +56,7 @@ def sft_mix(n: int, scale: int, seed: int) -> list[tuple[int, int]]:
 
 
 def make_model(a):
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     side = int(math.isqrt(576 // a.scale))  # patches per image side: (576 / scale) tokens per image
     return tiny_llava("clip", seed=0, text_hidden=a.text_hidden, text_layers=a.text_layers, vision_hidden=32,
@@ -66,7 +66,7 @@ def make_model(a):
 def batches(model, a, n: int):
     import torch
 
-    from ds_hetero.models.tiny import llava_tokens_per_image
+    from ds_hetero.toy import llava_tokens_per_image
 
     cfg = model.config
     t = llava_tokens_per_image(model)

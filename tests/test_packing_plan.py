@@ -18,9 +18,9 @@ from ds_hetero import HeteroConfigError
 from ds_hetero.boundary import build_plan, shard_bounds
 from ds_hetero.boundary.inputs import num_shards
 from ds_hetero.config import load_config
-from ds_hetero.models import adapter_for
+from ds_hetero.families import adapter_for
 from ds_hetero.models.packing import packed_language_inputs
-from ds_hetero.models.tiny import tiny_llava, tiny_qwen2_vl
+from ds_hetero.toy import tiny_llava, tiny_qwen2_vl
 from ds_hetero.validation import check_all
 from ds_hetero.step.packing import assign_samples, cut_rows, language_cost_of, load_figures, pack_micro_batch
 from ds_hetero.step.step_plan import StepPlan
@@ -66,7 +66,7 @@ def test_packed_with_a_pipelined_language_stage_is_accepted():
 
 
 def test_packed_gemma3_is_refused_by_the_model_check():
-    from ds_hetero.models.tiny_families import tiny_gemma3
+    from ds_hetero.toy import tiny_gemma3
 
     cfg = load_config(_ds({"dp": 4}), 4)
     with pytest.raises(HeteroConfigError) as e:

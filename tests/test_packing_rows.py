@@ -11,10 +11,10 @@ import torch
 
 from ds_hetero.context_parallel.sequence import packed_attention_mask
 from ds_hetero.loss import IGNORE_INDEX, token_loss_sum
-from ds_hetero.models import adapter_for
+from ds_hetero.families import adapter_for
 from ds_hetero.models.packing import packed_language_inputs
-from ds_hetero.models.tiny import tiny_llava, tiny_qwen2_5_omni, tiny_qwen2_vl
-from ds_hetero.models.tiny_families import (tiny_gemma3, tiny_internvl, tiny_llava_onevision, tiny_qwen2_5_vl,
+from ds_hetero.toy import tiny_llava, tiny_qwen2_5_omni, tiny_qwen2_vl
+from ds_hetero.toy import (tiny_gemma3, tiny_internvl, tiny_llava_onevision, tiny_qwen2_5_vl,
                                             tiny_qwen3_vl)
 from ds_hetero.testing.omni_samples import omni_samples
 from ds_hetero.testing.uneven import llava_uneven, qwen_uneven

@@ -82,7 +82,7 @@ def loader_pair(rank, world_size, layout, steps=3):
     packed against the samples cut on the same seeded dataset: the same losses and norms (the same
     function), and the packed run read its packed language shares (known only from the token ids)."""
     import ds_hetero
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
     from ds_hetero.toy import ShapesCaptionDataset
 
     out = {}
