@@ -66,6 +66,8 @@ def _check(results):
     for per_rank in good:
         for name, r in per_rank.items():
             assert max(r["most_in_a_row"]) > 1, (name, "no row held two samples: nothing was packed")
+            got, want = r["eval"]  # eval_batch packs as training does
+            assert abs(got - want) <= RTOL * abs(want), (name, r["eval"])
     for per_rank in results:
         for name, r in per_rank.items():
             if name.startswith("control"):

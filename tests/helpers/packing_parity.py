@@ -47,7 +47,9 @@ def _wrong_packing(kind):
 
 
 def _packing_figures(engine, batches):
+    from ds_hetero.families import adapter_for
     from ds_hetero.step.step_plan import StepPlan
+    from ds_hetero.testing.parity import build_model, reference_forward
 
     language = engine.stages.language
     shared, computed, real = [], 0, 0
@@ -62,7 +64,11 @@ def _packing_figures(engine, batches):
                 longest = max(sum(int(b[p]["input_ids"].numel()) for p in row) for row in rows)
                 computed += longest * len(rows)
                 real += sum(int(b[p]["input_ids"].numel()) for row in rows for p in row)
-    return {"most_in_a_row": shared, "real_computed": real / computed, "held": language.held}
+    # eval_batch (before training, packed as training packs) against the untrained HF model's own loss
+    family = "llava" if type(engine.model).__name__.startswith("Llava") else "qwen2_vl"
+    model = build_model(family, seed=7)
+    evaluated = (engine.eval_batch(batches[0]), reference_forward(family, model, adapter_for(model), batches[0])[2])
+    return {"most_in_a_row": shared, "real_computed": real / computed, "held": language.held, "eval": evaluated}
 
 
 def train_packed(rank, world_size, family, layout, zero_stage=1, steps=5, clip=0.3, optimizer="sgd",
