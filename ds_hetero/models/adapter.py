@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..loss import IGNORE_INDEX
+from .cost import transformer_cost
 
 
 @dataclass(frozen=True)
@@ -179,10 +180,11 @@ class StageAdapter:
     def language_cost(self, tokens: int) -> int:
         """One decoder layer's work on a sample of `tokens` tokens (packed batching balances it,
         step/packing.py): linear layers and attention over the sample itself."""
-        from .cost import transformer_cost
-
-        text = getattr(self.model.config, "text_config", self.model.config)
-        return transformer_cost(tokens, tokens, text.hidden_size, text.intermediate_size)
+        width = getattr(self, "_language_width", None)
+        if width is None:  # read once: config attribute reads are slow, and the plan calls this per sample
+            text = getattr(self.model.config, "text_config", self.model.config)
+            width = self._language_width = (text.hidden_size, text.intermediate_size)
+        return transformer_cost(tokens, tokens, *width)
 
     def vision_inputs(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Keyword arguments of the vision stage's forward for these samples' images."""
