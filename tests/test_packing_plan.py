@@ -60,7 +60,7 @@ def test_config_errors_name_the_field(section, field, words):
 
 def test_packed_with_a_pipelined_language_stage_is_accepted():
     # every pipeline stage of a dp replica builds the same packed rows from the plan, so the
-    # activation shapes between them need no exchange (pipeline_parallel/shapes.py)
+    # activation shapes between them need no exchange (pipeline_parallel/hidden_shape.py)
     check_all(load_config(_ds({"dp": 2, "pp": 2}), 4))
     check_all(load_config(_ds({"tp": 2, "dp": 1, "pp": 2}, {"tp": 2, "dp": 1}, placement="first_stage"), 4))
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import HeteroConfigError
 from .batching import parse_language_batching
-from .pipeline import parse_pipeline
+from .pipeline_keys import parse_pipeline
 from .ranks import assign_ranks
 from .read import read_ds_config
 from .stage_options import parse_stage_options

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..loss import IGNORE_INDEX
-from .cost import transformer_cost
+from .item_cost import transformer_cost
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ class StageAdapter:
         raise NotImplementedError
 
     def image_cost(self, rows: int) -> int:
-        """The encoder's work for an image of `rows` boundary rows (models/cost.py transformer_cost)."""
+        """The encoder's work for an image of `rows` boundary rows (models/item_cost.py transformer_cost)."""
         raise NotImplementedError
 
     def select_images(self, sample: dict[str, Any], images: Sequence[int]) -> dict[str, Any]:

@@ -119,7 +119,7 @@ class StageWork:
                              ) -> tuple[dict[str, Any], tuple[int, ...], bool]:
         """`language_batch` of language dp rank `dp`'s micro-batch m: its padded samples, or its
         packed rows (every pipeline stage of a dp replica builds the same one, so the shapes
-        between them follow from the plan: pipeline_parallel/shapes.py)."""
+        between them follow from the plan: pipeline_parallel/hidden_shape.py)."""
         mine = [samples[p] for p in plan.language_samples(dp, m)]
         rows = [[samples[p] for p in row] for row in plan.language_rows(dp, m)] if plan.packed else None
         return self.language_batch(mine, rows)

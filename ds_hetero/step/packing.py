@@ -35,7 +35,7 @@ def language_cost_of(hidden: int = DEFAULT_HIDDEN, ffn: int = DEFAULT_FFN) -> Ca
     """tokens -> one decoder layer's work on a sample of that many tokens (attention over the
     sample itself: packing keeps it inside the sample). Causal attention does half the scores
     of full attention; the factor is common to every sample, so the full term is kept. The
-    encoder's formula (models/cost.py `transformer_cost`) with the attention length the sample's."""
+    encoder's formula (models/item_cost.py `transformer_cost`) with the attention length the sample's."""
     return lambda tokens: tokens * (4 * hidden + 2 * ffn + 2 * tokens)
 
 

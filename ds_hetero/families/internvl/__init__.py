@@ -5,7 +5,7 @@ The family's home (families/family.py says what each file holds)."""
 from ..family import Family
 from .adapter import InternVLAdapter
 from .plans import TP_PLANS
-from .samples import shapes_samples
+from .sample_format import shapes_samples
 from .tiny import tiny_internvl
 
 FAMILY = Family(
