@@ -11,6 +11,7 @@ One 4-rank launch (ds_hetero/testing/cases.py) runs:
   language tp2 dp2, and vision dp4 + language tp2 pp2 cut [1, 3] (the first chunk one Gated DeltaNet
   layer, the second two more and the full-attention layer, at other positions than in the whole
   decoder); a wrong reference (each value head paired with the wrong key head) ends far away;
+- a checkpoint saved at language tp2 dp2 continues at tp1 dp4 exactly as the run that saved it;
 - `initialize` with language cp 2 raises the HeteroConfigError naming `hetero_parallel.stages.language.cp`
   on every rank, before any collective (as `ds-hetero validate`, tested without processes below).
 """
@@ -85,6 +86,40 @@ def _cp_refused(rank, world_size):
     return None
 
 
+def _checkpoint_reshard(rank, world_size, tmp):
+    """Save at language tp2 dp2 after 2 steps, continue 2 steps; load the checkpoint at language
+    tp1 dp4 into other initial weights and take the same 2 steps: the losses and weights agree
+    (the unequal-segment shards merge back through the manifest's JSON strides)."""
+    import os
+
+    import ds_hetero
+    from ds_hetero.testing.parity import full_named_parameters
+    from tests.helpers.family_parity import build_model, make_batches
+
+    def engine_for(language, seed):
+        config = {"train_batch_size": 8, "gradient_clipping": CLIP, "zero_optimization": {"stage": 1},
+                  "zero_allow_untested_optimizer": True, "steps_per_print": 10**6,
+                  "hetero_parallel": {"micro_batches": 2, "stages": {"vision": {"dp": 4}, "language": language}}}
+        return ds_hetero.initialize(build_model("qwen3_5", seed=seed), config, optimizer=lambda p: torch.optim.AdamW(
+            p, lr=1e-3, betas=(0.9, 0.99), eps=1e-4, weight_decay=0.01))
+
+    batches = make_batches("qwen3_5", build_model("qwen3_5", seed=7), 4, 8)
+    engine = engine_for({"tp": 2, "dp": 2}, 7)
+    [engine.train_batch(s) for s in batches[:2]]
+    path = os.path.join(tmp, "ckpt")
+    engine.save_checkpoint(path)
+    want = [engine.train_batch(s).loss for s in batches[2:]]
+    want_weights = full_named_parameters(engine)
+    engine.groups.destroy()
+    engine = engine_for({"tp": 1, "dp": 4}, 99)
+    engine.load_checkpoint(path)
+    got = [engine.train_batch(s).loss for s in batches[2:]]
+    got_weights = full_named_parameters(engine)
+    engine.groups.destroy()
+    rel = max(float((got_weights[n] - w).abs().max() / w.abs().max().clamp_min(1e-12)) for n, w in want_weights.items())
+    return {"want": want, "got": got, "weight_rel": rel, "compared": len(want_weights)}
+
+
 TP2 = "vision dp4 + language tp2dp2 zero1 adamw"
 PP2 = "vision dp4 + language tp2 pp2 [1, 3] zero1 adamw"
 CASES = {
@@ -98,8 +133,9 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def results():
-    return launch_cases(CASES, world_size=4, timeout=1500)
+def results(tmp_path_factory):
+    cases = {**CASES, "checkpoint": (_checkpoint_reshard, {"tmp": str(tmp_path_factory.mktemp("qwen3_5"))})}
+    return launch_cases(cases, world_size=4, timeout=1500)
 
 
 @pytest.mark.distributed
@@ -128,6 +164,14 @@ def test_initialize_refuses_cp_on_every_rank(results):
     for got in results["cp refused"]:
         assert got is not None and got[0] == "hetero_parallel.stages.language.cp", got
         assert "recurrent state" in got[1], got
+
+
+@pytest.mark.distributed
+def test_checkpoint_saved_at_tp2_continues_at_tp1(results):
+    for r in results["checkpoint"]:
+        assert r["compared"] > 0 and r["weight_rel"] <= 1e-5, r
+        for got, want in zip(r["got"], r["want"], strict=True):
+            assert abs(got - want) <= 1e-5 * abs(want), r
 
 
 def test_validate_refuses_cp_and_sequence_parallel():

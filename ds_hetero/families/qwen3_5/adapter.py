@@ -15,8 +15,10 @@ fall between any two layers, of either type.
 Refused: a language stage that cuts its sequences. Under cp each rank would hold a piece of the
 sequence, and a Gated DeltaNet layer's output at a position depends on the recurrent state (and the
 conv window) carried from every earlier position: the state would have to pass from cp rank to cp
-rank in order, which ds_hetero does not build. Sequence parallelism (tp's) gathers the sequence in
-each region and so would be exact in principle, but it is not verified for these layers: refused too.
+rank in order, which ds_hetero does not build. Sequence parallelism is refused too: there the
+decoder runs on sequence shards and receives the full sequence's 4-D mask (context_parallel/), but
+a Gated DeltaNet layer wants the 2-D padding mask of the whole sequence after its region's
+all-gather, and the gated full-attention class is not among the sequence-sharded attention classes.
 """
 
 from __future__ import annotations
@@ -77,8 +79,10 @@ class Qwen3_5Adapter(Qwen2VLAdapter):
         if linear and language.sequence_parallel and language.tp > 1:
             raise HeteroConfigError(
                 f"{SECTION}.stages.language.sequence_parallel",
-                "sequence parallelism is not verified for Qwen3.5's Gated DeltaNet (linear-attention) layers; "
-                "set sequence_parallel false")
+                "Qwen3.5 cannot run under sequence parallelism: its decoder would see sequence shards and the "
+                "full sequence's 4-D mask, but its Gated DeltaNet (linear-attention) layers need the whole "
+                "sequence's padding mask and its gated attention has no sequence-sharded path; set "
+                "sequence_parallel false")
         super().check_layouts(cfg)
 
     def split(self) -> dict[str, nn.Module]:
