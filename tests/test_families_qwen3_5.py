@@ -207,3 +207,4 @@ def test_segmented_shards_round_trip():
     pieces = [shard_tensor(full, 0, r, 2, stride) for r in range(2)]
     assert pieces[0].flatten().tolist() == [0, 1, 4, 5] + list(range(8, 14))
     torch.testing.assert_close(merge_shards(pieces, 0, list(stride), 20), full)
+
