@@ -4,7 +4,7 @@ full-attention layers, 3 to 1, the linear ones sharded over tp by heads (plans.p
 The family's home (families/family.py says what each file holds)."""
 
 from ..family import Family
-from ..qwen2_vl.samples import shapes_samples  # patchified as Qwen2-VL's processor does
+from ..qwen2_vl.sample_format import shapes_samples  # patchified as Qwen2-VL's processor does
 from .adapter import Qwen3_5Adapter
 from .plans import TP_PLANS
 from .tiny import tiny_qwen3_5
