@@ -6,8 +6,9 @@
                         "max_tp": 8, "timeout_s": 300}
 
 `"trial": K` runs the top K runnable candidates for `trial_steps` steps (default 3) inside these
-processes before training and trains with the fastest measured (planner/trials.py); the ranks
-agree on the pick from the max-reduced times, so it needs no further broadcast.
+processes before training and trains with the fastest measured: `run_trials`, which the runtime
+hands in (entry.py: trial_runner.trials_in_process; the planner never imports the engine). The
+ranks agree on the pick from the max-reduced times, so it needs no further broadcast.
 
 Every key but "auto" is optional: seq_len defaults to the model's longest position
 (max_position_embeddings capped at 4096), image_tokens to one image (LLaVA; Qwen2-VL needs it),
@@ -24,6 +25,7 @@ from typing import Any, Mapping
 
 from ..config import SECTION, read_ds_config
 from ..errors import HeteroConfigError
+from .trials import RunTrials
 
 AUTO_KEYS = ("auto", "seq_len", "image_tokens", "rows", "machine", "memory_gb", "placement", "micro_batches",
              "max_tp", "timeout_s", "trial", "trial_steps")
@@ -147,10 +149,9 @@ def _trial_payload(result, opts: Mapping[str, Any]) -> list[tuple[dict, str]]:
     return [(result.ds_config(p, extra), p.candidate.label()) for p in top_runnable(result, opts["trial"])]
 
 
-def _run_trials(model, payload, opts, rank: int) -> tuple[dict, str]:
+def _run_trials(model, payload, opts, rank: int, run_trials) -> tuple[dict, str]:
     """Every rank: the trials of rank 0's candidates; the fastest measured (the same on every rank)."""
     from .trial_data import workload_samples
-    from .trials import trials_in_process
 
     configs = [c for c, _ in payload["trials"]]
     samples = workload_samples(model.config, payload["seq_len"], payload["image_tokens"],
@@ -158,7 +159,7 @@ def _run_trials(model, payload, opts, rank: int) -> tuple[dict, str]:
     if next(model.parameters()).is_meta:
         raise HeteroConfigError(f"{SECTION}.trial", "in-process trials need the model's weights; this model is on "
                                                     "the meta device (weights=...): remove trial")
-    times = trials_in_process(model, configs, samples, opts.get("trial_steps", 3))
+    times = run_trials(model, configs, samples, opts.get("trial_steps", 3))
     best = min(range(len(times)), key=lambda i: times[i])
     if rank == 0:
         from deepspeed.utils import logger
@@ -169,10 +170,12 @@ def _run_trials(model, payload, opts, rank: int) -> tuple[dict, str]:
     return configs[best], f"{label} (fastest of {len(times)} trials: {times[best]:.4g} s/step)"
 
 
-def resolve_auto(model, config, adapter=None, has_client_optimizer: bool = False, timeout_s: float | None = None):
+def resolve_auto(model, config, adapter=None, has_client_optimizer: bool = False, timeout_s: float | None = None,
+                 run_trials: RunTrials | None = None):
     """`config` unchanged unless its hetero_parallel section is auto; else the planned DeepSpeed config.
 
-    Joins the default process group (it must broadcast), plans on rank 0, broadcasts.
+    Joins the default process group (it must broadcast), plans on rank 0, broadcasts. `run_trials`:
+    how to measure candidates in these processes (`"trial": K`), handed in by the runtime.
     """
     if isinstance(config, Mapping):
         ds = dict(config)
@@ -186,6 +189,8 @@ def resolve_auto(model, config, adapter=None, has_client_optimizer: bool = False
     from ..topology.distributed import ensure_distributed
 
     opts = auto_options(ds[SECTION])  # a bad key raises on every rank before any collective
+    if opts.get("trial") and run_trials is None:
+        raise HeteroConfigError(f"{SECTION}.trial", "this entry point runs no trials (no trial runner): remove trial")
     rank, world = ensure_distributed(timeout_s or opts.get("timeout_s", DEFAULT_TIMEOUT_S))
     payload: list[Any] = [None]
     if rank == 0:
@@ -211,7 +216,7 @@ def resolve_auto(model, config, adapter=None, has_client_optimizer: bool = False
     if status == "error":
         raise HeteroConfigError(a, b)
     if status == "trial":
-        a, b = _run_trials(model, a, opts, rank)
+        a, b = _run_trials(model, a, opts, rank, run_trials)
     if rank == 0:
         from deepspeed.utils import logger
 

@@ -9,7 +9,9 @@ from dataclasses import replace
 from ..errors import HeteroConfigError
 
 
-def add_plan_parser(sub) -> None:
+def add_plan_parser(sub, launch=None) -> None:
+    """`launch`: how `--trial` measures one candidate (planner/trials.py `Launch`), handed in by the runtime
+    (ds_hetero/cli.py: trial_runner.launch_one); None: `--trial` is refused."""
     p = sub.add_parser("plan", help="rank every valid layout and placement of a model by predicted step time")
     p.add_argument("--model", required=True,
                    help="an HF config.json, a checkpoint directory, or tiny-llava / tiny-qwen2-vl")
@@ -47,7 +49,7 @@ def add_plan_parser(sub) -> None:
                         "machine and re-rank them by measured step time (tiny-* models or a checkpoint)")
     p.add_argument("--trial-steps", type=int, default=3, help="steps per trial (the first is not timed)")
     p.add_argument("--write", help="write the top pick as a DeepSpeed JSON here")
-    p.set_defaults(func=run_plan)
+    p.set_defaults(func=run_plan, launch=launch)
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -91,11 +93,14 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.trial and multi:
         print("plan: --trial does not run models with several encoders yet", file=sys.stderr)
         return 1
+    if args.trial and getattr(args, "launch", None) is None:
+        print("plan: --trial needs a trial launcher (run it as ds-hetero plan)", file=sys.stderr)
+        return 1
     if args.trial:
         from .trials import launch_trials, trial_table
 
         try:
-            trials = launch_trials(args.model, result, args.trial, args.world_size, steps=args.trial_steps,
+            trials = launch_trials(args.model, result, args.trial, args.world_size, args.launch, steps=args.trial_steps,
                                    log=lambda m: print(m, file=sys.stderr, flush=True))
         except (HeteroConfigError, ValueError, RuntimeError) as exc:
             print(f"plan: trials failed: {exc}", file=sys.stderr)

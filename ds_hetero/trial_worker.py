@@ -1,8 +1,8 @@
-"""One measured trial, run on every rank by the deepspeed launcher (planner/trials.py starts it).
+"""One measured trial, run on every rank by the deepspeed launcher (trial_runner.launch_one starts it).
 
 A script the launcher runs by path, hence its absolute imports.
 
-    deepspeed --num_gpus 4 ds_hetero/planner/trial_worker.py --model tiny-llava --config cfg.json \
+    deepspeed --num_gpus 4 ds_hetero/trial_worker.py --model tiny-llava --config cfg.json \
         --seq-len 96 --image-tokens 64 --steps 3 --out result.json
 
 The model: a built-in tiny model built with seed 0 (the recipes' model), a config.json built
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     from ds_hetero.config import read_ds_config
     from ds_hetero.entry import initialize
     from ds_hetero.planner.trial_data import workload_samples
-    from ds_hetero.planner.trials import timed_steps
+    from ds_hetero.trial_runner import timed_steps
 
     model, weights = build_model(args.model)
     cfg = read_ds_config(args.config)
