@@ -75,6 +75,7 @@ def default_machine() -> str:
 def plan_config(model, ds: Mapping[str, Any], world_size: int, adapter=None, has_client_optimizer: bool = False):
     """(the DeepSpeed config with a concrete hetero_parallel section, the plan) for an auto config."""
     from .calibrate import machine_profile
+    from .model_spec import model_spec
     from .search import plan
 
     opts = auto_options(ds[SECTION])
@@ -83,58 +84,26 @@ def plan_config(model, ds: Mapping[str, Any], world_size: int, adapter=None, has
     text = model.config.text_config if hasattr(model.config, "text_config") else model.config
     seq_len = opts.get("seq_len") or min(4096, int(getattr(text, "max_position_embeddings", 4096)))
     image_tokens = opts.get("image_tokens")
-    from .encoders import multi_spec
-
-    if image_tokens is None and multi_spec(model.config) is None:
-        from .model_spec import model_spec
-
+    several = len(model_spec(model.config).encoders) > 1
+    if image_tokens is None and not several:
         image_tokens = model_spec(model.config).vision.tokens_per_image
         if not image_tokens:
             raise HeteroConfigError(f"{SECTION}.image_tokens", "missing; this model's image tokens vary, give them")
+    if several and opts.get("trial"):
+        raise HeteroConfigError(f"{SECTION}.trial", "trials do not run models with several encoders yet: remove trial")
     machine = machine_profile(opts.get("machine") or default_machine())
     base = {k: v for k, v in ds.items() if k != SECTION}
-    from .encoders import multi_spec
-
-    if multi_spec(model.config) is not None:  # several encoders: planner/multi_search.py
-        return _plan_multi(model, ds, world_size, adapter, has_client_optimizer, opts, seq_len, machine, base)
     try:
         result = plan(model, world_size, seq_len, image_tokens, int(ds["train_batch_size"]), machine, base=base,
                       memory_gb=opts.get("memory_gb"), max_tp=opts.get("max_tp"),
-                      placements=(opts["placement"],) if opts.get("placement") else ("colocated", "disaggregated"),
+                      placements=(opts["placement"],) if opts.get("placement") else None,
                       micro_batches=opts.get("micro_batches"), adapter=adapter,
-                      has_client_optimizer=has_client_optimizer)
+                      has_client_optimizer=has_client_optimizer, rows=opts.get("rows") if several else None)
     except ValueError as exc:
         if isinstance(exc, HeteroConfigError):
             raise
-        raise HeteroConfigError(SECTION, f"auto: {exc}") from None
-    if not result.predictions:
-        raise HeteroConfigError(SECTION, f"auto: no valid layout for {world_size} ranks "
-                                         f"(rejections by field: {result.stats['reasons']})")
-    extra = {"timeout_s": opts["timeout_s"]} if "timeout_s" in opts else None
-    return result.ds_config(extra_section=extra), result
-
-
-def _plan_multi(model, ds, world_size, adapter, has_client_optimizer, opts, seq_len, machine, base):
-    """plan_config for a model with several encoders: each encoder's rows from `rows` (and
-    `image_tokens` for the vision stage)."""
-    from .multi_search import plan_encoders
-
-    if opts.get("trial"):
-        raise HeteroConfigError(f"{SECTION}.trial", "trials do not run models with several encoders yet: remove trial")
-    rows = dict(opts.get("rows") or {})
-    if opts.get("image_tokens") is not None:
-        rows.setdefault("vision", opts["image_tokens"])
-    try:
-        result = plan_encoders(model, world_size, seq_len, rows, int(ds["train_batch_size"]), machine, base=base,
-                               memory_gb=opts.get("memory_gb"), max_tp=opts.get("max_tp"),
-                               placements=(opts["placement"],) if opts.get("placement")
-                               else ("colocated", "disaggregated", "mixed"),
-                               micro_batches=opts.get("micro_batches"), adapter=adapter,
-                               has_client_optimizer=has_client_optimizer)
-    except ValueError as exc:
-        if isinstance(exc, HeteroConfigError):
-            raise
-        raise HeteroConfigError(f"{SECTION}.rows" if "rows" in str(exc) else SECTION, f"auto: {exc}") from None
+        field = f"{SECTION}.rows" if several and "rows" in str(exc) else SECTION
+        raise HeteroConfigError(field, f"auto: {exc}") from None
     if not result.predictions:
         raise HeteroConfigError(SECTION, f"auto: no valid layout for {world_size} ranks "
                                          f"(rejections by field: {result.stats['reasons']})")

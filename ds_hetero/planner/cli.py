@@ -56,7 +56,6 @@ def run_plan(args: argparse.Namespace) -> int:
     from ..config import read_ds_config
     from .calibrate import machine_profile
     from .report import breakdown_table, ranked_table
-    from .multi_search import plan_multi_from_args, ranked_table_multi
     from .search import base_config, plan, write_config
 
     try:
@@ -67,13 +66,12 @@ def run_plan(args: argparse.Namespace) -> int:
             base = base_config(None, args.global_batch, args.zero, machine.dtype_bytes == 2)
         elif args.zero is not None:
             base = base_config(base, args.global_batch, args.zero, False)
-        multi = plan_multi_from_args(args, base, machine)
-        result = multi or plan(args.model, args.world_size, args.seq_len, args.image_tokens, args.global_batch, machine,
+        result = plan(args.model, args.world_size, args.seq_len, args.image_tokens, args.global_batch, machine,
                       base=base, memory_gb=args.memory_gb, max_tp=args.max_tp,
-                      placements=(args.placement,) if args.placement else ("colocated", "disaggregated"),
+                      placements=(args.placement,) if args.placement else None,
                       micro_batches=tuple(args.micro_batches) if args.micro_batches else None,
                       modelled=not args.no_modelled, batch_slack=args.batch_slack,
-                      encoder_tokens=args.encoder_tokens)
+                      encoder_tokens=args.encoder_tokens, rows=parse_rows(args.rows))
     except (HeteroConfigError, ValueError) as exc:
         print(f"plan: {exc}", file=sys.stderr)
         return 1
@@ -83,14 +81,14 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"plan: no valid configuration{f' with language pp {args.pp}' if args.pp else ''} "
               f"({result.stats['reasons']})", file=sys.stderr)
         return 1
-    print(ranked_table_multi(result, args.top) if multi else ranked_table(result, args.top))
+    print(ranked_table(result, args.top))
     print()
     print(breakdown_table(result, args.breakdown))
     if not result.runnable:
         print("plan: no configuration the engine runs today (the rows above are modelled only)", file=sys.stderr)
         return 1 if (args.trial or args.write) else 0
     chosen = result.best
-    if args.trial and multi:
+    if args.trial and len(result.spec.encoders) > 1:
         print("plan: --trial does not run models with several encoders yet", file=sys.stderr)
         return 1
     if args.trial and getattr(args, "launch", None) is None:
@@ -113,3 +111,14 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"\nwrote {args.write}: {chosen.candidate.label()} "
               f"(check: ds-hetero validate {args.write} --world-size {args.world_size})")
     return 0
+
+
+def parse_rows(items) -> dict[str, int]:
+    """`--rows STAGE=N` (repeated) as {stage: rows}."""
+    rows = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not value.strip().isdigit():
+            raise ValueError(f"--rows {item!r}: give STAGE=N, e.g. --rows audio=50")
+        rows[name.strip()] = int(value)
+    return rows

@@ -23,8 +23,8 @@ from .collectives import Collective, language_collectives, vision_collectives
 from .flops import StageWork, language_work, vision_work
 from .machine import MachineProfile
 from .memory import state_elements
-from .model_spec import ModelSpec, chunk_params_per_rank
-from .pipeline import StageTimes
+from .shapes import ModelSpec, chunk_params_per_rank
+from .step_time import StageTimes
 from .workload import Workload, samples_per_rank
 
 ADAM_BYTES_PER_PARAM = 36  # read + write of fp32 master, two moments, parameter, gradient (approximately)
@@ -127,6 +127,6 @@ def engine_syncs(cand: Candidate, machine: MachineProfile, world: int) -> float:
     norm of each stage with tp > 1 (its tp group)."""
     tiny = 64
     t = 2 * machine.collective_time("all_reduce", tiny, world)
-    for layout in (cand.vision, cand.language):
+    for layout in (*dict(cand.encoders).values(), cand.language):
         t += machine.collective_time("all_reduce", tiny, layout.tp)
     return t

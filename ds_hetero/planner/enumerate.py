@@ -98,7 +98,7 @@ def _batch(space: SearchSpace, vis: StageChoice, lang: StageChoice, m: int) -> i
     return b
 
 
-def _stage_layouts(size: int, max_tp: int, language: bool, cp_ok: bool, sp_ok: bool) -> Iterator[StageChoice]:
+def stage_layouts(size: int, max_tp: int, language: bool, cp_ok: bool, sp_ok: bool) -> Iterator[StageChoice]:
     for tp in divisors(size):
         if tp > max_tp:
             continue
@@ -145,9 +145,9 @@ def enumerate_candidates(space: SearchSpace, base: Mapping[str, Any], adapter, h
     for placement, nv, nl in _rank_splits(space):
         v_ranks = tuple(range(nv)) if placement == "disaggregated" else ()
         l_ranks = tuple(range(nv, nv + nl)) if placement == "disaggregated" else ()
-        for vis in _stage_layouts(nv, space.max_tp, False, cp_ok, sp_ok):
+        for vis in stage_layouts(nv, space.max_tp, False, cp_ok, sp_ok):
             vis = StageChoice(vis.tp, vis.dp, ranks=v_ranks)
-            for lang in _stage_layouts(nl, space.max_tp, True, cp_ok, sp_ok):
+            for lang in stage_layouts(nl, space.max_tp, True, cp_ok, sp_ok):
                 lang = StageChoice(lang.tp, lang.dp, lang.cp, lang.sequence_parallel, l_ranks)
                 for m in mbs:
                     first = Candidate(placement, vis, lang, m)

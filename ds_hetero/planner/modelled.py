@@ -35,6 +35,7 @@ from .memory import even_cut
 from .validity import check_shapes
 
 MAX_PP = 16
+TUNE_TOP = 8  # first_stage candidates whose first stage's layers are tuned (the best even-cut ones)
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,13 @@ def _ok(base, adapter, cache: dict, vtp: int, ltp: int, cp: int, sp: bool) -> bo
     return cache[key]
 
 
-def _micro_batches(space: ModelledSpace, dp: int, pp: int) -> list[int]:
+def pipeline_micro_batches(space: ModelledSpace, dp: int, pp: int) -> list[int]:
     per_dp = space.global_batch // dp
     wanted = space.micro_batches or divisors(per_dp)
     return [m for m in wanted if per_dp % m == 0 and m <= space.max_micro_batches and m >= pp]
 
 
-def _language_layouts(space: ModelledSpace, n: int) -> Iterator[tuple[int, int, int, int, bool]]:
+def language_layouts(space: ModelledSpace, n: int) -> Iterator[tuple[int, int, int, int, bool]]:
     """(tp, cp, pp, dp, sequence parallel) on n ranks."""
     for pp in divisors(n):
         if pp > min(space.layers, MAX_PP):
@@ -84,10 +85,10 @@ def _language_layouts(space: ModelledSpace, n: int) -> Iterator[tuple[int, int, 
 def megatron_candidates(space: ModelledSpace, base: Mapping[str, Any], adapter, cache: dict) -> list[Candidate]:
     """Megatron's single layouts, even cut (tune_cut varies the first stage's layers)."""
     out = []
-    for tp, cp, pp, dp, sp in _language_layouts(space, space.world_size):
+    for tp, cp, pp, dp, sp in language_layouts(space, space.world_size):
         if not _ok(base, adapter, cache, tp, tp, cp, sp):
             continue
-        for m in _micro_batches(space, dp, pp):
+        for m in pipeline_micro_batches(space, dp, pp):
             for rc in (False, True):
                 lang = StageChoice(tp, dp, cp, sp, pp=pp, recompute=rc)
                 out.append(Candidate("first_stage", StageChoice(tp, dp, cp, recompute=rc), lang, m))
@@ -115,16 +116,16 @@ def heterogeneous_candidates(space: ModelledSpace, base: Mapping[str, Any], adap
     """Colocated heterogeneous candidates with a language pipeline, recompute or per-stage ZeRO."""
     n, out = space.world_size, []
     vision_tps = [t for t in divisors(n) if t <= space.max_tp]
-    for tp, cp, pp, dp, sp in _language_layouts(space, n):
+    for tp, cp, pp, dp, sp in language_layouts(space, n):
         for vtp in vision_tps:
             vdp = n // vtp
             if not _ok(base, adapter, cache, vtp, tp, cp, sp):
                 continue
-            for m in _micro_batches(space, dp, pp):
+            for m in pipeline_micro_batches(space, dp, pp):
                 for passes in divisors(m):
                     if space.global_batch % (vdp * passes):
                         continue
-                    for (rc, lz), vrc in itertools.product(_features(space, pp), (False, True)):
+                    for (rc, lz), vrc in itertools.product(features(space, pp), (False, True)):
                         lang = StageChoice(tp, dp, cp, sp, pp=pp, recompute=rc, zero=lz)
                         vz = space.zero if lz is not None else None
                         cand = Candidate("colocated", StageChoice(vtp, vdp, zero=vz, recompute=vrc), lang, m,
@@ -134,7 +135,7 @@ def heterogeneous_candidates(space: ModelledSpace, base: Mapping[str, Any], adap
     return out
 
 
-def _features(space: ModelledSpace, pp: int) -> Iterator[tuple[bool, int | None]]:
+def features(space: ModelledSpace, pp: int) -> Iterator[tuple[bool, int | None]]:
     """(language recompute, language ZeRO stage when it differs from the encoder's)."""
     for rc in (False, True):
         yield rc, None
@@ -153,12 +154,12 @@ def disaggregated_candidates(space: ModelledSpace, base: Mapping[str, Any], adap
     for nv in splits:
         sub = ModelledSpace(n - nv, space.global_batch, space.layers, space.max_tp, space.zero, space.micro_batches,
                             space.max_micro_batches)
-        for tp, cp, pp, dp, sp in _language_layouts(sub, n - nv):
+        for tp, cp, pp, dp, sp in language_layouts(sub, n - nv):
             for vtp in (t for t in divisors(nv) if t <= space.max_tp):
                 vdp = nv // vtp
                 if not _ok(base, adapter, cache, vtp, tp, cp, sp):
                     continue
-                for m in _micro_batches(sub, dp, pp):
+                for m in pipeline_micro_batches(sub, dp, pp):
                     if space.global_batch % (vdp * m):
                         continue
                     for rc, vrc in itertools.product((False, True), (False, True)):

@@ -1,6 +1,6 @@
 """A layout per encoder plus the language's, and every such configuration the engine accepts.
 
-A `MultiCandidate` gives each encoder stage its own `StageChoice` (tp, dp, ranks, recompute,
+A `Candidate` gives each encoder stage its own `StageChoice` (tp, dp, ranks, recompute,
 ZeRO stage) and says, per encoder, whether it runs on the language's ranks (colocated with it)
 or on ranks of its own:
 
@@ -17,152 +17,24 @@ encoder through it).
 
 `enumerate_multi` generates the layouts without a pipeline or a memory feature from divisors
 (each stage's tp x dp = its ranks; the language's tp x cp x dp as for one encoder:
-enumerate.py's `_stage_layouts`) and rank splits; multi_extended.py the others. Each is checked
+enumerate.py's `stage_layouts`) and rank splits; multi_extended.py the others. Each is checked
 by `check_candidate`, the checks `ds-hetero validate` and `initialize` run: whether a
 placement, a tp, a pipeline or a batch split is valid is decided there only.
 """
 
 from __future__ import annotations
 
-import copy
 import itertools
-from dataclasses import dataclass, replace
 from typing import Any, Iterator, Mapping
 
 from ..config import SECTION
 from ..errors import HeteroConfigError
 from .candidate import Candidate, StageChoice
-from .enumerate import SearchSpace, _stage_layouts, divisors
-from .frozen import carry_freeze
+from .enumerate import SearchSpace, stage_layouts, divisors
 from .validity import check_candidate
 
 
-@dataclass(frozen=True)
-class MultiCandidate:
-    """encoder_passes  (encoder, passes per step) of each encoder with fewer passes than
-                       micro_batches (each then feeds micro_batches / passes language micro-batches)
-    pp_layers          decoder layers of each language pipeline stage (None: an even split)
-    """
-
-    placement: str
-    encoders: tuple[tuple[str, StageChoice], ...]
-    language: StageChoice
-    micro_batches: int
-    encoder_passes: tuple[tuple[str, int], ...] = ()
-    pp_layers: tuple[int, ...] | None = None
-
-    # what report.py / search.py ask of a candidate
-    global_batch = None
-
-    @property
-    def passes(self) -> int:
-        return self.micro_batches
-
-    def passes_of(self, name: str) -> int:
-        """Encoder `name`'s passes per step (the language's micro-batches unless fewer)."""
-        return dict(self.encoder_passes).get(name, self.micro_batches)
-
-    @property
-    def disaggregated(self) -> bool:
-        return self.placement == "disaggregated"
-
-    @property
-    def megatron(self) -> bool:
-        return self.placement == "first_stage"
-
-    @property
-    def modelled_features(self) -> bool:
-        """A pipeline, first_stage, fewer encoder passes, recompute or per-stage ZeRO (multi_extended.py)."""
-        stages = [s for _, s in self.encoders] + [self.language]
-        return (self.megatron or self.language.pp > 1 or bool(self.encoder_passes)
-                or any(s.recompute or s.zero is not None for s in stages))
-
-    def apart(self, name: str) -> bool:
-        """Whether encoder `name` runs on ranks of its own (not the language's)."""
-        return bool(dict(self.encoders)[name].ranks) and dict(self.encoders)[name].ranks != self.language.ranks
-
-    @property
-    def homogeneous(self) -> bool:
-        """Every encoder in the language's layout: colocated, the language's tp, its cp x dp as dp,
-        no pipeline, one pass per micro-batch."""
-        lang = self.language
-        return self.placement == "colocated" and lang.pp == 1 and not self.encoder_passes and all(
-            e.tp == lang.tp and e.dp == lang.dp * lang.cp for _, e in self.encoders)
-
-    def view(self, name: str) -> Candidate:
-        """Encoder `name` and the language as one single-encoder candidate (its placement towards
-        the language: first_stage, disaggregated when it runs apart, else colocated)."""
-        placement = "first_stage" if self.megatron else ("disaggregated" if self.apart(name) else "colocated")
-        passes = self.passes_of(name)
-        return Candidate(placement, dict(self.encoders)[name], self.language, self.micro_batches,
-                         passes if passes != self.micro_batches else None, self.pp_layers)
-
-    def label(self) -> str:
-        def one(name, s):
-            apart = s.ranks and self.placement in ("disaggregated", "mixed")
-            where = f"@{s.ranks[0]}-{s.ranks[-1]}" if apart else ""
-            passes = f" enc{self.passes_of(name)}" if name in dict(self.encoder_passes) else ""
-            return f"{name} {s.label()}{where}{passes}"
-
-        tail = f" mb{self.micro_batches}" + (" cut " + "/".join(map(str, self.pp_layers)) if self.pp_layers else "")
-        if self.megatron:
-            rc = "".join(f" +{name} rc" for name, s in self.encoders if s.recompute)
-            return f"Megatron {self.language.label()}{tail}{rc}"
-        parts = [one(name, s) for name, s in self.encoders] + [one("L", self.language)]
-        return ", ".join(parts) + tail
-
-    def section(self) -> dict[str, Any]:
-        stages: dict[str, Any] = {}
-        for name, s in (*self.encoders, ("language", self.language)):
-            st: dict[str, Any] = {"tp": s.tp, "dp": s.dp}
-            if name == "language":
-                st["cp"] = s.cp
-                if s.sequence_parallel:
-                    st["sequence_parallel"] = True
-                if s.pp > 1:
-                    st["pp"] = s.pp
-                    if self.pp_layers is not None:
-                        st["pp_layers"] = list(self.pp_layers)
-            elif name in dict(self.encoder_passes):
-                st["micro_batches"] = self.passes_of(name)
-            if s.recompute:
-                st["recompute"] = True
-            if s.zero is not None:
-                st["zero_stage"] = s.zero
-            if self.placement in ("disaggregated", "mixed"):
-                st["ranks"] = list(s.ranks)
-            stages[name] = st
-        return {"placement": self.placement, "micro_batches": self.micro_batches, "stages": stages}
-
-    def ds_config(self, base: Mapping[str, Any], extra_section: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """`base` with this candidate as its hetero_parallel section (per-stage batch keys dropped)."""
-        cfg = copy.deepcopy(dict(base))
-        for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
-            cfg.pop(key, None)
-        cfg[SECTION] = carry_freeze(self.section(), base) | dict(extra_section or {})
-        return cfg
-
-
-def lighter_siblings(cand: MultiCandidate) -> list[MultiCandidate]:
-    """The candidate with one memory feature turned off, for each it uses (dominance.py): a stage's
-    recompute (Megatron's: every stage's at once), a per-stage ZeRO (every stage back on the config's)."""
-    out = []
-    if cand.megatron and cand.language.recompute:
-        out.append(replace(cand, encoders=tuple((n, replace(s, recompute=False)) for n, s in cand.encoders),
-                           language=replace(cand.language, recompute=False)))
-    for name, s in cand.encoders:
-        if s.recompute:
-            out.append(replace(cand, encoders=tuple((n, replace(e, recompute=False) if n == name else e)
-                                                    for n, e in cand.encoders)))
-    if cand.language.recompute:
-        out.append(replace(cand, language=replace(cand.language, recompute=False)))
-    if cand.language.zero is not None or any(s.zero is not None for _, s in cand.encoders):
-        out.append(replace(cand, encoders=tuple((n, replace(s, zero=None)) for n, s in cand.encoders),
-                           language=replace(cand.language, zero=None)))
-    return out
-
-
-def _splits(space: SearchSpace, names: tuple[str, ...]) -> Iterator[tuple[str, int, dict[str, tuple[int, ...]]]]:
+def several_splits(space: SearchSpace, names: tuple[str, ...]) -> Iterator[tuple[str, int, dict[str, tuple[int, ...]]]]:
     """(placement, language ranks, {apart encoder: its ranks}): the language's block first when
     some encoders share it, every apart encoder on a consecutive block after it."""
     n = space.world_size
@@ -187,7 +59,7 @@ def _splits(space: SearchSpace, names: tuple[str, ...]) -> Iterator[tuple[str, i
 
 
 def _accepts(base, adapter, names, language: StageChoice, client_opt: bool) -> bool:
-    probe = MultiCandidate("colocated", tuple((n, StageChoice(1, 4)) for n in names), language, 1)
+    probe = Candidate("colocated", tuple((n, StageChoice(1, 4)) for n in names), language, 1)
     try:
         check_candidate(probe.ds_config(dict(base, train_batch_size=8)), 4, adapter, client_opt)
         return True
@@ -215,15 +87,15 @@ class StageShapes:
 
     def encoder(self, name: str, tp: int) -> bool:
         encoders = tuple((n, StageChoice(tp, 1) if n == name else StageChoice(1, tp)) for n in self.names)
-        return self._probe((name, tp), tp, MultiCandidate("colocated", encoders, StageChoice(1, tp), 1))
+        return self._probe((name, tp), tp, Candidate("colocated", encoders, StageChoice(1, tp), 1))
 
     def language(self, tp: int, cp: int, sequence_parallel: bool) -> bool:
         n = tp * cp
         encoders = tuple((e, StageChoice(1, n)) for e in self.names)
-        probe = MultiCandidate("colocated", encoders, StageChoice(tp, 1, cp, sequence_parallel), 1)
+        probe = Candidate("colocated", encoders, StageChoice(tp, 1, cp, sequence_parallel), 1)
         return self._probe(("language", tp, cp, sequence_parallel), n, probe)
 
-    def _probe(self, key: tuple, world: int, probe: MultiCandidate) -> bool:
+    def _probe(self, key: tuple, world: int, probe: Candidate) -> bool:
         stage = key[0]
         if key not in self.seen:
             cfg = dict(self.base, train_batch_size=world, zero_optimization={"stage": 1})
@@ -236,26 +108,26 @@ class StageShapes:
 
 
 def enumerate_multi(space: SearchSpace, base: Mapping[str, Any], adapter, names: tuple[str, ...],
-                    has_client_optimizer: bool = False) -> tuple[list[MultiCandidate], dict]:
+                    has_client_optimizer: bool = False) -> tuple[list[Candidate], dict]:
     """(valid candidates, stats): every candidate passed check_candidate; stats count the rejections."""
     cp_ok, sp_ok = sequence_sharding(base, adapter, names, has_client_optimizer)
     mbs = [m for m in (space.micro_batches or divisors(space.global_batch)) if m <= space.max_micro_batches]
-    out: list[MultiCandidate] = []
+    out: list[Candidate] = []
     stats = {"generated": 0, "rejected": 0, "cp": cp_ok, "sequence_parallel": sp_ok, "reasons": {}}
     cache: dict = {}
-    for placement, nl, blocks in _splits(space, names):
+    for placement, nl, blocks in several_splits(space, names):
         l_ranks = () if placement == "colocated" else tuple(range(nl))
         per_encoder = []
         for name in names:
             ranks = blocks.get(name, l_ranks)
             size = len(ranks) or nl
             per_encoder.append([(name, StageChoice(s.tp, s.dp, ranks=ranks))
-                                for s in _stage_layouts(size, space.max_tp, False, cp_ok, sp_ok)])
-        for lang in _stage_layouts(nl, space.max_tp, True, cp_ok, sp_ok):
+                                for s in stage_layouts(size, space.max_tp, False, cp_ok, sp_ok)])
+        for lang in stage_layouts(nl, space.max_tp, True, cp_ok, sp_ok):
             lang = StageChoice(lang.tp, lang.dp, lang.cp, lang.sequence_parallel, l_ranks)
             for encoders in itertools.product(*per_encoder):
                 for m in mbs:
-                    cand = MultiCandidate(placement, tuple(encoders), lang, m)
+                    cand = Candidate(placement, tuple(encoders), lang, m)
                     stats["generated"] += 1
                     try:
                         check_candidate(cand.ds_config(base), space.world_size, adapter, has_client_optimizer,

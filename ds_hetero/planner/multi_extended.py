@@ -33,35 +33,35 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from .candidate import StageChoice
 from .cost import Prediction
 from .dominance import Dominance
-from .enumerate import SearchSpace, _stage_layouts, divisors
-from .modelled import ModelledSpace, _features, _language_layouts, _micro_batches, first_stage_cuts
-from .multi_candidate import MultiCandidate, StageShapes, _splits, lighter_siblings
-from .search import TUNE_TOP  # first_stage candidates whose cut is tuned, as for one encoder
+from .enumerate import SearchSpace, stage_layouts, divisors
+from .modelled import TUNE_TOP, ModelledSpace, features, first_stage_cuts, language_layouts, pipeline_micro_batches
+from .candidate import Candidate
+from .multi_candidate import StageShapes, several_splits
 from .verdicts import EngineVerdicts
 
 
 def pipelined(space: SearchSpace, ms: ModelledSpace, names: tuple[str, ...], shapes: StageShapes, cp_ok: bool,
-              sp_ok: bool) -> Iterator[MultiCandidate]:
+              sp_ok: bool) -> Iterator[Candidate]:
     """Every placement's rank split with a language pipeline (pp > 1)."""
-    for placement, nl, blocks in _splits(space, names):
+    for placement, nl, blocks in several_splits(space, names):
         l_ranks = () if placement == "colocated" else tuple(range(nl))
         per_encoder = []
         for name in names:
             ranks = blocks.get(name, l_ranks)
             per_encoder.append([(name, StageChoice(s.tp, s.dp, ranks=ranks))
-                                for s in _stage_layouts(len(ranks) or nl, space.max_tp, False, cp_ok, sp_ok)
+                                for s in stage_layouts(len(ranks) or nl, space.max_tp, False, cp_ok, sp_ok)
                                 if shapes.encoder(name, s.tp)])
         sub = replace(ms, world_size=nl)
-        for tp, cp, pp, dp, sp in _language_layouts(sub, nl):
+        for tp, cp, pp, dp, sp in language_layouts(sub, nl):
             if pp == 1 or (cp > 1 and not cp_ok) or (sp and not sp_ok) or not shapes.language(tp, cp, sp):
                 continue
             lang = StageChoice(tp, dp, cp, sp, l_ranks, pp=pp)
-            for m in _micro_batches(sub, dp, pp):
+            for m in pipeline_micro_batches(sub, dp, pp):
                 for encoders in itertools.product(*per_encoder):
-                    yield MultiCandidate(placement, tuple(encoders), lang, m)
+                    yield Candidate(placement, tuple(encoders), lang, m)
 
 
-def fewer_passes(cand: MultiCandidate) -> Iterator[MultiCandidate]:
+def fewer_passes(cand: Candidate) -> Iterator[Candidate]:
     """The candidate, then (colocated) with each encoder's passes any divisor of the micro-batches."""
     yield cand
     if cand.placement != "colocated":
@@ -73,31 +73,31 @@ def fewer_passes(cand: MultiCandidate) -> Iterator[MultiCandidate]:
             yield replace(cand, encoder_passes=fewer)
 
 
-def megatron(ms: ModelledSpace, names: tuple[str, ...], shapes: StageShapes) -> Iterator[MultiCandidate]:
+def megatron(ms: ModelledSpace, names: tuple[str, ...], shapes: StageShapes) -> Iterator[Candidate]:
     """Megatron's single layout: every encoder at the language's tp and dp on its first stage, even cut."""
-    for tp, cp, pp, dp, sp in _language_layouts(ms, ms.world_size):
+    for tp, cp, pp, dp, sp in language_layouts(ms, ms.world_size):
         if not (shapes.language(tp, cp, sp) and all(shapes.encoder(n, tp) for n in names)):
             continue
         encoders = tuple((n, StageChoice(tp, dp)) for n in names)
-        for m in _micro_batches(ms, dp, pp):
-            yield MultiCandidate("first_stage", encoders, StageChoice(tp, dp, cp, sp, pp=pp), m)
+        for m in pipeline_micro_batches(ms, dp, pp):
+            yield Candidate("first_stage", encoders, StageChoice(tp, dp, cp, sp, pp=pp), m)
 
 
-def with_features(cand: MultiCandidate, ms: ModelledSpace) -> Iterator[MultiCandidate]:
+def withfeatures(cand: Candidate, ms: ModelledSpace) -> Iterator[Candidate]:
     """The candidate (first) and its recompute / ZeRO variants, lighter ones first."""
     if cand.megatron:  # Megatron's full recompute: every stage or none
         for rc in (False, True):
             yield replace(cand, encoders=tuple((n, replace(s, recompute=rc)) for n, s in cand.encoders),
                           language=replace(cand.language, recompute=rc))
         return
-    for (rc, lz), enc_rc in itertools.product(_features(ms, cand.language.pp),
+    for (rc, lz), enc_rc in itertools.product(features(ms, cand.language.pp),
                                               itertools.product((False, True), repeat=len(cand.encoders))):
         yield replace(cand, encoders=tuple((n, replace(s, recompute=r)) for (n, s), r in zip(cand.encoders, enc_rc)),
                       language=replace(cand.language, recompute=rc, zero=lz))
 
 
 def extended_predictions(space: SearchSpace, base: Mapping[str, Any], adapter, names: tuple[str, ...], layers: int,
-                         zero: int, price: Callable[[MultiCandidate], Prediction], priced: Iterable[Prediction],
+                         zero: int, price: Callable[[Candidate], Prediction], priced: Iterable[Prediction],
                          cp_ok: bool, sp_ok: bool, client_opt: bool = False) -> tuple[list[Prediction], dict]:
     """(predictions of the accepted extended candidates, stats). `priced`: enumerate_multi's
     predictions (their lighter siblings for dominance; their passes and feature variants are
@@ -106,14 +106,14 @@ def extended_predictions(space: SearchSpace, base: Mapping[str, Any], adapter, n
                        space.max_micro_batches)
     verdicts = EngineVerdicts(base, space.world_size, adapter, client_opt)
     shapes = StageShapes(base, adapter, names)
-    dominance = Dominance(lighter_siblings)
+    dominance = Dominance()
     priced = list(priced)
     seen = {p.candidate for p in priced}
     for p in priced:
         dominance.record(p)
     stats = {"generated": 0, "rejected": 0, "pruned": 0, "reasons": verdicts.reasons}
 
-    def run(cands: Iterable[MultiCandidate]) -> list[Prediction]:
+    def run(cands: Iterable[Candidate]) -> list[Prediction]:
         out = []
         for c in cands:
             if c in seen:
@@ -131,10 +131,10 @@ def extended_predictions(space: SearchSpace, base: Mapping[str, Any], adapter, n
             out.append(pred)
         return out
 
-    def variants(cands: Iterable[MultiCandidate]) -> Iterator[MultiCandidate]:
+    def variants(cands: Iterable[Candidate]) -> Iterator[Candidate]:
         for c in cands:
             for p in fewer_passes(c):
-                yield from with_features(p, ms)
+                yield from withfeatures(p, ms)
 
     out = run(variants(p.candidate for p in priced))
     out += run(variants(pipelined(space, ms, names, shapes, cp_ok, sp_ok)))
