@@ -127,6 +127,8 @@ def engine_syncs(cand: Candidate, machine: MachineProfile, world: int) -> float:
     norm of each stage with tp > 1 (its tp group)."""
     tiny = 64
     t = 2 * machine.collective_time("all_reduce", tiny, world)
-    for layout in (*dict(cand.encoders).values(), cand.language):
-        t += machine.collective_time("all_reduce", tiny, layout.tp)
-    return t
+    encoders = [machine.collective_time("all_reduce", tiny, e.tp) for _, e in cand.encoders]
+    language = machine.collective_time("all_reduce", tiny, cand.language.tp)
+    # the sums in the order the planner has always added them (one encoder: encoder, language;
+    # several: language, encoders), so that rows of equal predicted time keep their order
+    return t + encoders[0] + language if len(encoders) == 1 else t + language + sum(encoders)

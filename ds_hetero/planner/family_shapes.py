@@ -161,6 +161,9 @@ def gemma3(cfg: Any) -> ModelSpec:
     ), language)
 
 
+AUDIO_KIND = "qwen2_5_omni_audio"
+
+
 def audio_rows(frames: int) -> int:
     """Boundary rows of a clip of `frames` mel frames (the encoder's stride-2 conv, then stride-2 pooling)."""
     return ((frames - 1) // 2 + 1 - 2) // 2 + 1

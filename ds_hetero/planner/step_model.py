@@ -138,8 +138,8 @@ def _combine(cand: Candidate, enc_t: dict, passes: dict, exch: dict, chunks: lis
         step, busy = first_stage_step(_sum([enc_t[n] for n in names]), chunks, m)
         return step, {"all": busy}
     if not apart:
-        if lang.pp == 1 and not cand.encoder_passes:
-            step, busy = colocated_step(_sum([enc_t[n] for n in names]), chunks[0], sum(exch.values()), m)
+        if lang.pp == 1 and not cand.encoder_passes and len(names) == 1:  # (several: the same sum, as below)
+            step, busy = colocated_step(enc_t[names[0]], chunks[0], exch[names[0]], m)
         else:
             step, busy = colocated_encoders_step([(enc_t[n], passes[n], exch[n]) for n in names], chunks, m)
         return step, {"all": busy}
