@@ -84,13 +84,13 @@ def test_audio_flops_hand_count(spec):
 def test_enumeration_gives_each_encoder_its_own_layout_and_placement(omni):
     from ds_hetero.models import adapter_for
     from ds_hetero.planner.enumerate import SearchSpace
-    from ds_hetero.planner.multi_candidate import enumerate_multi
+    from ds_hetero.planner.enumerate import enumerate_candidates
     from ds_hetero.planner.validity import check_candidate
 
     adapter = adapter_for(omni)
     space = SearchSpace(world_size=4, global_batch=8, max_tp=4, placements=("colocated", "disaggregated", "mixed"),
                         micro_batches=(1, 2))
-    cands, stats = enumerate_multi(space, BASE, adapter, ("vision", "audio"))
+    cands, stats = enumerate_candidates(space, BASE, adapter, names=("vision", "audio"))
     assert stats["generated"] == len(cands) + stats["rejected"] and stats["rejected"] > 0
     by = {}
     for c in cands:

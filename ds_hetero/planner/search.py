@@ -24,13 +24,8 @@ from ..config import SECTION
 from ..models import adapter_for
 from .cost import Prediction
 from .enumerate import SearchSpace, enumerate_candidates
-from .multi_candidate import enumerate_multi
-from .multi_extended import extended_predictions
-from .modelled import (TUNE_TOP, ModelledSpace, disaggregated_candidates, heterogeneous_candidates,
-                       megatron_candidates, tune_cut)
+from .extended import extended_one, extended_several
 from .step_model import predict
-from .verdicts import EngineVerdicts
-from .dominance import Dominance
 from .frozen import kept_section, resolve_freeze
 from .machine import MachineProfile
 from .model_source import load_model
@@ -165,8 +160,7 @@ def _search_one(space, spec, wl, machine, limit, base, adapter, client_opt, mode
     preds = [predict(c, spec, wl, machine, limit, cache=cache) for c in candidates]
     stats["runnable"] = len(preds)
     if modelled:
-        extended = _modelled(spec, wl, machine, limit, base, adapter, space.max_tp, space.micro_batches,
-                             space.world_size, space.placements, cache, client_opt, preds)
+        extended = extended_one(spec, wl, machine, limit, base, adapter, space, cache, client_opt, preds)
         preds += extended
         stats["runnable"] += sum(p.runnable for p in extended)
     stats["modelled"] = len(preds) - stats["runnable"]
@@ -175,12 +169,12 @@ def _search_one(space, spec, wl, machine, limit, base, adapter, client_opt, mode
 
 def _search_several(space, spec, wl, machine, limit, base, adapter, client_opt, modelled):
     """(predictions, stats) of a model with several encoders: only what the engine's checks accept."""
-    candidates, stats = enumerate_multi(space, base, adapter, spec.names, client_opt)
+    candidates, stats = enumerate_candidates(space, base, adapter, client_opt, spec.names)
     cache: dict = {}
     preds = [predict(c, spec, wl, machine, limit, cache=cache) for c in candidates]
     stats["pruned"] = 0
     if modelled:
-        more, extra = extended_predictions(
+        more, extra = extended_several(
             space, base, adapter, spec.names, spec.language.layers, wl.zero,
             lambda c: predict(c, spec, wl, machine, limit, cache=cache), preds, stats["cp"],
             stats["sequence_parallel"], client_opt)
@@ -209,42 +203,6 @@ def check_rows(spec: ModelSpec, rows: Mapping[str, int], seq_len: int) -> dict[s
         raise ValueError(f"the encoders' rows per sample ({sum(rows.values())}: "
                          f"{', '.join(f'{n} {rows[n]}' for n in spec.names)}) exceed --seq-len {seq_len}")
     return {n: int(rows[n]) for n in spec.names}
-
-
-def _modelled(spec, wl, machine, limit, base, adapter, max_tp, micro_batches, world, placements, times: dict,
-              client_opt: bool = False, runnable: list[Prediction] = ()) -> list[Prediction]:
-    """Megatron's single layouts (with their cut tuned) and heterogeneous candidates with a pipeline,
-    first_stage, recompute or per-stage ZeRO; each runnable when the engine's checks accept its config."""
-    ms = ModelledSpace(world, wl.global_batch, spec.language.layers, max_tp, wl.zero, micro_batches)
-    cache: dict = {}
-    verdicts = EngineVerdicts(base, world, adapter, client_opt)
-    dominance = Dominance()
-    for pred in runnable:
-        dominance.record(pred)
-
-    def priced(cands):
-        out = []
-        for c in cands:  # generated with each feature off before on, so the lighter siblings come first
-            if dominance.dominated(c):
-                continue
-            pred = predict(c, spec, wl, machine, limit, runnable=verdicts.accepts(c), cache=times)
-            dominance.record(pred)
-            out.append(pred)
-        return out
-
-    meg = priced(megatron_candidates(ms, base, adapter, cache))
-    meg.sort(key=lambda p: (not p.fits, -p.tokens_per_s))
-    tuned = []
-    for p in meg[:TUNE_TOP]:  # tune the first stage's layers of the best few even-cut layouts
-        tuned += priced(tune_cut(p.candidate, spec.language.layers))
-    out = meg + tuned
-    if "colocated" in placements:
-        out += priced(heterogeneous_candidates(ms, base, adapter, cache))
-    if "disaggregated" in placements:
-        node = machine.devices_per_node if machine.devices_per_node < world else 0
-        out += priced(disaggregated_candidates(ms, base, adapter, cache, node))
-    return out
-
 
 
 def write_config(path: str | os.PathLike, cfg: Mapping[str, Any]) -> None:

@@ -1,12 +1,15 @@
-"""The multi-encoder candidates beyond `enumerate_multi`'s: a pipelined language stage, first_stage
-(Megatron's single layout, its first stage's layers tuned), fewer encoder passes, recompute and
-per-stage ZeRO; each kept when the engine's checks accept its config (the multi-encoder planner
-lists only what the engine runs).
+"""The search beyond the enumeration's candidates: a pipelined language stage, first_stage (Megatron's
+single layout, its first stage's layers tuned), fewer encoder passes, recompute and per-stage
+ZeRO, from modelled.py's generators (its language layouts (tp, cp, pp, dp, sequence parallel) and
+micro-batch policy (at least pp micro-batches, pp <= 16), its language features (recompute; ZeRO 3
+for the language when the config's stage is lower and pp = 1), its first-stage cuts).
 
-Generation reuses the single-encoder planner's (modelled.py): its language layouts
-(tp, cp, pp, dp, sequence parallel) and micro-batch policy (at least pp micro-batches, pp <= 16),
-its language features (recompute; ZeRO 3 for the language when the config's stage is lower and
-pp = 1), its first-stage cuts, over multi_candidate.py's rank splits per placement:
+One encoder (`extended_one`): modelled.py's candidates, each priced; runnable when the engine's
+checks accept its config, else modelled only (the table shows what the engine cannot run yet);
+a candidate whose lighter sibling fits and runs is not priced (dominance.py).
+
+Several encoders (`extended_several`): only candidates the engine's checks accept are kept, over
+enumerate.py's rank splits per placement:
 
     pipelined       every placement's split with language pp > 1, each encoder in each of its layouts
     fewer passes    colocated only: each encoder any number of passes dividing the micro-batches
@@ -17,7 +20,7 @@ pp = 1), its first-stage cuts, over multi_candidate.py's rank splits per placeme
     features        each candidate with recompute per stage and the language's ZeRO, lighter
                     (fewer features) first
 
-Dominance (dominance.py, with this module's siblings): a candidate whose lighter sibling fits and
+Dominance (dominance.py): a candidate whose lighter sibling fits and
 runs is skipped, and so are its own heavier siblings (`Dominance.skip`), so a model that fits
 without them pays for no feature. Validity: `EngineVerdicts`, i.e. `check_candidate` only; a
 stage's sizes that the checks refuse for the model's shapes on a probe (`StageShapes`) are not
@@ -30,21 +33,65 @@ import itertools
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from .candidate import StageChoice
+from .candidate import Candidate, StageChoice
 from .cost import Prediction
 from .dominance import Dominance
-from .enumerate import SearchSpace, stage_layouts, divisors
-from .modelled import TUNE_TOP, ModelledSpace, features, first_stage_cuts, language_layouts, pipeline_micro_batches
-from .candidate import Candidate
-from .multi_candidate import StageShapes, several_splits
+from .enumerate import SearchSpace, divisors, rank_splits, stage_layouts
+from .machine import MachineProfile
+from .modelled import (TUNE_TOP, ModelledSpace, disaggregated_candidates, features, first_stage_cuts,
+                       heterogeneous_candidates, language_layouts, megatron_candidates, pipeline_micro_batches,
+                       tune_cut)
+from .shapes import ModelSpec
+from .step_model import predict
+from .validity import StageShapes
 from .verdicts import EngineVerdicts
+from .workload import Workload
+
+
+def extended_one(spec: ModelSpec, wl: Workload, machine: MachineProfile, limit: float | None, base, adapter,
+                 space: SearchSpace, times: dict, client_opt: bool = False, runnable: Iterable[Prediction] = ()
+                 ) -> list[Prediction]:
+    """One encoder: Megatron's single layouts (with their cut tuned) and heterogeneous candidates with
+    a pipeline, first_stage, recompute or per-stage ZeRO; each runnable when the engine's checks
+    accept its config, modelled (priced only) when they refuse it. `runnable`: the enumeration's
+    predictions (their lighter siblings for dominance); `times`: the plan's cache."""
+    world, placements = space.world_size, space.placements
+    ms = ModelledSpace(world, wl.global_batch, spec.language.layers, space.max_tp, wl.zero, space.micro_batches)
+    cache: dict = {}
+    verdicts = EngineVerdicts(base, world, adapter, client_opt)
+    dominance = Dominance()
+    for pred in runnable:
+        dominance.record(pred)
+
+    def priced(cands):
+        out = []
+        for c in cands:  # generated with each feature off before on, so the lighter siblings come first
+            if dominance.dominated(c):
+                continue
+            pred = predict(c, spec, wl, machine, limit, runnable=verdicts.accepts(c), cache=times)
+            dominance.record(pred)
+            out.append(pred)
+        return out
+
+    meg = priced(megatron_candidates(ms, base, adapter, cache))
+    meg.sort(key=lambda p: (not p.fits, -p.tokens_per_s))
+    tuned = []
+    for p in meg[:TUNE_TOP]:  # tune the first stage's layers of the best few even-cut layouts
+        tuned += priced(tune_cut(p.candidate, spec.language.layers))
+    out = meg + tuned
+    if "colocated" in placements:
+        out += priced(heterogeneous_candidates(ms, base, adapter, cache))
+    if "disaggregated" in placements:
+        node = machine.devices_per_node if machine.devices_per_node < world else 0
+        out += priced(disaggregated_candidates(ms, base, adapter, cache, node))
+    return out
 
 
 def pipelined(space: SearchSpace, ms: ModelledSpace, names: tuple[str, ...], shapes: StageShapes, cp_ok: bool,
               sp_ok: bool) -> Iterator[Candidate]:
     """Every placement's rank split with a language pipeline (pp > 1)."""
-    for placement, nl, blocks in several_splits(space, names):
-        l_ranks = () if placement == "colocated" else tuple(range(nl))
+    for placement, l_ranks, blocks in rank_splits(space, names):
+        nl = len(l_ranks) or space.world_size
         per_encoder = []
         for name in names:
             ranks = blocks.get(name, l_ranks)
@@ -96,12 +143,12 @@ def withfeatures(cand: Candidate, ms: ModelledSpace) -> Iterator[Candidate]:
                       language=replace(cand.language, recompute=rc, zero=lz))
 
 
-def extended_predictions(space: SearchSpace, base: Mapping[str, Any], adapter, names: tuple[str, ...], layers: int,
+def extended_several(space: SearchSpace, base: Mapping[str, Any], adapter, names: tuple[str, ...], layers: int,
                          zero: int, price: Callable[[Candidate], Prediction], priced: Iterable[Prediction],
                          cp_ok: bool, sp_ok: bool, client_opt: bool = False) -> tuple[list[Prediction], dict]:
-    """(predictions of the accepted extended candidates, stats). `priced`: enumerate_multi's
-    predictions (their lighter siblings for dominance; their passes and feature variants are
-    searched here); `price`: multi_predict.predict_multi for this plan."""
+    """Several encoders: (predictions of the accepted extended candidates, stats). `priced`: the
+    enumeration's predictions (their lighter siblings for dominance; their passes and feature
+    variants are searched here); `price`: step_model.predict for this plan."""
     ms = ModelledSpace(space.world_size, space.global_batch, layers, space.max_tp, zero, space.micro_batches,
                        space.max_micro_batches)
     verdicts = EngineVerdicts(base, space.world_size, adapter, client_opt)
