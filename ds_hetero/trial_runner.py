@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trial_worker.py")
+WORKER = "ds_hetero.trial_worker"  # run as a module (`python -m`): a script by path would put ds_hetero/ on sys.path
 
 
 def _port() -> str:
@@ -54,7 +54,7 @@ def launch_one(model: str, cfg: Mapping[str, Any], world: int, seq_len: int, ima
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("OMP_NUM_THREADS", "1")
-    cmd = [_launcher(), "--num_gpus", str(world), "--master_port", _port(), WORKER, "--model", model,
+    cmd = [_launcher(), "--num_gpus", str(world), "--master_port", _port(), "--module", WORKER, "--model", model,
            "--config", cfg_path, "--seq-len", str(seq_len), "--image-tokens", str(image_tokens),
            "--steps", str(steps), "--out", out_path]
     try:

@@ -1,8 +1,8 @@
 """One measured trial, run on every rank by the deepspeed launcher (trial_runner.launch_one starts it).
 
-A script the launcher runs by path, hence its absolute imports.
+A module the launcher runs (`--module`, as `python -m`), hence its absolute imports.
 
-    deepspeed --num_gpus 4 ds_hetero/trial_worker.py --model tiny-llava --config cfg.json \
+    deepspeed --num_gpus 4 --module ds_hetero.trial_worker --model tiny-llava --config cfg.json \
         --seq-len 96 --image-tokens 64 --steps 3 --out result.json
 
 The model: a built-in tiny model built with seed 0 (the recipes' model), a config.json built

@@ -6,8 +6,7 @@ collectives (collectives.py over the machine's alpha-beta model); per step the d
 reduction and the optimizer (Adam reads and writes ~36 bytes per parameter of the partition:
 fp32 master, moments, parameter and gradient). The boundary costs one all-to-all per direction
 over the union of both stages (bytes from the boundary's own plan); `engine_syncs` adds the
-engine's per-step agreement and norm all-reduces. step_model.py combines them (pipeline.py,
-pipeline_pp.py).
+engine's per-step agreement and norm all-reduces. step_model.py combines them (step_time.py).
 
 Devices that share compute units (CPU ranks on fewer cores than ranks) cannot all compute at
 once: the step is then at least the busy seconds of all ranks over the compute units.

@@ -1,5 +1,6 @@
-"""The extended candidates: a language pipeline, first_stage (with the Megatron baseline), recompute,
-per-stage ZeRO.
+"""The extended candidates' generators: a language pipeline, first_stage (with the Megatron baseline),
+recompute, per-stage ZeRO. The candidates below are one encoder's; their language layouts,
+micro-batch policy, features and first-stage cuts are every model's (extended.py searches them).
 
 Megatron's single layout (placement first_stage): one (tp, cp, pp, dp) for the whole model; the
 encoder at the language's tp on the first pipeline stage's ranks, replicated over cp (every cp
@@ -16,7 +17,7 @@ own ranks (disaggregated) with a language pipeline or recompute.
 Validity: the model's shapes are checked here by the engine's checks (`validity.check_shapes`: tp
 dividing heads, kv heads, MLP width, vocabulary, for these tp / cp sizes); a candidate whose shapes
 pass is priced, and it is runnable exactly when the engine's checks accept its whole config
-(search.py, verdicts.py); the others (e.g. cp with a pipeline, Megatron's encoder replicated over
+(extended.py, verdicts.py); the others (e.g. cp with a pipeline, Megatron's encoder replicated over
 cp, which the engine's first_stage cannot express) are labelled modelled. Search policy, not
 validity: at least pp micro-batches for a pipeline of pp stages (fewer leaves stages idle for the
 whole step), pp <= 16.
