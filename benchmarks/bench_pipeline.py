@@ -112,8 +112,8 @@ def run(rank, world, a, mb):
     import torch.distributed as dist
 
     import ds_hetero
-    from ds_hetero.data import ShapesCaptionDataset
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import ShapesCaptionDataset
+    from ds_hetero.toy import tiny_llava
     from ds_hetero.timeline import pipeline_overlap
 
     names = list(rows(a))

@@ -7,14 +7,22 @@
     trainer = ds_hetero.hetero(SFTTrainer)(model=model, args=args, ...)   # any HF Trainer class, one line
 """
 
-from .config import HeteroConfig, load_config
+from . import config as _config
+from .config import HeteroConfig
 from .engine import HeteroEngine
 from .entry import initialize
 from .errors import HeteroConfigError
-from .topology.layout import Coord, StageLayout
+from .layout import Coord, StageLayout
 from .weights import WeightsError, meta_model
 from .result import StepResult
 from .version import __version__
+from .families import known_encoder_stages as _known_encoder_stages
+
+
+def load_config(source, world_size: int) -> HeteroConfig:
+    """Read and validate a DeepSpeed config with a `hetero_parallel` section for `world_size` ranks, its
+    stage names checked against every model family's (config/parse.py; the families name their stages)."""
+    return _config.load_config(source, world_size, _known_encoder_stages())
 
 __all__ = [
     "Coord", "HeteroCallback", "HeteroConfig", "HeteroConfigError", "HeteroEngine", "HeteroTrainer",
@@ -25,15 +33,17 @@ __all__ = [
 # A plain deepspeed.initialize given a hetero_parallel config raises instead of silently training
 # homogeneously, and DeepSpeed's CPU shared-memory op is not compiled (inference only, a minute of
 # compiling): patches.py lists every process-wide patch and how it is undone.
-from .patches import install_import_patches  # noqa: E402
+from .integrations.guard import install_deepspeed_guard  # noqa: E402
+from .patches import skip_cpu_shm_comm_build  # noqa: E402
 
-install_import_patches()
+install_deepspeed_guard()
+skip_cpu_shm_comm_build()
 
 
 def __getattr__(name):
     # The Trainer entry points import transformers.Trainer (seconds): only when asked for.
     if name in ("HeteroTrainer", "HeteroCallback", "HeteroTrainerMixin", "hetero"):
-        from .integrations import hf_trainer
+        from .integrations.trainer import hf_trainer
 
         return getattr(hf_trainer, name)
     if name == "accelerate":

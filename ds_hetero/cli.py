@@ -9,7 +9,7 @@
 
 validate: exit code 0 with the rank map when the config is valid for that world size, 1 with the
 validation error otherwise. `validate` runs the checks `initialize` runs before its first
-collective (ds_hetero/stages/checks.py); with `--model` (a Hugging Face checkpoint directory or
+collective (ds_hetero/validation.py); with `--model` (a Hugging Face checkpoint directory or
 config.json, or a built-in tiny model) also the model's own (heads, kv heads, vocabulary against
 tp), on a model built on the meta device: no weights are read. An `"auto"` section is checked for
 its keys (initialize plans it). plan: the ranked table of every valid configuration
@@ -23,8 +23,9 @@ import sys
 
 from .config import HeteroConfig, load_config
 from .errors import HeteroConfigError
-from .models.meta import BUILTIN, meta_model
-from .stages.checks import check_all
+from .families import known_encoder_stages
+from .families.meta import BUILTIN, meta_model
+from .validation import check_all
 
 
 def rank_map(cfg: HeteroConfig) -> str:
@@ -101,7 +102,7 @@ def _validate(args: argparse.Namespace) -> int:
             print(f"{args.config}: hetero_parallel is auto; initialize plans it on rank 0 "
                   f"(see the choice with: ds-hetero plan --model ... --world-size {args.world_size})")
             return 0
-        cfg = load_config(ds, args.world_size)
+        cfg = load_config(ds, args.world_size, known_encoder_stages())
         model = meta_model(args.model) if args.model else None
         check_all(cfg, model, has_client_optimizer=args.client_optimizer)
     except HeteroConfigError as exc:

@@ -5,7 +5,7 @@
 Order, the same on every rank: the model's adapter and its weights' headers, the DeepSpeed config
 read once, an "auto" section planned (rank 0 plans and broadcasts: planner/auto.py), the
 `hetero_parallel` section parsed for the world size and checked with the checks `ds-hetero
-validate` runs (stages/checks.py), all before the first collective of the engine; then the
+validate` runs (validation.py), all before the first collective of the engine; then the
 default process group with the config's timeout, then the engine (engine.py). The engine takes
 the parsed config and never imports the planner; the planner never imports the engine: entry
 hands it the trial runner (trial_runner.py) for `"trial"`.
@@ -21,9 +21,9 @@ import torch.distributed as dist
 
 from .config import DEFAULT_TIMEOUT_S, HeteroConfig, parse_config, read_ds_config
 from .engine import HeteroEngine
-from .models import adapter_for
+from .families import adapter_for, known_encoder_stages
 from .planner.auto import resolve_auto
-from .stages.checks import check_all
+from .validation import check_all
 from .tensor_parallel.lora_checks import check_lora
 from .topology.distributed import ensure_distributed
 from .trial_runner import trials_in_process
@@ -48,8 +48,8 @@ def prepare_config(model: torch.nn.Module, config: str | os.PathLike | Mapping[s
         world = dist.get_world_size()
     else:
         world = int(os.environ.get("WORLD_SIZE", "0")) or ensure_distributed(DEFAULT_TIMEOUT_S)[1]
-    cfg = parse_config(ds, world)
-    check_all(cfg, model, has_client_optimizer)
+    cfg = parse_config(ds, world, known_encoder_stages())
+    check_all(cfg, model, has_client_optimizer, adapter)
     check_lora(model, adapter or adapter_for(model), cfg)  # PEFT LoRA layers (tensor_parallel/lora.py)
     ensure_distributed(cfg.timeout_s)  # the default group waits as long as the stages' groups do
     return cfg

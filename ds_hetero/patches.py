@@ -6,7 +6,7 @@ idempotent, and can be undone. Nothing else in ds_hetero writes another library'
 | patch | where it is made | why | how it is undone |
 | --- | --- | --- | --- |
 | `deepspeed.comm.torch.build_shm_op` -> no-op (CPU accelerator only) | `skip_cpu_shm_comm_build`, at `import ds_hetero` | DeepSpeed JIT-compiles its shared-memory inference op (45-65 s) at every comm start on CPU; training never uses it | `restore_cpu_shm_comm_build()` |
-| `deepspeed.initialize` wrapped to refuse a `hetero_parallel` config | `integrations/guard.py` `install_deepspeed_guard`, at `import ds_hetero` | a homogeneous path (stock Trainer, plain Accelerate, plain DeepSpeed) would silently ignore the section | `remove_deepspeed_guard()`: the original is kept as `__wrapped__` |
+| `deepspeed.initialize` wrapped to refuse a `hetero_parallel` config | `integrations/guard.py` `install_deepspeed_guard`, at `import ds_hetero` (the package root installs both import-time patches) | a homogeneous path (stock Trainer, plain Accelerate, plain DeepSpeed) would silently ignore the section | `integrations/guard.py` `remove_deepspeed_guard()`: the original is kept as `__wrapped__` |
 | `deepspeed.utils.groups.mpu` pointed at one stage's StageMPU | `topology/mpu.py` `stage_context`, around every stage engine call | DeepSpeed stores the last engine's mpu in that global and ZeRO re-reads it at gradient reduction | restored when the context exits |
 | `transformers` attention registry: `ds_hetero_sequence_sharded` added | `context_parallel/attention.py` `_register`, when a language stage shards its sequence | transformers picks attention kernels by name from a process-wide registry | none needed: the entry is stateless and only the models whose config ds_hetero pointed at it (their own `_attn_implementation`, model state, not process state) call it |
 """
@@ -53,18 +53,3 @@ def restore_cpu_shm_comm_build() -> None:
     backend_module = _shm_backend_module()
     if getattr(backend_module.build_shm_op, "_ds_hetero_skipped", False):
         backend_module.build_shm_op = backend_module.build_shm_op.__wrapped__
-
-
-def install_import_patches() -> None:
-    """The patches `import ds_hetero` makes (the first two rows of the table above)."""
-    from .integrations.guard import install_deepspeed_guard
-
-    install_deepspeed_guard()
-    skip_cpu_shm_comm_build()
-
-
-def remove_deepspeed_guard() -> None:
-    import deepspeed
-
-    if getattr(deepspeed.initialize, "_ds_hetero_guard", False):
-        deepspeed.initialize = deepspeed.initialize.__wrapped__

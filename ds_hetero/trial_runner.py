@@ -93,7 +93,7 @@ def trials_in_process(model, configs: Sequence[Mapping[str, Any]], samples: Sequ
 
     from .config import parse_config
     from .engine import HeteroEngine
-    from .stages.checks import check_all
+    from .validation import check_all
 
     world = dist.get_world_size()
     out = []

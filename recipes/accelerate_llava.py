@@ -30,8 +30,8 @@ from accelerate.tracking import GeneralTracker  # noqa: E402
 
 import ds_hetero  # noqa: E402
 import ds_hetero.accelerate  # noqa: E402
-from ds_hetero.data import ShapesCaptionDataset  # noqa: E402
-from ds_hetero.models.tiny import tiny_llava  # noqa: E402
+from ds_hetero.toy import ShapesCaptionDataset  # noqa: E402
+from ds_hetero.toy import tiny_llava  # noqa: E402
 
 
 class JsonlTracker(GeneralTracker):

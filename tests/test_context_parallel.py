@@ -6,7 +6,7 @@ import torch
 
 from ds_hetero.context_parallel import full_attention_mask, padded_lengths, shard_input_ids, shard_language_batch
 from ds_hetero.errors import HeteroConfigError
-from ds_hetero.topology.layout import StageLayout
+from ds_hetero.layout import StageLayout
 from ds_hetero.loss import shifted_labels
 from ds_hetero.testing.launch import run_distributed
 
@@ -63,8 +63,8 @@ def test_padded_lengths_follow_each_dp_replica():
 
 def test_heads_not_divisible_by_tp_times_cp_names_the_field_and_the_sizes_that_work():
     from ds_hetero.config import load_config
-    from ds_hetero.models import adapter_for
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.families import adapter_for
+    from ds_hetero.toy import tiny_llava
 
     cfg = load_config({"train_batch_size": 8, "hetero_parallel": {"stages": {
         "vision": {"dp": 8}, "language": {"tp": 2, "cp": 4, "dp": 1}}}}, 8)
@@ -76,9 +76,9 @@ def test_heads_not_divisible_by_tp_times_cp_names_the_field_and_the_sizes_that_w
 
 @pytest.mark.parametrize("language", [{"cp": 2, "dp": 2}, {"tp": 2, "cp": 2, "dp": 1, "sequence_parallel": True}])
 def test_zero3_with_cp_refuses_reduce_scatter_off_with_the_field(language):
-    # ZeRO 3 with sequence shards runs (stages/zero3_sequence.py) on DeepSpeed's reduce-scatter path only
+    # ZeRO 3 with sequence shards runs (context_parallel/zero3.py) on DeepSpeed's reduce-scatter path only
     from ds_hetero.config import load_config
-    from ds_hetero.stages.checks import check_engine_support
+    from ds_hetero.validation import check_engine_support
 
     cfg = load_config({"train_batch_size": 8, "zero_optimization": {"stage": 3, "reduce_scatter": False},
                        "optimizer": {"type": "SGD"},
@@ -184,7 +184,7 @@ def test_validate_shows_the_cp_coordinate_of_every_rank(capsys):
 
 def test_kernels_without_a_dense_mask_are_refused_on_sequence_shards():
     from ds_hetero.context_parallel import check_context_parallel
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     text = tiny_llava("clip").config.text_config
     check_context_parallel(text, 2, 2)  # sdpa: fine

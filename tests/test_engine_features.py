@@ -28,8 +28,8 @@ def _config(zero=1, bf16=False, **stages):
 
 def _engine(config, seed=5, data_seed=0, size=64):
     import ds_hetero
-    from ds_hetero.data import ShapesCaptionDataset
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import ShapesCaptionDataset
+    from ds_hetero.toy import tiny_llava
 
     model = tiny_llava("clip", seed=seed)
     data = ShapesCaptionDataset.for_llava(model.config, size=size, seed=data_seed)
@@ -51,7 +51,7 @@ def _suite(rank, world_size, tmp):
 
     import ds_hetero
     from ds_hetero.errors import HeteroConfigError
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     out = {}
 
@@ -59,7 +59,7 @@ def _suite(rank, world_size, tmp):
     engine, data = _engine(_config())
     losses = [engine.train_batch().loss for _ in range(6)]
     out["loader_losses"] = losses
-    out["needed"] = sorted(engine.needed_positions())
+    out["needed"] = sorted(engine.data_path.needed_positions())
 
     # 2. a bad sample from the loader makes every rank raise (only some ranks read it)
     bad_index = engine.loader.indices(engine.global_steps)[0]

@@ -54,7 +54,7 @@ def runs(tmp_path_factory):
     # The recipes' built-in model (tiny LLaVA, seed 0) as a checkpoint: the colocated Accelerate run and
     # the disaggregated Trainer's first run load it on the meta device + weights= (each rank reads only
     # its shards), and must still train exactly like the runs that build the model.
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     tiny_llava("clip", seed=0).save_pretrained(out / "model")
     driver = _run([f"{BIN}/deepspeed", "--num_gpus", "4", "--master_port", _port(),
@@ -146,7 +146,7 @@ def test_trainer_eval_loss_and_save_model_match_single_process(runs, placement):
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from ds_hetero.data import ShapesCaptionDataset
+    from ds_hetero.toy import ShapesCaptionDataset
     from ds_hetero.testing.parity import hf_inputs
 
     history = _summary(runs, placement, "trainer_resumed")["log_history"]
@@ -158,7 +158,7 @@ def test_trainer_eval_loss_and_save_model_match_single_process(runs, placement):
         want = float(model(**hf_inputs("llava", model, held_out)).loss)
     assert evals[0]["eval_loss"] == pytest.approx(want, rel=REL)
     # and the checkpoint is the trained model, not the initial one
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     initial = tiny_llava("clip", seed=0).eval()
     with torch.no_grad():
@@ -224,7 +224,7 @@ def test_every_conflict_raises_on_every_rank(runs):
 
 def test_accelerate_yaml_check_names_what_the_yaml_set():
     from ds_hetero.errors import HeteroConfigError
-    from ds_hetero.integrations.accelerate import check_launch_environment
+    from ds_hetero.integrations.accelerate_prepare import check_launch_environment
 
     env = {"ACCELERATE_DEEPSPEED_CONFIG_FILE": "ds_configs/llava_colocated.json",
            "ACCELERATE_CONFIG_DS_FIELDS": "deepspeed_config_file,zero3_init_flag"}

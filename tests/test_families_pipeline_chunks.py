@@ -9,7 +9,7 @@ whole decoder's `layer_types` at its own layer positions (Gemma 3, and the slidi
 Gemma 3 chunk whose mask is left causal, and a Qwen3-VL cut with a DeepStack layer outside the first
 chunk (which the model check refuses), each give different logits. The refusal is a
 HeteroConfigError naming `pp_layers`, from the checks `ds-hetero validate` and `initialize` share
-(stages/checks.py::check_all), and the planner's cached layout verdicts keep cuts apart (a refused
+(validation.py::check_all), and the planner's cached layout verdicts keep cuts apart (a refused
 cut refuses no other).
 """
 
@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from ds_hetero.config import load_config
-from ds_hetero.config.pipeline import layer_cut
+from ds_hetero.pipeline_parallel.cut import layer_cut
 from ds_hetero.errors import HeteroConfigError
-from ds_hetero.models import adapter_for
-from ds_hetero.models import pipeline as pipeline_module
+from ds_hetero.families import adapter_for
+from ds_hetero.pipeline_parallel import chunk as pipeline_module
 from ds_hetero.models.adapter import placeholder_mask
-from ds_hetero.models.pipeline import PipelineChunk
-from ds_hetero.stages.checks import check_all
+from ds_hetero.pipeline_parallel.chunk import PipelineChunk
+from ds_hetero.validation import check_all
 
 
 def _sliding_internvl(seed):
@@ -33,7 +33,7 @@ def _sliding_internvl(seed):
 
     from transformers import InternVLForConditionalGeneration
 
-    from ds_hetero.models.tiny_families import tiny_internvl
+    from ds_hetero.toy import tiny_internvl
 
     config = copy.deepcopy(tiny_internvl().config)
     text = config.text_config
@@ -52,7 +52,7 @@ def _family(family):
         model = build_model("omni", seed=3)
         samples = make_batches("omni", model, 1, 4)[0]
     else:
-        from ds_hetero.models import tiny_families
+        from ds_hetero import toy as tiny_families
         from tests.helpers.family_parity import make_batches
 
         if family == "internvl_sliding":
@@ -119,7 +119,7 @@ def test_qwen2_sliding_layer_chunk_reading_the_whole_layer_types_differs(monkeyp
 def test_gemma3_chunks_with_a_causal_image_mask_differ(monkeypatch):
     """Negative control of `decoder_mask`: chunks that leave the image blocks causal (the plain
     decoder's mask, as PipelineChunk built it before) do not compose to the Gemma 3 stage."""
-    from ds_hetero.models.stages import LanguageStage
+    from ds_hetero.models.language_stage import LanguageStage
 
     model, whole, batch, rows = _family("gemma3")
     want = whole(batch["input_ids"], rows, batch["attention_mask"], batch["position_ids"])
@@ -150,7 +150,7 @@ def test_qwen3_vl_deepstack_layer_outside_the_first_chunk_is_refused():
 def test_planner_layout_cache_keeps_the_deepstack_cut_apart():
     """The planner caches the adapter's verdict per layout: a refused cut must not refuse another
     cut (or pp 1) with the same tp / cp sizes, nor an accepted one let a refused cut through."""
-    from ds_hetero.models.tiny_families import tiny_qwen3_vl
+    from ds_hetero.toy import tiny_qwen3_vl
     from ds_hetero.planner.validity import check_candidate
 
     adapter, cache = adapter_for(tiny_qwen3_vl()), {}

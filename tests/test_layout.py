@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from ds_hetero.topology.layout import Coord, StageLayout
+from ds_hetero.layout import Coord, StageLayout
 
 
 def test_tp_varies_fastest_then_cp_then_dp():

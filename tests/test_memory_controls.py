@@ -11,7 +11,7 @@ sends no byte in the boundary's backward (the trainable runs do: the negative co
 ZeRO per stage: vision ZeRO 3 over dp4 with language ZeRO 1 (plain, and with cp2 + sequence
 parallelism on the language stage), and the reverse, at the same parity bar. ZeRO 3 on the
 sequence-sharded language stage (cp2, cp2 + sp, sp): at the bar; without either of the two
-corrections of stages/zero3_sequence.py (DeepSpeed 0.19's own behaviour) the weights differ.
+corrections of context_parallel/zero3.py (DeepSpeed 0.19's own behaviour) the weights differ.
 
 Fewer encoder passes than language micro-batches with the sequence sharded (cp, sp), and an
 encoder dp above the samples of a pass (balance tokens): at the bar.
@@ -87,7 +87,7 @@ ZERO3_CP = {"vision": {"tp": 1, "dp": 4}, "language": {"tp": 1, "cp": 2, "dp": 2
 
 
 def _zero3_sequence_suite(rank, world_size):
-    """ZeRO 3 on the sequence-sharded language stage (stages/zero3_sequence.py), and each of its two
+    """ZeRO 3 on the sequence-sharded language stage (context_parallel/zero3.py), and each of its two
     corrections taken out (negative controls: DeepSpeed's own behaviour)."""
     import ds_hetero.stages.build as build
 

@@ -6,7 +6,7 @@ import pytest
 from ds_hetero.boundary.inputs import check_placement
 from ds_hetero.config import load_config
 from ds_hetero.errors import HeteroConfigError
-from ds_hetero.stages.checks import check_engine_support
+from ds_hetero.validation import check_engine_support
 
 
 def ds(stages, batch=8, **section):

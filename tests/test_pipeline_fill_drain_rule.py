@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from ds_hetero.schedule.pipeline_fill import encoder_work_is_local
-from ds_hetero.topology.layout import StageLayout
+from ds_hetero.layout import StageLayout
 
 LANGUAGE = StageLayout("language", 1, 1, 2, (0, 1, 2, 3), pp=2)  # pipeline stages {0, 1}, {2, 3}
 

@@ -26,8 +26,8 @@ def _suite(rank, world_size):
     import torch.distributed as dist
 
     import ds_hetero
-    from ds_hetero.data.omni_shapes import OmniShapesDataset
-    from ds_hetero.models.tiny import tiny_qwen2_5_omni
+    from ds_hetero.toy.omni_shapes import OmniShapesDataset
+    from ds_hetero.toy import tiny_qwen2_5_omni
     from ds_hetero.planner.calibrate import machine_profile
     from ds_hetero.planner.search import plan
 

@@ -20,7 +20,7 @@ def _plan(world=4, **kw):
 
 def _engine_accepts(cfg, world, model) -> bool:
     """The engine's checks, called directly (as initialize does), not through the planner."""
-    from ds_hetero.stages.checks import check_all
+    from ds_hetero.validation import check_all
 
     try:
         check_all(parse_config(cfg, world), model)
@@ -58,7 +58,7 @@ def test_extended_rows_are_runnable_exactly_when_the_engine_accepts_them():
 def test_a_rule_the_engine_gains_moves_rows_to_modelled(monkeypatch):
     """Negative control: the verdict comes from the checks (called, not copied). An engine that refused
     every pipeline leaves no runnable pp row, and its plan picks no pipeline."""
-    from ds_hetero.stages import checks
+    from ds_hetero import validation as checks
 
     real = checks.check_engine_support
 

@@ -44,7 +44,7 @@ RUNS = {
         zero_stage=1, placement="disaggregated"),
     "language tp2dp2 + vision dp4 zero3 sgd": dict(
         layout={"vision": VISION_DP4, "language": {"tp": 2, "dp": 2}}, zero_stage=3, optimizer="sgd"),
-    # ZeRO 0: ds_hetero's own norm over param.grad (stages/clipping.py) must count the tie once
+    # ZeRO 0: ds_hetero's own norm over param.grad (optimizer_step/clipping.py) must count the tie once
     "language tp2cp2 + vision dp4 zero0 sgd": dict(
         layout={"vision": VISION_DP4, "language": {"tp": 2, "cp": 2, "dp": 1}}, zero_stage=0, optimizer="sgd"),
 }

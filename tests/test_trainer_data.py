@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from ds_hetero.data import ShapesCaptionDataset, as_sample_list, split_collated
+from ds_hetero.data import as_sample_list, split_collated
+from ds_hetero.toy import ShapesCaptionDataset
 from ds_hetero.errors import HeteroConfigError
-from ds_hetero.models import adapter_for
-from ds_hetero.models.tiny import tiny_llava, tiny_qwen2_vl
+from ds_hetero.families import adapter_for
+from ds_hetero.toy import tiny_llava, tiny_qwen2_vl
 from tests.helpers.collate import _collate
 
 
@@ -101,7 +102,7 @@ def test_loss_options_refused_by_name():
     from trl import SFTTrainer
 
     import ds_hetero
-    from ds_hetero.integrations.trainer_loss import loss_problems
+    from ds_hetero.integrations.trainer.loss import loss_problems
 
     for base in (Trainer, Seq2SeqTrainer, SFTTrainer):
         assert loss_problems(_trainer_stub(ds_hetero.hetero(base))) == []
@@ -127,7 +128,7 @@ def test_loss_options_refused_by_name():
 
 
 def test_subclass_optimizer_rebuilt_per_stage():
-    from ds_hetero.integrations.trainer_loss import per_stage_optimizer
+    from ds_hetero.integrations.trainer.loss import per_stage_optimizer
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
     opt = torch.optim.AdamW([{"params": model[0].parameters(), "lr": 1e-2},

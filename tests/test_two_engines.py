@@ -62,9 +62,9 @@ def _train_and_compare(rank, world_size, zero_stage, use_stage_context, batches)
     from ds_hetero.config import load_config
     from ds_hetero.patches import skip_cpu_shm_comm_build
     from ds_hetero.topology.groups import build_groups
-    from ds_hetero.models import split_llava
+    from ds_hetero.families.llava.adapter import split_llava
     from ds_hetero.topology.mpu import StageMPU, stage_context
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
     from ds_hetero.testing.samples import collate, label_count, token_loss_sum
 
     cfg = load_config(_config(zero_stage), world_size)
@@ -163,7 +163,7 @@ def _suite(rank, world_size, batches):
 
 
 def test_two_engines_match_single_process_reference_zero_0_to_3():
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
     from ds_hetero.testing.samples import llava_samples
 
     model = tiny_llava("clip", seed=SEED)

@@ -37,7 +37,7 @@ from torch.autograd.function import once_differentiable
 
 from ..errors import HeteroConfigError
 from ..topology.groups import HeteroGroups
-from ..topology.layout import StageLayout
+from ..layout import StageLayout
 from .inputs import BoundaryInputs, check_placement
 from .plan import BoundaryPlan, Direction, RankPlan, build_plan
 

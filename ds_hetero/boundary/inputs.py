@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..errors import HeteroConfigError
-from ..topology.layout import StageLayout
+from ..layout import StageLayout
 
 PLACEMENTS = ("colocated", "disaggregated", "mixed")
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..topology.layout import StageLayout
+from ..layout import StageLayout
 from .inputs import BoundaryInputs, check_inputs, check_placement, num_shards, seq_lens
 
 

@@ -31,7 +31,7 @@ import os
 import re
 from typing import Any
 
-from ..config.pipeline import layer_cut
+from ..pipeline_parallel.cut import layer_cut
 
 CHUNK = "pp_{:02d}"
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")

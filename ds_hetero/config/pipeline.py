@@ -6,7 +6,7 @@
 (the first chunks take one more layer when pp does not divide the layer count, as Megatron's
 even split does); `pp_layers` gives every chunk's layer count, e.g. fewer layers in a first
 stage that also carries the embeddings (Megatron's `--decoder-first-pipeline-num-layers`).
-Pure: parsing needs no model; `layer_cut` checks the counts against the model's layers.
+Pure: parsing needs no model; pipeline_parallel/cut.py `layer_cut` checks the counts against the model's layers.
 """
 
 from __future__ import annotations
@@ -39,26 +39,3 @@ def parse_pipeline(name: str, raw: Mapping[str, Any], positive_int) -> tuple[int
         raise HeteroConfigError(
             f"{field}.pp_layers", f"lists {len(layers)} chunks but pp is {pp}; give one layer count per pipeline stage")
     return pp, tuple(layers)
-
-
-def layer_cut(n_layers: int, pp: int, pp_layers: tuple[int, ...] | None = None) -> tuple[range, ...]:
-    """The decoder layers of each pipeline stage, in order (HeteroConfigError if they do not fit)."""
-    field = f"{SECTION}.stages.{LANGUAGE}"
-    if pp > n_layers:
-        raise HeteroConfigError(
-            f"{field}.pp", f"got {pp}, but the language model has {n_layers} decoder layers: every pipeline stage "
-            f"needs at least one; use pp <= {n_layers}")
-    if pp_layers is None:
-        base, extra = divmod(n_layers, pp)
-        counts = [base + (k < extra) for k in range(pp)]
-    else:
-        counts = list(pp_layers)
-        if sum(counts) != n_layers:
-            raise HeteroConfigError(
-                f"{field}.pp_layers", f"{list(counts)} sums to {sum(counts)}, but the language model has {n_layers} "
-                "decoder layers; make the counts add up to it")
-    cut, start = [], 0
-    for n in counts:
-        cut.append(range(start, start + n))
-        start += n
-    return tuple(cut)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import HeteroConfigError
-from ..topology.layout import StageLayout
+from ..layout import StageLayout
 from .schema import LANGUAGE, SECTION
 
 

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import torch
 
 from ..boundary.inputs import num_shards, shard_bounds
-from ..topology.layout import StageLayout
+from ..layout import StageLayout
 from ..loss import shifted_labels
 
 

@@ -1,10 +1,7 @@
-"""Datasets for training and tests; everything is generated in code (no downloads)."""
+"""The runtime data path: global batches read per rank (loader.py), the sample forms train_batch and the
+Trainer accept (samples.py), and one verdict on each global batch (agreement.py). The synthetic datasets of the
+demos and tests live in ds_hetero/toy/."""
 
-from .shapes import (COLOURS, SHAPES, LlavaFormat, Qwen2VLFormat, RawFormat, Shape, ShapesCaptionDataset,
-                     Vocabulary)
 from .samples import as_sample_list, split_collated
 
-__all__ = [
-    "COLOURS", "SHAPES", "LlavaFormat", "Qwen2VLFormat", "RawFormat", "Shape", "ShapesCaptionDataset", "Vocabulary",
-    "as_sample_list", "split_collated",
-]
+__all__ = ["as_sample_list", "split_collated"]

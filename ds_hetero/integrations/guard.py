@@ -75,3 +75,10 @@ def install_deepspeed_guard() -> None:
 
     initialize._ds_hetero_guard = True
     deepspeed.initialize = initialize
+
+
+def remove_deepspeed_guard() -> None:
+    import deepspeed
+
+    if getattr(deepspeed.initialize, "_ds_hetero_guard", False):
+        deepspeed.initialize = deepspeed.initialize.__wrapped__

@@ -68,7 +68,7 @@ def exchange_rows(src, dst, placement, samples, v_size, l_mb, l_size, k, seq_len
     sharded = shards > 1
     inputs = BoundaryInputs(
         token_counts=[k_g] * samples,
-        # the engine's source of a sample by position (step/plan.py): i // v_size when dp divides the
+        # the engine's source of a sample by position (step/step_plan.py): i // v_size when dp divides the
         # pass, and defined when it does not (more encoder ranks than samples, balance tokens)
         src_dp=[i * src.dp // samples for i in range(samples)],
         dst_dp=[(i % l_mb) // l_size for i in range(samples)],

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..config import SECTION
-from ..models import adapter_for
+from ..families import adapter_for
 from .cost import Prediction
 from .enumerate import SearchSpace, enumerate_candidates
 from .extended import extended_one, extended_several

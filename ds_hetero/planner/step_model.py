@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..topology.layout import StageLayout
+from ..layout import StageLayout
 from .boundary_cost import exchange_rows, modelled_rows
 from .candidate import Candidate
 from .cost import Prediction, engine_syncs, stage_times

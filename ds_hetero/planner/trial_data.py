@@ -1,7 +1,7 @@
 """Samples shaped like the planned workload, for measured trials (pure torch, seeded, no downloads).
 
 Every sample has `seq_len` tokens: [bos] + one image's placeholders (+ Qwen2-VL's vision start
-and end) + random caption words + [eos], in the formats the adapters read (data/shapes.py).
+and end) + random caption words + [eos], in the formats the adapters read (toy/shapes.py).
 LLaVA: one image at the tower's size (its tokens are fixed by the model, so `image_tokens` must
 be a multiple of them: each further image would need multi-image samples, which the trial
 data does not make; the first image's count is used). Qwen2-VL: one image of `image_tokens`
@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from ..data.shapes import LlavaFormat, Qwen2VLFormat, Vocabulary
+from ..families.llava.samples import LlavaFormat
+from ..families.qwen2_vl.samples import Qwen2VLFormat
+from ..toy.shapes import Vocabulary
 
 
 def _llava(cfg, seq_len: int, n: int, gen: torch.Generator) -> list[dict]:

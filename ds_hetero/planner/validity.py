@@ -18,7 +18,7 @@ def check_candidate(ds_config: Mapping[str, Any], world_size: int, adapter, has_
                     layout_cache: dict | None = None) -> HeteroConfig:
     """The validated config of `ds_config` for `world_size` ranks and the model behind `adapter`.
 
-    With an adapter, the model-level checks `initialize` runs (`stages.checks.check_model`: tp /
+    With an adapter, the model-level checks `initialize` runs (`validation.check_model`: tp /
     cp sizes against the model's shapes, freeze, recompute layers, the pipeline's layer cut and
     tied embeddings) run on the adapter's model (a meta model will do).
 
@@ -27,7 +27,7 @@ def check_candidate(ds_config: Mapping[str, Any], world_size: int, adapter, has_
                    nothing else of the config, and walking a large model's modules for each of
                    thousands of candidates would dominate planning
     """
-    from ..stages.checks import check_engine_support
+    from ..validation import check_engine_support
 
     cfg = parse_config(ds_config, world_size)
     check_engine_support(cfg, has_client_optimizer)
@@ -54,7 +54,7 @@ def check_candidate(ds_config: Mapping[str, Any], world_size: int, adapter, has_
 
 def _model_checks(cfg: HeteroConfig, adapter) -> None:
     """`check_model` on the adapter's model (the adapter's layout checks alone when it has none)."""
-    from ..stages.checks import check_model
+    from ..validation import check_model
 
     model = getattr(adapter, "model", None)
     if model is None:

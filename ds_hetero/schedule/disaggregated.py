@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..step.plan import StepPlan
+from ..step.step_plan import StepPlan
 from .stage_work import StageWork
 
 

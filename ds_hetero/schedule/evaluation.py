@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..loss import IGNORE_INDEX, label_token_count
-from ..step.plan import StepPlan
+from ..step.step_plan import StepPlan
 from .stage_work import StageWork
 
 

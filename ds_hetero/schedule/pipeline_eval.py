@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 
 from ..loss import token_loss_sum
-from ..step.plan import StepPlan
+from ..step.step_plan import StepPlan
 from .evaluation import EvaluationSchedule
-from .pipeline_shapes import hidden_shape
+from ..pipeline_parallel.shapes import hidden_shape
 
 
 class PipelineEvaluationSchedule(EvaluationSchedule):

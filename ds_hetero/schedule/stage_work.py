@@ -27,7 +27,7 @@ from ..boundary.inputs import num_shards
 from ..context_parallel import is_sharded, shard_input_ids, shard_language_batch
 from ..loss import token_loss_sum
 from ..stages.stage_set import Stage, StageSet
-from ..step.plan import StepPlan
+from ..step.step_plan import StepPlan
 from ..tensor_parallel import VocabParallelLMHead
 from ..timeline import Timeline
 

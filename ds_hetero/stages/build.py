@@ -1,11 +1,12 @@
 """Building the StageSet: groups, tensor-parallel shards, stage modules, per-shard weights, engines.
 
 In an order every rank follows identically (group creation and `deepspeed.initialize` are
-collective): process groups of every stage -> shard each stage over its tp group -> cut the
+collective): process groups of every stage -> rank 0's initial weights on every rank
+(equal_replicas.py; not with a checkpoint, which every rank reads alike) -> shard each stage over its tp group -> cut the
 model into stage modules -> read each held stage's weights shard (if a checkpoint was given)
 -> free the modules of stages this rank does not hold -> one `deepspeed.initialize` per held
 stage, each with its own StageMPU and batch keys. With a pipelined language stage (pp > 1) a rank
-holds one pipeline stage of it (models/pipeline.py): its Stage's module and engine are that
+holds one pipeline stage of it (pipeline_parallel/chunk.py): its Stage's module and engine are that
 chunk's, its mpu answers for the chunk's tp/cp/dp groups (gradients reduced over the chunk's dp).
 
 Frozen parameters (`stages.<name>.freeze`, or `requires_grad=False` set by the user) are marked
@@ -22,19 +23,19 @@ from typing import Any, Callable
 import torch
 
 from ..config import LANGUAGE, HeteroConfig
-from ..config.pipeline import layer_cut
+from ..pipeline_parallel.cut import layer_cut
 from ..models.freeze import apply_freeze, trainable_parameters
-from ..models.pipeline import cut_language_stage
+from ..pipeline_parallel.chunk import cut_language_stage
 from ..models.recompute import enable_recompute
 from ..tensor_parallel.shard import is_tied
 from ..topology.groups import build_groups
 from ..topology.mpu import StageMPU, stage_context
 from ..weights import load_stages
-from .clipping import check_supported
+from .equal_replicas import equalize_replicas
 from .stage_set import Stage, StageSet
 from .tied_embeddings import param_groups, tied_copy
-from .zero3_pipeline import confine_trace_check
-from .zero3_sequence import correct_sequence_average, partition_over_sequence_shards
+from ..pipeline_parallel.zero3 import confine_trace_check
+from ..context_parallel.zero3 import correct_sequence_average, partition_over_sequence_shards
 
 
 def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: int,
@@ -44,6 +45,8 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
     import deepspeed
 
     groups = build_groups(cfg.stages, rank, timeout=timedelta(seconds=cfg.timeout_s))
+    if checkpoint is None:  # before the split and the tp cut: every rank still holds the whole model
+        start_equal(model, groups)
     apply_freeze(cfg, adapter)  # before sharding: the tp shards copy requires_grad
     adapter.shard(groups, cfg)  # per-stage tensor parallelism (checks first, then shards)
     modules = adapter.split()
@@ -77,7 +80,6 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
                     model=modules[name], model_parameters=params if stage.trains else None,
                     optimizer=optimizer if stage.trains else None, mpu=stage.mpu, config=ds_config)
             if stage.trains:
-                check_supported(stage.engine, name)
                 correct_sequence_average(stage.engine, layout.cp)
             if language.pp > 1:  # ZeRO 3: each engine's trace check over its own ranks, not the world
                 confine_trace_check(stage.engine, groups[name].dp_cp)
@@ -86,3 +88,18 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
     first = next(s for s in stages.values() if s.held)
     param = next(first.engine.module.parameters())
     return StageSet(rank, cfg, groups, stages, param.device, param.dtype), load_report
+
+
+def start_equal(model: torch.nn.Module, groups) -> None:
+    """Rank 0's parameters and buffers on every rank (stages/equal_replicas.py), staged on the
+    device the engines will train on; a warning on a rank that had built other values."""
+    import warnings
+
+    from deepspeed.accelerator import get_accelerator
+
+    src = groups.boundary_ranks[0]
+    differed = equalize_replicas(model, groups.boundary, src, get_accelerator().current_device_name())
+    if differed:
+        warnings.warn(f"ds_hetero: this rank built other initial values than rank {src} for {len(differed)} "
+                      f"parameters and buffers (first: {differed[0]}); every rank now trains rank {src}'s "
+                      "model, as DeepSpeed does (per-rank seeds or freshly initialized modules)", stacklevel=3)

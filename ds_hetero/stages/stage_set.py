@@ -22,7 +22,7 @@ from torch import nn
 
 from ..config import LANGUAGE, HeteroConfig
 from ..topology.groups import HeteroGroups, StageGroups
-from ..topology.layout import Coord, StageLayout
+from ..layout import Coord, StageLayout
 from ..topology.mpu import StageMPU, stage_context
 
 
@@ -98,7 +98,7 @@ class Stage:
 
     def micro_step(self) -> None:
         """DeepSpeed's `step()` between micro-batches: it counts the micro-step and updates nothing.
-        The last micro-batch's step is the clipped one (stages/clipping.py). None when frozen."""
+        The last micro-batch's step is the clipped one (optimizer_step/clipping.py). None when frozen."""
         if not self.trains:
             return
         with stage_context(self.mpu):

@@ -28,7 +28,7 @@ its partitions would not line up. The tied copy therefore gets an optimizer para
 own on both pipeline stages (`param_groups`): partition d of that group is the same elements
 on both, and the sum is one all-reduce of each rank's partition (Megatron puts the shared
 embedding in a bucket of its own for the same reason). ZeRO 3 and optimizer offload with a
-tied pipelined stage are refused by stages/checks.py (the partitions live elsewhere there).
+tied pipelined stage are refused by validation.py (the partitions live elsewhere there).
 """
 
 from __future__ import annotations

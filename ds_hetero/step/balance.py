@@ -13,7 +13,7 @@ then by the lowest rank. "tokens" keeps the position assignment when that one is
 balanced (its slowest rank no slower), so it is never worse than "position".
 
     image      one image of one sample; `rows` boundary rows (image tokens after the projector or
-               merger), `cost` the encoder's work (see `transformer_cost`)
+               merger), `cost` the encoder's work (models/cost.py `transformer_cost`)
     source     rows on a rank in ascending global order (ds_hetero/boundary/inputs.py): a rank
                encodes its images in (sample, image) order, and a sample whose images sit on
                several ranks becomes `(rows, dp)` runs in BoundaryInputs.src_dp
@@ -26,16 +26,6 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..config.schema import BALANCES
-
-
-def transformer_cost(tokens: int, attention_len: int, hidden: int, ffn: int) -> int:
-    """Multiply-adds per layer of `tokens` tokens, divided by `hidden` (common to every image).
-
-    Per token: q, k, v, o projections 4 h^2, the MLP 2 h ffn, attention scores and values
-    2 L h for an attention length L. Divided by h: 4 h + 2 ffn + 2 L. Integers, so comparisons
-    are exact and the same on every rank.
-    """
-    return tokens * (4 * hidden + 2 * ffn + 2 * attention_len)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from .groups import GroupCache
-from .layout import StageLayout
+from ..layout import StageLayout
 
 
 @dataclass(frozen=True)

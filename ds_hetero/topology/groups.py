@@ -15,7 +15,7 @@ from typing import Mapping
 
 import torch.distributed as dist
 
-from .layout import GROUP_KINDS, Coord, StageLayout
+from ..layout import GROUP_KINDS, Coord, StageLayout
 
 
 class GroupCache:

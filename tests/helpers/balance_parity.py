@@ -31,10 +31,10 @@ def _swap_two_images(inputs):
 def _balance_figures(family, corrupt):
     def inspect(engine, batches):
         from ds_hetero.step.balance import encoder_assignment
-        from ds_hetero.models import adapter_for
+        from ds_hetero.families import adapter_for
         from ds_hetero.testing.parity import build_model, reference_forward
 
-        from ds_hetero.step.plan import StepPlan
+        from ds_hetero.step.step_plan import StepPlan
 
         cfg = engine.config
         vision_mbs = range(cfg.micro_batches_of("vision"))
@@ -62,7 +62,7 @@ def _balance_figures(family, corrupt):
 
 def train_uneven(rank, world_size, family, layout, zero_stage=1, steps=5, clip=0.3, optimizer="sgd",
                  micro_batches=2, placement="colocated", balance=None, corrupt=False):
-    from ds_hetero.step.plan import StepPlan
+    from ds_hetero.step.step_plan import StepPlan
 
     right = StepPlan._encoder_pass
     try:

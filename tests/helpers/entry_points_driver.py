@@ -49,8 +49,8 @@ def lr_schedule_run(out, config):
     import ds_hetero
     from transformers import TrainerCallback, TrainingArguments
 
-    from ds_hetero.data import ShapesCaptionDataset
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import ShapesCaptionDataset
+    from ds_hetero.toy import tiny_llava
 
     seen = []
 
@@ -78,8 +78,8 @@ def conflicts(out, config_path):
     import ds_hetero
     from transformers import Trainer, TrainingArguments
 
-    from ds_hetero.data import ShapesCaptionDataset
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import ShapesCaptionDataset
+    from ds_hetero.toy import tiny_llava
 
     with open(config_path) as f:
         base = json.load(f)

@@ -60,9 +60,9 @@ def uncounted_backwards(engine, batches):
 def zero3_layouts(rank, world_size):
     """ZeRO 3 on every stage with a pipelined language stage: pp2 dp2 (vision dp4: its four passes'
     backwards run back to back) with eval_batch, pp4 (1F1B's cool-down runs back-to-back
-    backwards), pp2 cp2 (with the dp x cp partitioning of stages/zero3_sequence.py), first_stage
+    backwards), pp2 cp2 (with the dp x cp partitioning of context_parallel/zero3.py), first_stage
     with ZeRO 3 on the language stage (the encoder on pipeline stage 0's ranks only, ZeRO 1: see
-    stages/checks.py), and the negative control (one launch).
+    validation.py), and the negative control (one launch).
 
     DeepSpeed numbers ZeRO-3 parameters and modules with process-wide counters (`Init.param_id`,
     the default argument `count` of `DeepSpeedZeRoOffload._register_deepspeed_module`) and its

@@ -7,7 +7,7 @@ from ds_hetero.testing.parity import train_both
 def encoder_shares(engine, batches):
     """`inspect` hook: per step and pass, how many images this rank's vision dp rank encodes
     (0: it runs the empty-rows path), read from the step's plan before training."""
-    from ds_hetero.step.plan import StepPlan
+    from ds_hetero.step.step_plan import StepPlan
 
     vision = engine.stages["vision"]
     if not vision.held:
@@ -36,7 +36,7 @@ def nested_dummy_pass(rank, world_size):
     """Negative control: the dummy pass calls the stage module from inside its own forward (the
     old empty-rows path), on the repro layout, for one step; expected to hang (the launcher's
     deadline ends it)."""
-    from ds_hetero.models import stages
+    from ds_hetero.models import language_stage as stages
 
     right = stages.empty_rows
 
@@ -45,7 +45,7 @@ def nested_dummy_pass(rank, world_size):
         return rows[:0] + 0 * rows.sum()
 
     stages.empty_rows = nested
-    import ds_hetero.models.qwen2_vl as qwen2_vl
+    import ds_hetero.families.qwen2_vl.adapter as qwen2_vl
 
     saved, qwen2_vl.empty_rows = qwen2_vl.empty_rows, nested
     try:

@@ -1,0 +1,68 @@
+"""The optimizer step of all stages as of one model: one gradient norm over every stage, one clip.
+
+Each stage's gradient norm is identical on its ranks (clipping.stage_norm); the stage's first
+rank alone contributes it (with a pipelined language stage, the first rank of every pipeline
+stage contributes that stage's layers: their squares add up to the stage's norm), so one all-reduce over the boundary group gives every rank the
+model's norm. The same all-reduce carries the step's loss sum and label count, which is how a
+rank that holds no language stage (disaggregated placement) learns the loss.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from . import clipping
+from ..stages.stage_set import StageSet
+
+
+def check_clippable(stages: StageSet) -> None:
+    """Every trained stage's optimizer wrapper is one whose clipping can span all stages (else a
+    HeteroConfigError naming zero_optimization.stage): checked once, when the engine is built."""
+    for stage in stages.training:
+        clipping.check_supported(stage.engine, stage.name)
+
+
+def stage_norms(stages: StageSet) -> dict[str, float]:
+    """The gradient norm of every stage this rank trains (identical on all ranks of the stage); a
+    frozen stage has no gradient and adds nothing."""
+    norms = {}
+    for stage in stages.training:
+        with stage.context():
+            norms[stage.name] = clipping.stage_norm(stage.engine, stage.groups.tp)
+    return norms
+
+
+def combine_norms_and_loss(stages: StageSet, norms: dict[str, float], loss_sum: float | torch.Tensor,
+                           n_labels: int) -> tuple[float, float, int]:
+    """(all-stage gradient norm, global loss sum, global label count) on every rank, in one all-reduce.
+
+    The local loss sums come from tp rank 0 of every cp shard of every language dp replica
+    (with a pipeline only the last pipeline stage has a loss: the others pass 0), the label
+    count from the language stage's first rank.
+    """
+    all_stages = list(stages)
+    vec = torch.zeros(len(all_stages) + 2, dtype=torch.float64, device=stages.device)
+    for i, stage in enumerate(all_stages):
+        if stage.name in norms and stages.rank == stage.norm_rank:
+            norm = norms[stage.name]
+            # DeepSpeed reports an invalid norm as -1: carry it as inf so every stage skips
+            vec[i] = norm * norm if norm >= 0 and math.isfinite(norm) else float("inf")
+    language = stages.language
+    if language.held and language.coord.tp == 0:  # cp ranks hold the loss sums of their sequence shards
+        vec[-2] = loss_sum
+    if stages.rank == language.first_rank:
+        vec[-1] = n_labels
+    dist.all_reduce(vec, group=stages.boundary_group)
+    return math.sqrt(vec[: len(all_stages)].sum().item()), vec[-2].item(), int(vec[-1].item())
+
+
+def step_all(stages: StageSet, grad_norm: float, clip: float) -> list[bool]:
+    """Every trained stage's last (clipped) step with the model's norm; whether each applied."""
+    applied = []
+    for stage in stages.training:
+        with stage.context():
+            applied.append(clipping.step_with_global_norm(stage.engine, grad_norm, clip))
+    return applied

@@ -1,0 +1,134 @@
+"""Which Hugging Face modules are sharded how: a table of plans, checked before anything changes.
+
+A plan describes one module class as a self-contained tp region: the children whose output
+features are split (column), the children whose input features are split and whose output
+is reduced (row), where the region is entered, and for attention how many heads and key/value
+heads the column shards must divide. Plans are keyed by the class itself (resolved lazily from
+"module:Class"), so a same-named class of another family never matches by accident.
+
+`validate_tensor_parallel` depends only on the module tree and tp: every rank raises the
+same `HeteroConfigError` before any collective. `apply_plans` then shards without any
+communication (every rank slices its part of identical full weights).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping
+
+import torch.distributed as dist
+from torch import nn
+
+from ..errors import HeteroConfigError
+from .layers import ColumnParallelLinear, RowParallelLinear
+from .lora import is_lora_layer, shard_lora_column, shard_lora_row
+from .regions import EnterRegionHook
+from .sequence_parallel import SumGradOverGroup, add_grad_hook
+
+
+def config_heads(m: nn.Module) -> tuple[int, int]:
+    return m.config.num_attention_heads, m.config.num_key_value_heads
+
+
+def attr_heads(m: nn.Module) -> tuple[int, int]:
+    return m.num_heads, m.num_heads
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    column: tuple[str, ...]
+    row: tuple[str, ...]
+    entry: str = ""  # child whose input enters the region; "" = the module itself
+    heads: Callable[[nn.Module], tuple[int, int]] | None = None  # (heads, kv heads) for attention
+    head_attrs: tuple[str, ...] = ()  # attributes the forward reads as head counts -> made local
+    stride: int = 1  # fused segments per column weight (3 for a fused qkv)
+    # children applied to every head after a column split (Gemma 3 / Qwen3 q_norm, k_norm): their
+    # replicated weights see only this rank's heads, so their gradients are summed over tp
+    per_head: tuple[str, ...] = ()
+
+
+# The plans themselves are data of the model families (ds_hetero/families/<family>/plans.py, merged
+# by the family registry's `tp_plans()`): every function here takes the table it applies.
+PlanTable = Mapping[str, ShardPlan]
+
+
+def _resolve_plans(plans: PlanTable) -> dict[type, ShardPlan]:
+    resolved = {}
+    for key, plan in plans.items():
+        module_name, cls_name = key.split(":")
+        try:
+            resolved[getattr(importlib.import_module(module_name), cls_name)] = plan
+        except (ImportError, AttributeError):  # family absent from this transformers version
+            continue
+    return resolved
+
+
+def planned_modules(root: nn.Module, plans: PlanTable) -> Iterator[tuple[str, nn.Module, ShardPlan]]:
+    """Every module of `root` whose class has a plan in `plans`, with that plan."""
+    plans = _resolve_plans(plans)
+    for name, module in root.named_modules():
+        plan = plans.get(type(module))
+        if plan is not None:
+            yield name, module, plan
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _require(count: int, what: str, tp: int, cls: str, name: str, stage: str) -> None:
+    if count % tp:
+        raise HeteroConfigError(
+            f"hetero_parallel.stages.{stage}.tp",
+            f"tp={tp} does not divide the {what} ({count}) of {cls} at '{name or '<root>'}'; "
+            f"tp sizes that would: {_divisors(count)}",
+        )
+
+
+def validate_tensor_parallel(root: nn.Module, tp: int, stage: str = "stage", *,
+                             plans: PlanTable) -> list[tuple[str, nn.Module, ShardPlan]]:
+    """Every planned module of `root` and its plan; HeteroConfigError if tp does not fit one of them."""
+    found = list(planned_modules(root, plans))
+    if not found:
+        raise HeteroConfigError(
+            f"hetero_parallel.stages.{stage}", f"no tensor-parallel plan matches any module of {type(root).__name__}; "
+            f"supported: {sorted(k.split(':')[1] for k in plans)}")
+    for name, module, plan in found:
+        cls = type(module).__name__
+        if plan.heads is not None:
+            heads, kv_heads = plan.heads(module)
+            _require(heads, "attention heads", tp, cls, name, stage)
+            _require(kv_heads, "key/value heads", tp, cls, name, stage)
+            continue
+        for child in plan.column:
+            _require(module.get_submodule(child).out_features, f"width of {child}", tp, cls, name, stage)
+        for child in plan.row:
+            _require(module.get_submodule(child).in_features, f"width of {child}", tp, cls, name, stage)
+    return found
+
+
+def apply_plans(found, group, sequence_parallel: bool = False, seq_dim: int = 1) -> None:
+    """Replace the planned linears by their shards and hook the region entries (no communication)."""
+    tp = dist.get_world_size(group)
+    for _, module, plan in found:
+        for child in plan.column:
+            layer = module.get_submodule(child)
+            if is_lora_layer(layer):  # a PEFT LoRA layer: base and adapter split together (lora.py)
+                shard_lora_column(layer, group, plan.stride)
+                continue
+            module.set_submodule(child, ColumnParallelLinear.from_linear(layer, group, plan.stride))
+        for child in plan.row:
+            layer = module.get_submodule(child)
+            if is_lora_layer(layer):
+                shard_lora_row(layer, group, sequence_parallel, seq_dim)
+                continue
+            module.set_submodule(child, RowParallelLinear.from_linear(layer, group, sequence_parallel, seq_dim))
+        entry = module.get_submodule(plan.entry) if plan.entry else module
+        entry.register_forward_pre_hook(EnterRegionHook(group, sequence_parallel, seq_dim), with_kwargs=True)
+        for attr in plan.head_attrs:  # the forward reshapes by these: they must be this rank's counts
+            setattr(module, attr, getattr(module, attr) // tp)
+        for child in plan.per_head:
+            for param in module.get_submodule(child).parameters():
+                param.tp_partial_grad = True  # sequence parallelism must not sum it again
+                add_grad_hook(param, SumGradOverGroup(group))
