@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ds_hetero.planner.candidate import StageChoice
-from ds_hetero.planner.family_shapes import audio_rows
+from ds_hetero.families.qwen2_5_omni.shapes import audio_rows
 from ds_hetero.planner.model_spec import model_spec
 from ds_hetero.planner.flops import vision_work
 from ds_hetero.planner.workload import Workload

@@ -6,8 +6,8 @@
     p.best.candidate, p.ds_config()
 
 A model with one encoder is the case of several with one (`plan(..., rows={"vision": 64, "audio": 50})`
-for several). Pieces, one concept per file: shapes (plain shape records), family_shapes (each
-family's reader, keyed by HF model_type), model_spec (the lookup), workload, flops (GEMMs per
+for several). Pieces, one concept per file: model_spec (a model's shapes: models/shapes.py's
+records, from its family's reader, families/<family>/shapes.py), workload, flops (GEMMs per
 stage and rank), collectives (bytes of every collective per layout), machine (profiles and the
 alpha-beta model), calibrate (measure this machine), boundary_cost (the boundary's own plan),
 activations (per micro-batch), memory (per rank, ZeRO stage, micro-batches in flight), step_time

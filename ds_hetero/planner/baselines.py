@@ -17,7 +17,7 @@ from __future__ import annotations
 from .candidate import StageChoice
 from .cost import stage_times
 from .machine import MachineProfile
-from .shapes import ModelSpec
+from ..models.shapes import ModelSpec
 from .step_time import colocated_step
 from .workload import Workload
 

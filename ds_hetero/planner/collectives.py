@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .candidate import StageChoice
-from .shapes import ModelSpec
+from ..models.shapes import ModelSpec
 from .workload import Workload
 
 

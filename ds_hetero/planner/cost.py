@@ -22,7 +22,7 @@ from .collectives import Collective, language_collectives, vision_collectives
 from .flops import StageWork, language_work, vision_work
 from .machine import MachineProfile
 from .memory import state_elements
-from .shapes import ModelSpec, chunk_params_per_rank
+from ..models.shapes import ModelSpec, chunk_params_per_rank
 from .step_time import StageTimes
 from .workload import Workload, samples_per_rank
 

@@ -41,7 +41,7 @@ from .machine import MachineProfile
 from .modelled import (TUNE_TOP, ModelledSpace, disaggregated_candidates, features, first_stage_cuts,
                        heterogeneous_candidates, language_layouts, megatron_candidates, pipeline_micro_batches,
                        tune_cut)
-from .shapes import ModelSpec
+from ..models.shapes import ModelSpec
 from .step_model import predict
 from .validity import StageShapes
 from .verdicts import EngineVerdicts

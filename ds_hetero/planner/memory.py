@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from .activations import language_activation_bytes, vision_activation_bytes
 from .candidate import Candidate, StageChoice
-from .shapes import ModelSpec, chunk_params_per_rank
+from ..models.shapes import ModelSpec, chunk_params_per_rank
 from .workload import Workload, samples_per_rank
 
 

@@ -48,7 +48,7 @@ def meta_model(config):
     if str(getattr(config, "model_type", "")) in ("qwen2_5_omni", "qwen2_5_omni_thinker"):
         from transformers import Qwen2_5OmniThinkerForConditionalGeneration
 
-        from .family_shapes import thinker
+        from ..families.qwen2_5_omni.shapes import thinker
 
         with torch.device("meta"):
             return Qwen2_5OmniThinkerForConditionalGeneration._from_config(thinker(config))

@@ -30,7 +30,7 @@ from .frozen import kept_section, resolve_freeze
 from .machine import MachineProfile
 from .model_source import load_model
 from .model_spec import model_spec
-from .shapes import ModelSpec
+from ..models.shapes import ModelSpec
 from .workload import Workload, image_tokens_of
 
 DEFAULT_OPTIMIZER = {"type": "AdamW", "params": {"lr": 1e-4}}

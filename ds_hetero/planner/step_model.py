@@ -36,7 +36,7 @@ from .cost import Prediction, engine_syncs, stage_times
 from .flops import language_work, vision_work
 from .machine import MachineProfile
 from .memory import even_cut, memo, peak_memory
-from .shapes import ModelSpec
+from ..models.shapes import ModelSpec
 from .step_time import (StageTimes, colocated_encoders_step, colocated_step, disaggregated_pipeline_step,
                         disaggregated_step, first_stage_step)
 from .workload import Workload

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .frozen import Freeze
-from .shapes import ModelSpec
+from ..models.shapes import ModelSpec
 
 
 @dataclass(frozen=True)

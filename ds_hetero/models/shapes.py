@@ -1,13 +1,14 @@
 """The shapes the cost model needs: plain records of a model's encoders and language model.
 
-    spec = model_spec(config)          # model_spec.py: the family's reader (family_shapes.py)
+    spec = model_spec(config)          # planner/model_spec.py: the family's reader (families/<family>/shapes.py)
     spec.encoders                      # ((stage name, EncoderSpec), ...) in the adapter's order
     spec.view("audio")                 # that encoder + the language model, as the cost model prices them
 
 An `EncoderSpec` describes an encoder and its projector per image (or clip), a `LanguageSpec` the
 decoder and head per token. Parameter counts are computed from the shapes by hand (the tests
 compare them with a model built on the meta device), so a 70B config costs nothing to plan. This
-module depends on nothing else of the planner: the families' readers return these records.
+module depends on nothing: each family's reader (families/<family>/shapes.py) returns these records
+and the planner prices them.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class EncoderSpec:
     deepstack: int = 0
     layer_extra: int = 0  # per-layer parameters beyond the formula (InternViT: layer scales, no q/k/v biases)
     stem_in: int = 0  # a second embedding GEMM per tower token, [stem_in -> hidden], with input gradient
-    #                   (an audio encoder's second convolution: family_shapes.py)
+    #                   (an audio encoder's second convolution: families/qwen2_5_omni/shapes.py)
     held: int = 0  # parameters held but never trained, beyond the unused tail (an audio encoder's bos/eos)
     replicated_projector: bool = False  # the projector is not split over tp (every tp rank holds it whole)
 
