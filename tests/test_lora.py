@@ -13,36 +13,19 @@ Negative control: the untrained adapter differs from the trained reference far a
 Pure: the layouts LoRA cannot train exactly are refused by name.
 """
 
-import json
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
 
+from tests.helpers.driver_report import launch_driver
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.dirname(sys.executable)
 LAYOUTS = ["v_dp4__l_tp2dp2", "v_tp2dp2__l_tp4", "disagg_v_dp2__l_tp2"]
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("lora")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([f"{BIN}/deepspeed", "--num_gpus", "4", "--master_port", port, "tests/helpers/lora_driver.py",
-                           str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    found = []
-    for r in range(4):
-        path = out / f"rank{r}.json"
-        assert path.exists(), proc.stdout[-3000:] + proc.stderr[-6000:]
-        found.append(json.loads(path.read_text()))
-    assert not any("crash" in r for r in found), [r.get("crash") for r in found]
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return found
+    return launch_driver(ROOT, "lora_driver.py", tmp_path_factory.mktemp("lora"), timeout=900)
 
 
 @pytest.mark.distributed

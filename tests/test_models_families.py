@@ -16,7 +16,7 @@ from ds_hetero.families.qwen2_5_vl.adapter import Qwen2_5_VLAdapter
 from ds_hetero.models.language_stage import LanguageStage
 from ds_hetero.toy import tiny_gemma3, tiny_qwen2_5_vl
 from tests.helpers.family_data import QWEN25_GRIDS, gemma3_samples, qwen_multi_samples
-from ds_hetero.testing.samples import qwen_samples, token_loss_sum
+from ds_hetero.testing.batches import qwen_samples, token_loss_sum
 
 
 def _qwen_fused(model, adapter, samples):

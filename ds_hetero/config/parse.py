@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from ..errors import HeteroConfigError
-from .pipeline import parse_pipeline
+from .pipeline_keys import parse_pipeline
 from .ranks import assign_ranks
 from .read import read_ds_config
 from .stage_options import parse_stage_options

@@ -13,7 +13,7 @@ rejects unknown keys inside its own sections), so the plugin owns one top-level 
             "vision":   {"tp": 1, "dp": 4, "micro_batches": 1},   # encoder passes per step
             "audio":    {"tp": 2, "dp": 2, "balance": "position"}, # per-encoder balance (docs/multi-encoder.md)
             "language": {"tp": 2, "cp": 1, "dp": 2, "sequence_parallel": false,
-                         "pp": 1, "pp_layers": null}         # pipeline stages (config/pipeline.py)
+                         "pp": 1, "pp_layers": null}         # pipeline stages (config/pipeline_keys.py)
         }                                        # + recompute, zero_stage, freeze (stage_options.py)
     }
 

@@ -5,7 +5,7 @@ A family's home is its folder, ds_hetero/families/<family>/:
     adapter.py   the StageAdapter that cuts the Hugging Face model into stages, and its stage modules
     plans.py     its tensor-parallel plans (which module classes are sharded how)
     tiny.py      a tiny seeded model built from config (`tiny-<name>` for validate, tests and demos)
-    samples.py   the shapes-captioning data in its sample format (toy/shapes.py), where it has one
+    sample_format.py  the shapes-captioning data in its sample format (toy/shapes.py), where it has one
     shapes.py    the planner's shapes of the model (models/shapes.py's records) read from its Hugging Face
                  config, one reader per HF `model_type` (`SHAPES`; planner/model_spec.py looks them up)
     __init__.py  the `FAMILY` record below, which the registry (families/__init__.py) lists in one line

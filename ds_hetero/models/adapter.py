@@ -192,7 +192,7 @@ class StageAdapter:
         raise NotImplementedError
 
     def image_cost(self, rows: int) -> int:
-        """The encoder's work for an image of `rows` boundary rows (models/cost.py transformer_cost)."""
+        """The encoder's work for an image of `rows` boundary rows (models/item_cost.py transformer_cost)."""
         raise NotImplementedError
 
     def select_images(self, sample: dict[str, Any], images: Sequence[int]) -> dict[str, Any]:

@@ -41,7 +41,6 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
-import torch.distributed as dist
 
 from ..stages.tied_embeddings import reduce_tied_gradients
 from ..pipeline_parallel.zero3 import count_backward

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from ..loss import token_loss_sum
 from ..step.step_plan import StepPlan
 from .evaluation import EvaluationSchedule
-from ..pipeline_parallel.shapes import hidden_shape
+from ..pipeline_parallel.hidden_shape import hidden_shape
 
 
 class PipelineEvaluationSchedule(EvaluationSchedule):

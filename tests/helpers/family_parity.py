@@ -18,7 +18,7 @@ import torch
 from ds_hetero.testing.parity import full_named_parameters, max_rel_err
 from tests.helpers.family_data import (QWEN25_GRIDS, gemma3_samples, internvl_samples, onevision_model_inputs,
                                qwen_multi_samples)
-from ds_hetero.testing.samples import qwen_samples
+from ds_hetero.testing.batches import qwen_samples
 
 FAMILIES = ("qwen2_5_vl", "gemma3", "qwen3_vl", "internvl", "llava_onevision")
 QWEN = ("qwen2_5_vl", "qwen3_vl")  # Qwen2-VL's sample format

@@ -8,13 +8,14 @@ then LLaVA with LoRA (PEFT, all-linear) both ways, and the LLaVA one in ds_heter
 """
 
 import importlib.util
-import json
 import os
 import sys
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+
+from tests.helpers.driver_report import run_driver, write_report  # noqa: E402
 # adam_epsilon 1e-4 (both runs): with 1e-8 Adam turns fp32 reduction-order noise in near-zero gradients
 # (CLIP's k_proj) into update differences of ~1e-4 of a step, see tests/engine_parity.py
 COMMON = ["--max_steps", "3", "--samples", "64", "--adam_beta2", "0.99", "--adam_epsilon", "1e-4",
@@ -54,10 +55,8 @@ def main(out):
                      os.path.join(out, "llava_random.json"), *args])
     except Exception:
         report["crash"] = traceback.format_exc()
-    with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
-        json.dump(report, f)
-    return 1 if "crash" in report else 0
+    return write_report(out, report)
 
 
 if __name__ == "__main__":
-    sys.exit(main([a for a in sys.argv[1:] if not a.startswith("--local_rank")][0]))
+    run_driver(main)

@@ -6,7 +6,7 @@ from ..family import Family
 from .adapter import LlavaAdapter
 from .plans import TP_PLANS
 from .shapes import SHAPES
-from .samples import shapes_samples
+from .sample_format import shapes_samples
 from .tiny import tiny_llava
 
 FAMILY = Family(

@@ -6,7 +6,7 @@ from ..family import Family
 from .adapter import Qwen2_5_VLAdapter
 from .plans import TP_PLANS
 from .shapes import SHAPES
-from ..qwen2_vl.samples import shapes_samples  # patchified as Qwen2-VL's processor does
+from ..qwen2_vl.sample_format import shapes_samples  # patchified as Qwen2-VL's processor does
 from .tiny import tiny_qwen2_5_vl
 
 FAMILY = Family(

@@ -41,7 +41,7 @@ from ..metrics import StepMetrics
 from .peft_adapter import save_peft_adapter
 from .rank_batch import RankBatch
 from .token_metrics import TokenMetrics
-from .loss import check_loss_options, overrides, per_stage_optimizer
+from .loss_options import check_loss_options, overrides, per_stage_optimizer
 from .parts import (GlobalBatch, GlobalBatchDataLoader, GlobalBatchSampler, HeteroModel, HeteroOptimizer,
                     IndexDataset, NormSource, SamplerBatches)
 
