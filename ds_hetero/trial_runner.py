@@ -5,8 +5,8 @@ runners, which need the engine, are handed to it by the entry points:
 
     launch_one          `ds-hetero plan --trial K` (ds_hetero/cli.py hands it to planner/cli.py): one
                         candidate in its own launch of the `deepspeed` launcher on this machine
-                        (`--num_gpus world`, CPU ranks with DS_ACCELERATOR=cpu) running this
-                        module (`worker_main`): the model built as the recipes build it (a tiny
+                        (`--num_gpus world`, CPU ranks with DS_ACCELERATOR=cpu) running
+                        trial_worker.py (a client of entry): the model built as the recipes build it (a tiny
                         model with seed 0, a config.json with seeded random weights, a checkpoint
                         directory loaded as `initialize(..., weights=DIR)` does), samples of the
                         planned sequence length and image tokens (planner/trial_data.py),
@@ -24,7 +24,6 @@ runners, which need the engine, are handed to it by the entry points:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -34,7 +33,7 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
-WORKER = "ds_hetero.trial_runner"  # run as a module (`python -m`): a script by path would put ds_hetero/ on sys.path
+WORKER = "ds_hetero.trial_worker"  # run as a module (`python -m`): a script by path would put ds_hetero/ on sys.path
 
 
 def _port() -> str:
@@ -112,62 +111,3 @@ def trials_in_process(model, configs: Sequence[Mapping[str, Any]], samples: Sequ
             del engine
             gc.collect()
     return out
-
-
-def build_model(source: str):
-    """(model, weights directory or None)."""
-    import torch
-
-    if source == "tiny-llava":
-        from ds_hetero.toy import tiny_llava
-
-        return tiny_llava("clip", seed=0), None
-    if source == "tiny-qwen2-vl":
-        from ds_hetero.toy import tiny_qwen2_vl
-
-        return tiny_qwen2_vl(seed=0), None
-    if os.path.isdir(source):
-        from ds_hetero.families.meta import meta_model
-
-        return meta_model(source, dtype=torch.float32), source
-    from transformers import AutoModelForImageTextToText
-
-    from ds_hetero.planner.model_source import load_hf_config
-
-    torch.manual_seed(0)
-    return AutoModelForImageTextToText.from_config(load_hf_config(source)), None
-
-
-def worker_main(argv=None) -> int:
-    """One measured trial on this rank (the launch `launch_one` starts; rank 0 writes the result)."""
-    p = argparse.ArgumentParser(description="one measured trial of the planner, on every rank")
-    p.add_argument("--model", required=True)
-    p.add_argument("--config", required=True)
-    p.add_argument("--seq-len", type=int, required=True)
-    p.add_argument("--image-tokens", type=int, required=True)
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--out", required=True)
-    p.add_argument("--local_rank", type=int, default=0)  # the deepspeed launcher passes it
-    args = p.parse_args(argv)
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-
-    import torch.distributed as dist
-
-    from ds_hetero.config import read_ds_config
-    from ds_hetero.entry import initialize
-    from ds_hetero.planner.trial_data import workload_samples
-
-    model, weights = build_model(args.model)
-    cfg = read_ds_config(args.config)
-    samples = workload_samples(model.config, args.seq_len, args.image_tokens, int(cfg["train_batch_size"]))
-    engine = initialize(model, cfg, weights=weights)
-    steps = timed_steps(engine, samples, args.steps)
-    if dist.get_rank() == 0:
-        with open(args.out, "w") as f:
-            json.dump({"step_s": statistics.median(steps[1:]), "steps": steps}, f)
-    dist.barrier()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(worker_main())

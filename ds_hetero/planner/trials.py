@@ -6,8 +6,8 @@ the runtime hands the planner a runner (ds_hetero/trial_runner.py), one per entr
 
 `ds-hetero plan --trial K` (`launch_trials` with `launch`, trial_runner.launch_one): each
 candidate is one launch of the `deepspeed` launcher on this machine running
-ds_hetero/trial_runner.py (`worker_main`), which reports the median step time after the first
-(the slowest rank's, each step). Separate launches isolate the candidates (a crash or an out-of-memory fails
+ds_hetero/trial_worker.py, which reports the median step time after the first (the slowest
+rank's, each step). Separate launches isolate the candidates (a crash or an out-of-memory fails
 one trial, which is then ranked last, not the plan) and every launch starts from the same state.
 With `rounds` > 1 the candidates run round-robin (A B A B ...), so drift on a shared machine hits
 them alike; the median over rounds ranks them.
