@@ -137,8 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_checkpoint_parser(sub)
     from .planner.cli import add_plan_parser
+    from .trial_runner import launch_one
 
-    add_plan_parser(sub)
+    add_plan_parser(sub, launch=launch_one)  # the planner measures trials through the runtime's launcher
     return parser
 
 

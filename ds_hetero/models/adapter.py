@@ -144,7 +144,7 @@ class StageAdapter:
         and raises the same HeteroConfigError on every rank.
         """
         from ..tensor_parallel import validate_tensor_parallel
-        from ..tensor_parallel.shard import PAD_YOURSELF, _check_head
+        from ..tensor_parallel.shard import PAD_YOURSELF, check_head
 
         self.check_stages(cfg)
         language = cfg.stages["language"]
@@ -153,7 +153,7 @@ class StageAdapter:
                 validate_tensor_parallel(module, cfg.stages[name].tp, name, plans=self.tp_plans)
         validate_tensor_parallel(self.model.get_decoder(), language.tp, "language", plans=self.tp_plans)
         if language.tp > 1:
-            _check_head(self.model, language.tp, False, "language", PAD_YOURSELF)
+            check_head(self.model, language.tp, False, "language", PAD_YOURSELF)
         from ..context_parallel import check_context_parallel, is_sharded
 
         check_context_parallel(self.model.config.text_config, language.tp, language.cp, is_sharded(language))

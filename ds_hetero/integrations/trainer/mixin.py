@@ -43,7 +43,7 @@ from .rank_batch import RankBatch
 from .token_metrics import TokenMetrics
 from .loss_options import check_loss_options, overrides, per_stage_optimizer
 from .parts import (GlobalBatch, GlobalBatchDataLoader, GlobalBatchSampler, HeteroModel, HeteroOptimizer,
-                            IndexDataset, SamplerBatches, _NormSource)
+                    IndexDataset, NormSource, SamplerBatches)
 
 
 class HeteroTrainerMixin:
@@ -121,7 +121,7 @@ class HeteroTrainerMixin:
             cfg["zero_allow_untested_optimizer"] = True
         engine = initialize(self.model, cfg, optimizer=factory, seed=self._data_seed(), weights=self._hetero_weights)
         self.hetero = HeteroModel(engine)
-        self.accelerator.deepspeed_engine_wrapped = _NormSource(self.hetero)
+        self.accelerator.deepspeed_engine_wrapped = NormSource(self.hetero)
         self._hetero_tokens = TokenMetrics(engine) if hasattr(self, "_total_train_tokens") else None
         return self.hetero
 
