@@ -57,6 +57,12 @@ def linear_attention_layers(text_config) -> list[int]:
 class Qwen3_5Adapter(Qwen2VLAdapter):
     """Samples as for Qwen2-VL: `pixel_values` [patches, D] and `image_grid_thw` [n, 3], or neither."""
 
+    # Its Gated DeltaNet layers run a causal conv and a recurrence along the whole row: the state of
+    # one sample flows into the next (the reference kernels on CPU take no per-sample boundaries
+    # from packed positions); a packed row did not equal its samples alone (tests/test_packing_rows.py)
+    PACKING_REFUSED = ("its Gated DeltaNet (linear attention) layers carry their convolution and recurrent state "
+                       "across the samples of a packed row")
+
     @staticmethod
     def tower_width(vision_config) -> tuple[int, int]:
         return vision_config.hidden_size, vision_config.intermediate_size
