@@ -60,7 +60,8 @@ class HeteroEngine:
     optimizer   optional factory `params -> torch.optim.Optimizer` used for every stage (as
                 `deepspeed.initialize(optimizer=callable)`); otherwise the DeepSpeed config's
                 "optimizer" section builds each stage's optimizer
-    seed        order of the training data (the same on every rank)
+    seed        order of the training data and the stages' model-parallel dropout streams
+                (tensor_parallel/rng.py); the same on every rank
     weights     a Hugging Face safetensors checkpoint directory: `model` may then be built on the
                 meta device (`ds_hetero.meta_model(DIR)`), and each rank reads and allocates only
                 its own stages' tp shards (ds_hetero/weights/); `load_report` says what it read
@@ -91,7 +92,8 @@ class HeteroEngine:
         self.model, self.config = model, config
         self.adapter = adapter if adapter is not None else adapter_for(model)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.stages, self.load_report = build_stage_set(model, config, self.adapter, self.rank, optimizer, checkpoint)
+        self.stages, self.load_report = build_stage_set(model, config, self.adapter, self.rank, optimizer, checkpoint,
+                                                        seed)
         global_step.check_clippable(self.stages)
         self.boundaries = boundaries(self.stages, self.adapter.hidden_size)
         # what a data path (the loader below, the Trainer's) needs of this rank: its shares, the step's plan
@@ -198,6 +200,7 @@ class HeteroEngine:
             plan = plan or StepPlan(self.config, self.adapter.encoders(), samples,
                                     language_cost=self.adapter.language_cost)
             self.schedule.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0}
+            self.stages.start_step(step)  # the dropout streams restart from (seed, step): resumes draw the same
             loss_sum = self.schedule.run(samples, plan, n_labels, step)
             with self.timeline.span("optimizer.norm", "optimizer", step):
                 norms = global_step.stage_norms(self.stages)

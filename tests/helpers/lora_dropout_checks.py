@@ -1,0 +1,185 @@
+"""The distributed cases of tests/test_lora_dropout.py (one 4-rank launch, gloo CPU ranks, fp32).
+
+    masks     tiny LLaVA, LoRA (dropout 0.1) on every linear of the tower and the decoder, vision tp2 dp2 +
+              language tp2 dp2, 2 steps: a digest of every dropout mask each rank drew in training, and
+              one same-shape draw from every stage stream afterwards
+    layer     a column- and a row-parallel LoRA pair (dropout 0.3) under tp2 (x2 dp) against the unsharded
+              PEFT pair with the masks the tp ranks drew: output and every gradient
+    curve     20 steps with dropout 0.05 (vision dp4 + language tp2 dp2) and, on rank 0, the stock
+              single-process PEFT run with the same dropout under several seeds, and without dropout
+"""
+
+import copy
+import hashlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "gate_proj", "up_proj", "down_proj", "fc1", "fc2"]
+BATCH, CLIP = 8, 1.0
+
+
+def _optimizer(params):
+    return torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.99), eps=1e-4, weight_decay=0.01)
+
+
+def lora_llava(dropout: float, seed: int = 7):
+    from peft import LoraConfig, get_peft_model
+
+    from ds_hetero.models.tiny import tiny_llava
+
+    base = tiny_llava("clip", seed=seed, text_heads=4, text_kv_heads=4)
+    torch.manual_seed(11)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=dropout, init_lora_weights=False)
+    return get_peft_model(base, config)
+
+
+def _engine(peft, stages, steps_seed=0):
+    import ds_hetero
+
+    config = {"train_batch_size": BATCH, "zero_optimization": {"stage": 1}, "zero_allow_untested_optimizer": True,
+              "gradient_clipping": CLIP, "steps_per_print": 10**6,
+              "hetero_parallel": {"micro_batches": 2, "stages": stages}}
+    return ds_hetero.initialize(peft, config, optimizer=_optimizer, seed=steps_seed)
+
+
+def _digest(mask: torch.Tensor) -> str:
+    return hashlib.sha1(mask.bool().numpy().tobytes() + str(tuple(mask.shape)).encode()).hexdigest()[:16]
+
+
+def masks(rank, world_size):
+    """Per stage: this rank's coordinate, and per dropout module the digests of the masks it drew."""
+    from ds_hetero.testing.parity import make_batches
+    from ds_hetero.tensor_parallel.lora_dropout import TensorParallelDropout
+
+    peft = lora_llava(0.1)
+    batches = make_batches("llava", peft.get_base_model(), 2, BATCH)
+    engine = _engine(peft, {"vision": {"tp": 2, "dp": 2}, "language": {"tp": 2, "dp": 2}})
+    drawn, dropped = {}, [0, 0]
+
+    def record(name):
+        def hook(module, args, out):
+            keep = out != 0  # the inputs are activations: none is exactly 0
+            drawn.setdefault(name, []).append(_digest(keep))
+            dropped[0] += int((~keep).sum())
+            dropped[1] += keep.numel()
+        return hook
+
+    report = {}
+    for stage in engine.stages.held:
+        mods = {n: m for n, m in stage.module.named_modules() if isinstance(m, TensorParallelDropout)}
+        for n, m in mods.items():
+            m.register_forward_hook(record(f"{stage.name}:{n}"))
+        report[stage.name] = {"coord": list(stage.coord), "modules": {f"{stage.name}:{n}": m.sharded
+                                                                      for n, m in mods.items()}}
+    for b in batches:
+        engine.train_batch(b)
+    same_shape = {}
+    for stage in engine.stages.held:
+        stage.rng.start_step(5)
+        for sharded in (False, True):
+            g = stage.rng.generator(torch.device("cpu"), sharded)
+            same_shape[f"{stage.name}:{sharded}"] = _digest(torch.empty(64, 32).bernoulli_(0.9, generator=g))
+    return {"stages": report, "drawn": drawn, "dropped": dropped, "same_shape": same_shape}
+
+
+class Pair(nn.Module):
+    """x -> up (column-parallel under tp) -> down (row-parallel): the shape of an MLP without its activation."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(8, 16), nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.down(self.up(x))
+
+
+class FixedMask(nn.Module):
+    def __init__(self, mask):
+        super().__init__()
+        self.mask = mask
+
+    def forward(self, x):
+        return x * self.mask
+
+
+def _lora_grads(model, group):
+    from ds_hetero.tensor_parallel.layers import gather_full
+
+    return {n: gather_full(p.grad, p, group) for n, p in model.named_parameters() if "lora_" in n}
+
+
+def layer(rank, world_size):
+    """{"errors": largest |sharded - reference| of the output and every gradient, "controls": the same
+    against deliberately wrong references (no dropout; this rank's row mask taken as the whole mask)}."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    from ds_hetero.comm import copy_to_region
+    from ds_hetero.tensor_parallel.lora import shard_lora_column, shard_lora_row
+    from ds_hetero.tensor_parallel.lora_dropout import TensorParallelDropout, install_lora_dropout
+    from ds_hetero.tensor_parallel.rng import StageRNG
+    from ds_hetero.topology.layout import Coord
+
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank builds every group
+    group, tp, dp = groups[rank // 2], rank % 2, rank // 2
+    torch.manual_seed(0)
+    model = inject_adapter_in_model(LoraConfig(r=4, target_modules=["up", "down"], lora_dropout=0.3,
+                                               init_lora_weights=False), Pair())
+    reference = copy.deepcopy(model)
+    shard_lora_column(model.up, group)
+    shard_lora_row(model.down, group)
+    rng = StageRNG(5, "pair", Coord(tp=tp, cp=0, dp=dp))
+    assert install_lora_dropout(model, rng) == 2
+    x = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(dp))  # the dp rank's data
+    w = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(10 + dp))
+    before = rng.snapshot()
+    xs = x.clone().requires_grad_()
+    y = model(copy_to_region(xs, group))
+    (y * w).sum().backward()
+    rng.restore(before)  # the same draws again, on ones: the masks (scaled) the layers applied
+    up_mask = TensorParallelDropout(0.3, rng, False)(torch.ones(3, 5, 8))
+    down_mine = TensorParallelDropout(0.3, rng, True)(torch.ones(3, 5, 8))
+    pieces = [torch.empty_like(down_mine) for _ in range(2)]
+    dist.all_gather(pieces, down_mine, group=group)
+    down_mask = torch.cat(pieces, -1)
+
+    def against(up, down):
+        ref = copy.deepcopy(reference)
+        ref.up.lora_dropout["default"], ref.down.lora_dropout["default"] = FixedMask(up), FixedMask(down)
+        xr = x.clone().requires_grad_()
+        yr = ref(xr)
+        (yr * w).sum().backward()
+        got, want = _lora_grads(model, group), {n: p.grad for n, p in ref.named_parameters() if "lora_" in n}
+        errs = {n: float((got[n] - want[n]).abs().max()) for n in want}
+        errs.update(output=float((y - yr).abs().max()), input_grad=float((xs.grad - xr.grad).abs().max()))
+        return errs
+
+    return {"errors": against(up_mask, down_mask),
+            "controls": {"no dropout": against(torch.ones_like(up_mask), torch.ones_like(down_mask)),
+                         "own row mask": against(up_mask, torch.cat([down_mine, down_mine], -1))},
+            "kept": float((up_mask != 0).float().mean())}
+
+
+def curve(rank, world_size, steps=20, dropout=0.05, seeds=(0, 1, 2, 3)):
+    """ds_hetero's losses; on rank 0 the stock single-process curves: {seed: losses} and without dropout."""
+    from ds_hetero.testing.parity import make_batches, reference_train
+
+    peft = lora_llava(dropout)
+    reference = copy.deepcopy(peft)
+    batches = make_batches("llava", peft.get_base_model(), steps, BATCH)
+    engine = _engine(peft, {"vision": {"tp": 1, "dp": 4}, "language": {"tp": 2, "dp": 2}})
+    report = {"losses": [engine.train_batch(b).loss for b in batches]}
+    if rank != 0:
+        return report
+    stock = {}
+    for s in seeds:
+        model = copy.deepcopy(reference).get_base_model().train()
+        torch.manual_seed(1000 + s)  # PEFT's nn.Dropout draws from torch's default generator
+        stock[s] = reference_train("llava", model, batches, _optimizer, CLIP)[0]
+    plain = copy.deepcopy(reference).get_base_model()
+    for m in plain.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    report.update(stock=stock, no_dropout=reference_train("llava", plain, batches, _optimizer, CLIP)[0])
+    return report
