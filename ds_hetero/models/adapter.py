@@ -24,6 +24,17 @@ from ..loss import IGNORE_INDEX
 from .item_cost import transformer_cost
 
 
+# Media fields the families' processors emit (and their HF forwards take). A sample carrying one its
+# family's adapter does not read (SAMPLE_FIELDS) is refused by name instead of silently training
+# without it (e.g. a video's fields given to an image-only family). Per-token fields the processors
+# also emit (attention_mask, token_type_ids, mm_token_type_ids) are rebuilt by the engine.
+MEDIA_FIELDS = frozenset({
+    "pixel_values", "image_grid_thw", "image_sizes", "batch_num_images", "num_crops", "image_num_patches",
+    "pixel_attention_mask", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "video_second_per_grid",
+    "batch_num_videos", "input_features", "feature_attention_mask", "audio_feature_lengths", "input_features_mask",
+})
+
+
 @dataclass(frozen=True)
 class EncoderPort:
     """What the engine needs of one encoder stage, without naming it: one per encoder stage.
@@ -85,6 +96,8 @@ class StageAdapter:
     # hold another family's decoder or tower). Set by the family registry (families/__init__.py
     # `adapter_for`), which is what builds adapters.
     tp_plans: Mapping[str, Any] = MappingProxyType({})
+    # The media fields (MEDIA_FIELDS) its samples take; any other is refused by name in check_sample.
+    SAMPLE_FIELDS: tuple[str, ...] = ("pixel_values",)
 
     model: nn.Module
 
@@ -231,10 +244,23 @@ class StageAdapter:
         return batch
 
     def check_sample(self, sample: dict[str, Any], index: int) -> None:
-        """Reject a sample whose image fields disagree with its placeholders (before any collective)."""
+        """Reject a sample whose image fields disagree with its placeholders (before any collective),
+        a media field this family does not take (MEDIA_FIELDS), and padding inside a sample."""
         for key in ("input_ids", "labels"):
             if key not in sample:
                 raise ValueError(f"sample {index}: missing '{key}'")
+        for key in sample:
+            if key in MEDIA_FIELDS and key not in self.SAMPLE_FIELDS:
+                raise ValueError(
+                    f"sample {index}: '{key}' is not a field {type(self.model).__name__} takes here (its samples take "
+                    f"{', '.join(self.SAMPLE_FIELDS)}, as its processor emits them); drop it, or use a family that "
+                    f"encodes it")
+        mask = sample.get("attention_mask")
+        if torch.is_tensor(mask) and not bool(mask.bool().all()):
+            raise ValueError(
+                f"sample {index}: attention_mask marks {int((~mask.bool()).sum())} padding token(s) inside the sample; "
+                f"hand samples without padding (the engine pads each stage's share itself), or a collated batch "
+                f"through ds_hetero.data.split_collated")
         if sample["input_ids"].shape != sample["labels"].shape:
             raise ValueError(
                 f"sample {index}: input_ids {tuple(sample['input_ids'].shape)} and labels "

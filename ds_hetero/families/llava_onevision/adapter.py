@@ -77,6 +77,7 @@ class LlavaOnevisionAdapter(StageAdapter):
     """Samples carry `pixel_values` ([n, max_tiles, C, H, W] as the processor pads them, or every
     tile [tiles, C, H, W]) and `image_sizes` [n, 2], each image its own run of placeholders, or
     neither (text only)."""
+    SAMPLE_FIELDS = ("pixel_values", "image_sizes", "batch_num_images")
 
     def __init__(self, model: nn.Module):
         self.model = model

@@ -156,6 +156,8 @@ def split_qwen2_5_omni(model: nn.Module) -> dict[str, nn.Module]:
 
 
 class Qwen2_5OmniAdapter(StageAdapter):
+    SAMPLE_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+                     "video_second_per_grid", "input_features", "feature_attention_mask", "audio_feature_lengths")
     ENCODER_STAGES = ("vision", "audio")
 
     def __init__(self, model: nn.Module):
