@@ -10,6 +10,7 @@ sharded one (a row-parallel layer's input slice) from the sharded stream, differ
     layer    a column + row LoRA pair under tp2 equals the unsharded PEFT pair given the masks the tp
              ranks drew: output and every gradient to 1e-5 relative (negative controls: no dropout in the
              reference, or this rank's row mask taken as the whole one, differ by > 1e-2)
+    recompute  `recompute: true` on both stages gives the run without recompute (control: streams not restored)
     curve    20 steps at dropout 0.05 (vision dp4 + language tp2 dp2) on the shapes captions against the stock
              single-process PEFT run with the same dropout under 4 seeds (see test_curve_within_dropout_noise)
 
@@ -90,10 +91,10 @@ def test_recompute_replays_the_stage_streams():
 
 @pytest.fixture(scope="module")
 def launched():
-    from tests.helpers.lora_dropout_checks import curve, layer, masks
+    from tests.helpers.lora_dropout_checks import curve, layer, masks, recompute
 
-    return launch_cases({"masks": (masks, {}), "layer": (layer, {}), "curve": (curve, {})}, world_size=4,
-                        timeout=1800)
+    cases = {"masks": (masks, {}), "layer": (layer, {}), "recompute": (recompute, {}), "curve": (curve, {})}
+    return launch_cases(cases, world_size=4, timeout=1800)
 
 
 @pytest.mark.distributed
@@ -128,6 +129,17 @@ def test_sharded_lora_pair_with_dropout_equals_the_unsharded_pair(launched):
         for name, errors in r["controls"].items():
             assert errors["output"] > 1e-2, (name, errors)
         assert 0.6 < r["kept"] < 0.8
+
+
+@pytest.mark.distributed
+def test_recompute_replays_the_dropout_masks_in_the_engine(launched):
+    """`recompute: true` on both tp2 stages trains exactly as without it (the streams restored for
+    every recomputed layer); with the restore switched off the gradients differ."""
+    for r in launched["recompute"]:
+        plain, again, control = r["plain"], r["recompute"], r["not restored"]
+        assert again["losses"] == pytest.approx(plain["losses"], rel=1e-6)
+        assert again["norms"] == pytest.approx(plain["norms"], rel=1e-6)
+        assert control["norms"][0] != pytest.approx(plain["norms"][0], rel=1e-3), (control, plain)
 
 
 @pytest.mark.distributed

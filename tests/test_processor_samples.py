@@ -18,7 +18,8 @@ from ds_hetero.data.samples import as_sample
 from ds_hetero.loss import label_token_count, token_loss_sum
 from ds_hetero.models import adapter_for
 from ds_hetero.models.tiny import tiny_llava, tiny_qwen2_5_omni, tiny_qwen2_vl
-from ds_hetero.models.tiny_families import tiny_gemma3, tiny_llava_onevision, tiny_qwen2_5_vl
+from ds_hetero.models.tiny_families import (tiny_gemma3, tiny_internvl, tiny_llava_onevision, tiny_qwen2_5_vl,
+                                            tiny_qwen3_vl)
 from tests.helpers import family_processors as fp
 
 QWEN_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -33,7 +34,9 @@ def _families():
         "llava": (lambda: tiny_llava("clip", seed=0), tiny_llava_processor, "w5 <image> w6"),
         "qwen2_vl": (lambda: tiny_qwen2_vl(seed=0), tiny_qwen2_vl_processor, f"w5 {QWEN_IMAGE} w6"),
         "qwen2_5_vl": (lambda: tiny_qwen2_5_vl(seed=0), fp.qwen2_5_vl_processor, f"w5 {QWEN_IMAGE} w6 {QWEN_IMAGE}"),
+        "qwen3_vl": (lambda: tiny_qwen3_vl(seed=0), fp.qwen3_vl_processor, f"{QWEN_IMAGE} w5 w6"),
         "gemma3": (lambda: tiny_gemma3(seed=0), fp.gemma3_processor, "w5 <start_of_image> w6"),
+        "internvl": (lambda: tiny_internvl(seed=0), fp.internvl_processor, "w5 <IMG_CONTEXT> w6 <IMG_CONTEXT>"),
         "llava_onevision": (lambda: tiny_llava_onevision(seed=0), fp.llava_onevision_processor, "w5 <image> w6"),
     }
 
@@ -43,7 +46,8 @@ def test_the_processors_whole_output_is_a_sample(family):
     build, processor, text = _families()[family]
     model = build()
     rng = np.random.default_rng(0)
-    images = [rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for _ in range(sum(map(text.count, ("<image>", "image_pad", "start_of_image"))))]
+    n_images = sum(map(text.count, ("<image>", "image_pad", "start_of_image", "IMG_CONTEXT")))
+    images = [rng.integers(0, 256, (16 * (1 + k), 32, 3), dtype=np.uint8) for k in range(n_images)]
     out = processor(model)(text=[text], images=[images], return_tensors="pt")
     whole = as_sample({**out, "labels": out["input_ids"].clone()}, 0)
     trimmed = {"input_ids": whole["input_ids"][0], "labels": whole["labels"][0],

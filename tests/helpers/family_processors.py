@@ -156,3 +156,63 @@ def omni_processor_samples(processor, model, items_per_sample, seed=0):
         sample["labels"] = ids.masked_fill(torch.isin(ids, torch.tensor(specials)), -100)
         samples.append(sample)
     return samples
+
+
+def qwen3_vl_processor(model):
+    """Qwen3VLProcessor for the tiny Qwen3-VL (Qwen2-VL patches at its patch size), images only."""
+    from transformers import ProcessorMixin, Qwen2VLImageProcessorPil, Qwen3VLProcessor
+
+    cfg, v = model.config, model.config.vision_config
+    names = {"<|image_pad|>": cfg.image_token_id, "<|video_pad|>": cfg.video_token_id,
+             "<|vision_start|>": cfg.vision_start_token_id, "<|vision_end|>": cfg.vision_end_token_id}
+    tokenizer = _tokenizer(names, {}, words=min(names.values()))
+
+    class ImagesOnly(Qwen3VLProcessor):
+        @classmethod
+        def get_attributes(cls):
+            return ["image_processor", "tokenizer"]
+
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None):
+            self.video_processor = None
+            ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+            for name, token in names.items():  # the attributes Qwen3VLProcessor.__init__ would set
+                attr = {"<|image_pad|>": "image_token", "<|video_pad|>": "video_token",
+                        "<|vision_start|>": "vision_start_token", "<|vision_end|>": "vision_end_token"}[name]
+                setattr(self, attr, name)
+                setattr(self, attr + "_id", token)
+
+    size = dict(shortest_edge=4 * (v.patch_size * v.spatial_merge_size) ** 2, longest_edge=4096)
+    images = Qwen2VLImageProcessorPil(size=size, patch_size=v.patch_size, merge_size=v.spatial_merge_size,
+                                      temporal_patch_size=v.temporal_patch_size)
+    return ImagesOnly(image_processor=images, tokenizer=tokenizer)
+
+
+def internvl_processor(model, start_id=297, end_id=296, video_id=298):
+    """InternVLProcessor for the tiny InternVL: GotOcr2 tiling (up to 4 tiles + a thumbnail), images only."""
+    import re
+
+    from transformers import GotOcr2ImageProcessorPil, InternVLProcessor, ProcessorMixin
+
+    cfg, v = model.config, model.config.vision_config
+    names = {"<IMG_CONTEXT>": cfg.image_token_id, "<video>": video_id, "<img>": start_id, "</img>": end_id}
+    tokenizer = _tokenizer(names, {"context_image_token": "<IMG_CONTEXT>", "video_token": "<video>",
+                                   "start_image_token": "<img>", "end_image_token": "</img>"}, words=min(names.values()))
+
+    class ImagesOnly(InternVLProcessor):
+        @classmethod
+        def get_attributes(cls):
+            return ["image_processor", "tokenizer"]
+
+        def __init__(self, image_processor=None, tokenizer=None, image_seq_length=256, chat_template=None):
+            self.video_processor = None
+            ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+            self.image_seq_length = image_seq_length  # what InternVLProcessor.__init__ sets
+            self.start_image_token, self.end_image_token = "<img>", "</img>"
+            self.start_image_token_id, self.end_image_token_id = start_id, end_id
+            self.image_token, self.video_token, self.image_token_id = "<IMG_CONTEXT>", "<video>", cfg.image_token_id
+            self.multimodal_pattern = re.compile(r"(?P<image><IMG_CONTEXT>)|(?P<video><video>)")
+
+    tile = v.image_size[0] if isinstance(v.image_size, (list, tuple)) else v.image_size
+    images = GotOcr2ImageProcessorPil(size={"height": tile, "width": tile}, crop_to_patches=True, min_patches=1,
+                                      max_patches=4)
+    return ImagesOnly(image_processor=images, tokenizer=tokenizer, image_seq_length=cfg.image_seq_length)

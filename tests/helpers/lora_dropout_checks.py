@@ -192,3 +192,31 @@ def curve(rank, world_size, steps=20, dropout=0.05, seeds=(0, 1, 2, 3), lr=3e-3)
                   controls={"lr x 2": stock(9, make_optimizer=functools.partial(_optimizer, lr=2 * lr)),
                             "dropout 0.5": stock(9, p=0.5)})
     return report
+
+
+def recompute(rank, world_size, steps=2):
+    """Losses and grad norms of the same dropout run (0.1, vision tp2 dp2 + language tp2 dp2) without
+    recompute, with `recompute: true` on both stages, and with recompute but the streams not restored
+    for it (the control: StageRNG.checkpoint_contexts replaced by no-op contexts while it runs)."""
+    import contextlib
+
+    from ds_hetero.tensor_parallel.rng import StageRNG
+    from ds_hetero.testing.parity import make_batches
+
+    def run(on):
+        peft = lora_llava(0.1)
+        batches = make_batches("llava", peft.get_base_model(), steps, BATCH)
+        stages = {"vision": {"tp": 2, "dp": 2, "recompute": on}, "language": {"tp": 2, "dp": 2, "recompute": on}}
+        engine = _engine(peft, stages)
+        results = [engine.train_batch(b) for b in batches]
+        engine.groups.destroy()
+        return {"losses": [r.loss for r in results], "norms": [r.grad_norm for r in results]}
+
+    out = {"plain": run(False), "recompute": run(True)}
+    original = StageRNG.checkpoint_contexts
+    StageRNG.checkpoint_contexts = lambda self: (contextlib.nullcontext(), contextlib.nullcontext())
+    try:
+        out["not restored"] = run(True)
+    finally:
+        StageRNG.checkpoint_contexts = original
+    return out
