@@ -24,7 +24,7 @@ import torch
 from ds_hetero.tensor_parallel.lora_dropout import TensorParallelDropout
 from ds_hetero.tensor_parallel.rng import StageRNG
 from ds_hetero.testing.cases import launch_cases
-from ds_hetero.topology.layout import Coord
+from ds_hetero.layout import Coord
 
 
 def _draw(rng, sharded, shape=(256,)):

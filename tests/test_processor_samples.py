@@ -16,9 +16,9 @@ import torch
 
 from ds_hetero.data.samples import as_sample
 from ds_hetero.loss import label_token_count, token_loss_sum
-from ds_hetero.models import adapter_for
-from ds_hetero.models.tiny import tiny_llava, tiny_qwen2_5_omni, tiny_qwen2_vl
-from ds_hetero.models.tiny_families import (tiny_gemma3, tiny_internvl, tiny_llava_onevision, tiny_qwen2_5_vl,
+from ds_hetero.families import adapter_for
+from ds_hetero.toy import tiny_llava, tiny_qwen2_5_omni, tiny_qwen2_vl
+from ds_hetero.toy import (tiny_gemma3, tiny_internvl, tiny_llava_onevision, tiny_qwen2_5_vl,
                                             tiny_qwen3_vl)
 from tests.helpers import family_processors as fp
 
@@ -28,7 +28,7 @@ OMNI_ITEMS = [[("audio", 0.2)], [("image", (32, 32)), ("audio", 0.13)], [],
 
 
 def _families():
-    from ds_hetero.models.tiny_processors import tiny_llava_processor, tiny_qwen2_vl_processor
+    from ds_hetero.toy.processors import tiny_llava_processor, tiny_qwen2_vl_processor
 
     return {
         "llava": (lambda: tiny_llava("clip", seed=0), tiny_llava_processor, "w5 <image> w6"),
@@ -126,7 +126,7 @@ def test_omni_both_forms_give_the_same_inputs_and_positions(omni):
     for s in samples:
         features, lengths = (None, None)
         if "input_features" in s:
-            from ds_hetero.models.qwen2_5_omni import audio_fields
+            from ds_hetero.families.qwen2_5_omni.adapter import audio_fields
 
             features, lengths = audio_fields(s)
         f = {k: v for k, v in s.items() if k not in ("input_features", "feature_attention_mask")}

@@ -27,7 +27,7 @@ def _optimizer(params, lr=1e-3):
 def lora_llava(dropout: float, seed: int = 7, r: int = 4):
     from peft import LoraConfig, get_peft_model
 
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     base = tiny_llava("clip", seed=seed, text_heads=4, text_kv_heads=4)
     torch.manual_seed(11)
@@ -119,7 +119,7 @@ def layer(rank, world_size):
     from ds_hetero.tensor_parallel.lora import shard_lora_column, shard_lora_row
     from ds_hetero.tensor_parallel.lora_dropout import TensorParallelDropout, install_lora_dropout
     from ds_hetero.tensor_parallel.rng import StageRNG
-    from ds_hetero.topology.layout import Coord
+    from ds_hetero.layout import Coord
 
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank builds every group
     group, tp, dp = groups[rank // 2], rank % 2, rank // 2
@@ -167,7 +167,7 @@ def curve(rank, world_size, steps=20, dropout=0.05, seeds=(0, 1, 2, 3), lr=3e-3)
     deliberately different trainings (controls): lr x 2, and dropout 0.5."""
     import functools
 
-    from ds_hetero.data.shapes import ShapesCaptionDataset
+    from ds_hetero.toy.shapes import ShapesCaptionDataset
     from ds_hetero.testing.parity import reference_train
 
     optimizer = functools.partial(_optimizer, lr=lr)
