@@ -103,7 +103,8 @@ def test_masks_equal_over_tp_peers_and_distinct_over_dp(launched):
     for stage in ("vision", "language"):
         coords = {r: tuple(ranks[r]["stages"][stage]["coord"]) for r in range(4)}
         modules = ranks[0]["stages"][stage]["modules"]
-        assert len(modules) == (12 if stage == "vision" else 14), len(modules)  # 2 layers x (6 tower | 7 decoder) LoRA linears
+        # 2 layers x (6 tower | 7 decoder) LoRA linears
+        assert len(modules) == (12 if stage == "vision" else 14), len(modules)
         for r in range(4):
             for s in range(r + 1, 4):
                 tp_peers = coords[r][1:] == coords[s][1:]

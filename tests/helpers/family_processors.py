@@ -195,8 +195,9 @@ def internvl_processor(model, start_id=297, end_id=296, video_id=298):
 
     cfg, v = model.config, model.config.vision_config
     names = {"<IMG_CONTEXT>": cfg.image_token_id, "<video>": video_id, "<img>": start_id, "</img>": end_id}
-    tokenizer = _tokenizer(names, {"context_image_token": "<IMG_CONTEXT>", "video_token": "<video>",
-                                   "start_image_token": "<img>", "end_image_token": "</img>"}, words=min(names.values()))
+    extra = {"context_image_token": "<IMG_CONTEXT>", "video_token": "<video>", "start_image_token": "<img>",
+             "end_image_token": "</img>"}
+    tokenizer = _tokenizer(names, extra, words=min(names.values()))
 
     class ImagesOnly(InternVLProcessor):
         @classmethod

@@ -151,7 +151,8 @@ def layer(rank, world_size):
         yr = ref(xr)
         (yr * w).sum().backward()
         got, want = _lora_grads(model, group), {n: p.grad for n, p in ref.named_parameters() if "lora_" in n}
-        pairs = [(got[n], want[n], n) for n in want] + [(y.detach(), yr.detach(), "output"), (xs.grad, xr.grad, "input_grad")]
+        pairs = [(got[n], want[n], n) for n in want]
+        pairs += [(y.detach(), yr.detach(), "output"), (xs.grad, xr.grad, "input_grad")]
         errs = {n: float((a - b).abs().max() / b.abs().max()) for a, b, n in pairs}  # relative to the tensor
         return errs
 

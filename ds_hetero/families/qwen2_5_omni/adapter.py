@@ -82,11 +82,12 @@ def check_audio_fields(sample: dict[str, Any], index: int, n_mel: int) -> None:
     features, mask, lengths = (sample.get(k) for k in ("input_features", "feature_attention_mask",
                                                        "audio_feature_lengths"))
     forms = ("give input_features [clips, mel, frames] with feature_attention_mask [clips, frames] (the "
-             f"processor's output) or input_features [mel, total frames] with audio_feature_lengths [clips]; n_mel = {n_mel}")
+             "processor's output) or input_features [mel, total frames] with audio_feature_lengths [clips]; "
+             f"n_mel = {n_mel}")
     if features is None:
         if mask is not None or lengths is not None:
-            raise ValueError(f"sample {index}: {'feature_attention_mask' if mask is not None else 'audio_feature_lengths'} "
-                             f"without input_features; {forms}")
+            given = "feature_attention_mask" if mask is not None else "audio_feature_lengths"
+            raise ValueError(f"sample {index}: {given} without input_features; {forms}")
         return
     shape = tuple(features.shape)
     if mask is None:
@@ -261,7 +262,8 @@ class Qwen2_5OmniAdapter(StageAdapter):
         clips = [(f, n) for f, n in clips if n is not None]
         if not clips:
             return {"input_features": torch.zeros(self.n_mel, 0), "feature_lens": torch.zeros(0, dtype=torch.long)}
-        return {"input_features": torch.cat([f for f, _ in clips], dim=1), "feature_lens": torch.cat([n for _, n in clips])}
+        return {"input_features": torch.cat([f for f, _ in clips], dim=1),
+                "feature_lens": torch.cat([n for _, n in clips])}
 
     # ------------------------------------------------------------------ language
     def position_ids(self, batch: dict[str, torch.Tensor], samples: Sequence[dict[str, Any]]) -> torch.Tensor | None:
