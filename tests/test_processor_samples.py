@@ -140,6 +140,26 @@ def test_omni_both_forms_give_the_same_inputs_and_positions(omni):
     assert one["audio_feature_lengths"].tolist() == [17] and one["input_features"].shape == (16, 17)
 
 
+def test_omni_processor_batch_split_per_sample_is_its_per_sample_output(omni):
+    """The processor's collated output for the whole batch (left-padded ids, all clips' rows) cut by
+    split_collated gives each sample the processor's own output for it alone."""
+    from ds_hetero.data.samples import split_collated
+
+    model, processor, samples = omni
+    split = split_collated(fp.omni_processor_batch(processor, model, OMNI_ITEMS, seed=1), adapter_for(model))
+    assert len(split) == len(samples)
+    for got, want in zip(split, samples):
+        assert torch.equal(got["input_ids"], want["input_ids"][0]) and torch.equal(got["labels"], want["labels"][0])
+        for key in ("input_features", "feature_attention_mask", "pixel_values", "image_grid_thw"):
+            assert (key in got) == (key in want), key
+            if key in want:
+                assert torch.equal(got[key], want[key]), key
+    bad = fp.omni_processor_batch(processor, model, OMNI_ITEMS, seed=1)
+    bad["feature_attention_mask"] = bad["feature_attention_mask"][:-1]
+    with pytest.raises(ValueError, match="feature_attention_mask"):
+        split_collated(bad, adapter_for(model))
+
+
 @pytest.mark.parametrize("change, words", [
     (lambda s: s.pop("feature_attention_mask"), "input_features has shape .1, 16, 3000. and no feature_attention_mask"),
     (lambda s: s.update(feature_attention_mask=s["feature_attention_mask"][:, :-1]), "do not fit"),

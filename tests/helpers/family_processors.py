@@ -131,31 +131,50 @@ def qwen2_5_omni_processor(model):
 AUDIO_RUN, IMAGE_RUN = "<|audio_bos|><|AUDIO|><|audio_eos|>", "<|vision_bos|><|IMAGE|><|vision_eos|>"
 
 
+def _omni_inputs(rng, items):
+    """(text, audios, images) of one sample: random words around each item's placeholder run."""
+    words = [f"w{int(w)}" for w in rng.integers(5, 250, 3)]
+    text, audios, images = [words[0]], [], []
+    for kind, what in items:
+        if kind == "audio":
+            audios.append((0.3 * rng.standard_normal(int(16000 * what))).astype(np.float32))
+        else:
+            images.append(rng.integers(0, 256, (*what, 3), dtype=np.uint8))
+        text += [AUDIO_RUN if kind == "audio" else IMAGE_RUN, f"w{int(rng.integers(5, 250))}"]
+    return " ".join(text + words[1:]), audios, images
+
+
+def _omni_labels(model, ids):
+    c = model.config
+    specials = [c.image_token_id, c.audio_token_id, c.vision_start_token_id, c.vision_end_token_id,
+                c.audio_start_token_id, c.audio_end_token_id]
+    return ids.masked_fill(torch.isin(ids, torch.tensor(specials)), -100)
+
+
 def omni_processor_samples(processor, model, items_per_sample, seed=0):
     """One sample per list of items ("audio", seconds) / ("image", (h, w)): the processor's whole output
     for it (input_ids [1, S], attention_mask, pixel_values, image_grid_thw, input_features [clips, mel,
     3000] padded, feature_attention_mask), labels = the ids outside placeholders and their delimiters."""
     rng = np.random.default_rng(seed)
-    c = model.config
-    specials = [c.image_token_id, c.audio_token_id, c.vision_start_token_id, c.vision_end_token_id,
-                c.audio_start_token_id, c.audio_end_token_id]
     samples = []
     for items in items_per_sample:
-        words = [f"w{int(w)}" for w in rng.integers(5, 250, 3)]
-        text, audios, images = [words[0]], [], []
-        for kind, what in items:
-            if kind == "audio":
-                audios.append((0.3 * rng.standard_normal(int(16000 * what))).astype(np.float32))
-            else:
-                images.append(rng.integers(0, 256, (*what, 3), dtype=np.uint8))
-            text += [AUDIO_RUN if kind == "audio" else IMAGE_RUN, f"w{int(rng.integers(5, 250))}"]
-        out = processor(text=[" ".join(text + words[1:])], images=images or None, audio=audios or None,
-                        return_tensors="pt")
-        sample = dict(out)
-        ids = sample["input_ids"]
-        sample["labels"] = ids.masked_fill(torch.isin(ids, torch.tensor(specials)), -100)
+        text, audios, images = _omni_inputs(rng, items)
+        sample = dict(processor(text=[text], images=images or None, audio=audios or None, return_tensors="pt"))
+        sample["labels"] = _omni_labels(model, sample["input_ids"])
         samples.append(sample)
     return samples
+
+
+def omni_processor_batch(processor, model, items_per_sample, seed=0):
+    """The same samples (same seed) as one processor call on the whole batch: its collated output
+    (left-padded input_ids, every clip's features and mask rows, every image's patches), with labels."""
+    rng = np.random.default_rng(seed)
+    texts, audios, images = zip(*[_omni_inputs(rng, items) for items in items_per_sample])
+    audios, images = [a for per in audios for a in per], [i for per in images for i in per]
+    out = dict(processor(text=list(texts), images=images or None, audio=audios or None, padding=True,
+                         return_tensors="pt"))
+    out["labels"] = _omni_labels(model, out["input_ids"]).masked_fill(out["attention_mask"] == 0, -100)
+    return out
 
 
 def qwen3_vl_processor(model):
