@@ -22,7 +22,6 @@ as a mean micro-batch; memory: the largest micro-batch of any rank. A uniform mi
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import Sequence
 
 from ..boundary.inputs import num_shards
@@ -61,7 +60,6 @@ def rank_work(rows: Sequence[Sequence[int]], lengths: Sequence[int], multiple: i
     return RankWork(longest * len(rows), attention, real)
 
 
-@lru_cache(maxsize=4096)  # a pure function of hashable inputs: the search asks it once per layout
 def step_work(lengths: tuple[int, ...], dp: int, micro_batches: int, multiple: int, packed: bool,
               budget: int | None, hidden: int, ffn: int) -> tuple[tuple[RankWork, ...], ...]:
     """`out[m][d]`: dp rank d's work in micro-batch m."""
@@ -121,8 +119,11 @@ def language_shape(spec: ModelSpec, wl: Workload, layout, micro_batches: int, pe
     """(samples, workload) the language formulas price one micro-batch of a dp rank of `layout` with:
     the slowest rank's mean micro-batch (time) or the largest micro-batch (`peak`: memory)."""
     lm = spec.language
-    works = step_work(wl.lengths[:wl.global_batch], layout.dp, micro_batches, shards(layout),
-                      wl.batching == "packed", wl.budget, lm.hidden, lm.ffn)
+    key = (wl.lengths[:wl.global_batch], layout.dp, micro_batches, shards(layout), wl.batching == "packed",
+           wl.budget, lm.hidden, lm.ffn)
+    works = wl.memo.get(key)
+    if works is None:  # the search prices each layout many times: cut the mix once per layout
+        works = wl.memo[key] = step_work(*key)
     t, a = largest_micro_batch(works) if peak else slowest_rank(works, lm.hidden, lm.ffn)
     samples, seq = equivalent(t, a)
     return samples, replace(wl, seq_len=seq)

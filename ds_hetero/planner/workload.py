@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .frozen import Freeze
 from ..models.shapes import ModelSpec
@@ -25,6 +25,7 @@ class Workload:
                    runtime cuts these samples (language_mix.py); the encoders keep image_tokens
     batching       the base config's `language_batching` ("samples" or "packed") and
     budget         its `max_tokens_per_micro_batch`: how the runtime cuts the length mix
+    memo           language_mix.py's rows of the mix per layout (not part of the workload's identity)
     """
 
     seq_len: int
@@ -37,6 +38,9 @@ class Workload:
     lengths: tuple[int, ...] = ()
     batching: str = "samples"
     budget: int | None = None
+    # the language's rows per (dp, micro-batches, shards) of the length mix, filled by language_mix.py
+    # (the search asks for each layout many times); one plan's, shared by its replace()d copies
+    memo: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def real_tokens(self) -> int:
         """Language tokens of the step's samples (no padding): what tokens/s counts."""
