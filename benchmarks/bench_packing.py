@@ -5,9 +5,9 @@
     python benchmarks/bench_packing.py --world 4  # the same rows on 4 ranks (two per core on a 2-core machine)
 
 The mix (a seeded generator, `ds_hetero/toy/length_mix.py` `sft_mix`, which `ds-hetero plan --lengths sft`
-prices too), shaped like the public VLM SFT mixes (LLaVA mix665k, ShareGPT4V) and scaled down by `--scale` for CPU: 70% one image (576 tokens / scale) + a text of
-lognormal(5.2, 0.8) tokens; 10% 2-4 images + lognormal(5.0, 0.6); 20% text only, lognormal(6.4, 0.9)
-+ 16; texts divided by the scale too, every sample capped at 8192 / scale tokens.
+prices too), shaped like the public VLM SFT mixes (LLaVA mix665k, ShareGPT4V) and scaled down by
+`--scale` for CPU: 70% one image (576 tokens / scale) + a text of lognormal(5.2, 0.8) tokens; 10%
+2-4 images + lognormal(5.0, 0.6); 20% text only, lognormal(6.4, 0.9) + 16; texts divided by the scale too, every sample capped at 8192 / scale tokens.
 
 Rows (colocated, vision dp = language dp = world, ZeRO 1, AdamW, clipping 1.0, 2 micro-batches):
 

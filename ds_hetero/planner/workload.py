@@ -68,8 +68,8 @@ class Workload:
 
     def check_lengths(self) -> None:
         if self.lengths and (len(self.lengths) < self.global_batch or min(self.lengths) < 1):
-            raise ValueError(f"--lengths: {len(self.lengths)} sample lengths for a global batch of {self.global_batch}; "
-                             f"give at least one positive length per sample")
+            raise ValueError(f"--lengths: {len(self.lengths)} sample lengths for a global batch of "
+                             f"{self.global_batch}; give at least one positive length per sample")
 
     def check(self, spec: ModelSpec) -> None:
         if self.image_tokens > self.seq_len:
