@@ -7,7 +7,8 @@
 The mix (a seeded generator, `ds_hetero/toy/length_mix.py` `sft_mix`, which `ds-hetero plan --lengths sft`
 prices too), shaped like the public VLM SFT mixes (LLaVA mix665k, ShareGPT4V) and scaled down by
 `--scale` for CPU: 70% one image (576 tokens / scale) + a text of lognormal(5.2, 0.8) tokens; 10%
-2-4 images + lognormal(5.0, 0.6); 20% text only, lognormal(6.4, 0.9) + 16; texts divided by the scale too, every sample capped at 8192 / scale tokens.
+2-4 images + lognormal(5.0, 0.6); 20% text only, lognormal(6.4, 0.9) + 16; texts divided by the
+scale too, every sample capped at 8192 / scale tokens.
 
 Rows (colocated, vision dp = language dp = world, ZeRO 1, AdamW, clipping 1.0, 2 micro-batches):
 
