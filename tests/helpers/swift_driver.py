@@ -1,0 +1,36 @@
+"""Run under `deepspeed --num_gpus 4` by tests/test_swift.py: ms-swift's own `sft_main` on a local tiny LLaVA.
+
+    deepspeed --num_gpus 4 tests/helpers/swift_driver.py DATA_DIR OUT_DIR [extra swift flags]
+
+DATA_DIR holds `model/` (tiny LLaVA + its processor) and `data.jsonl` (messages + image paths), written by
+the test. The stock run adds nothing; the heterogeneous run adds `--external_plugins recipes/swift_plugin.py`
+with DS_HETERO_PARALLEL naming the section. ms-swift writes OUT_DIR/logging.jsonl on rank 0.
+"""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+# The flags a CPU run of ms-swift needs (docs/clients.md): fp32, no dataloader workers or dataset
+# processes, no hub (local model and dataset), no eval split, no checkpoints, no gradient checkpointing.
+CPU_FLAGS = ["--model_type", "llava1_5_hf", "--torch_dtype", "float32", "--use_hf", "true",
+             "--dataloader_num_workers", "0", "--dataset_num_proc", "1", "--load_from_cache_file", "false",
+             "--split_dataset_ratio", "0", "--save_strategy", "no", "--report_to", "none",
+             "--gradient_checkpointing", "false"]
+
+
+def main():
+    data, out, extra = sys.argv[1], sys.argv[2], sys.argv[3:]
+    from swift import sft_main
+
+    sft_main(["--model", f"{data}/model", "--dataset", f"{data}/data.jsonl", "--output_dir", out,
+              "--add_version", "false", "--tuner_type", "full", "--deepspeed", "zero1",
+              "--per_device_train_batch_size", "4", "--max_steps", "2", "--logging_steps", "1",
+              "--learning_rate", "1e-3", "--lr_scheduler_type", "constant", "--warmup_ratio", "0",
+              *CPU_FLAGS, *extra])
+
+
+if __name__ == "__main__":
+    main()
