@@ -13,16 +13,18 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-# The flags a CPU run of ms-swift needs (docs/clients.md): fp32, no dataloader workers or dataset
-# processes, no hub (local model and dataset), no eval split, no checkpoints, no gradient checkpointing.
+# The flags a CPU run of ms-swift needs (docs/clients.md): fp32 (ms-swift turns fp16 on by default), no
+# dataloader workers or dataset processes, no hub (local model and dataset; `--check_model false`: no query of the ModelScope hub for a
+# newer revision), no eval split, no checkpoints, no gradient checkpointing.
 CPU_FLAGS = ["--model_type", "llava1_5_hf", "--torch_dtype", "float32", "--use_hf", "true",
              "--dataloader_num_workers", "0", "--dataset_num_proc", "1", "--load_from_cache_file", "false",
              "--split_dataset_ratio", "0", "--save_strategy", "no", "--report_to", "none",
-             "--gradient_checkpointing", "false"]
+             "--gradient_checkpointing", "false", "--check_model", "false", "--fp16", "false", "--bf16", "false"]
 
 
 def main():
-    data, out, extra = sys.argv[1], sys.argv[2], sys.argv[3:]
+    argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher's; ms-swift reads LOCAL_RANK
+    data, out, extra = argv[0], argv[1], argv[2:]
     from swift import sft_main
 
     sft_main(["--model", f"{data}/model", "--dataset", f"{data}/data.jsonl", "--output_dir", out,
