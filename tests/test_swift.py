@@ -65,7 +65,10 @@ def _write_inputs(data):
 
 
 def _launch(data, out, env_extra=None, extra=()):
-    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env_extra or {})}
+    # caches of its own: ms-swift's dataset cache (datasets' builder locks) is per-user otherwise
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "MODELSCOPE_CACHE": str(out / "cache"), "HF_DATASETS_CACHE": str(out / "cache" / "datasets"),
+           **(env_extra or {})}
     proc = subprocess.run([f"{BIN}/deepspeed", "--num_gpus", "4", "--master_port", _port(),
                            "tests/helpers/swift_driver.py", str(data), str(out), *extra], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)

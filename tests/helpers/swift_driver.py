@@ -25,6 +25,7 @@ CPU_FLAGS = ["--model_type", "llava1_5_hf", "--torch_dtype", "float32", "--use_h
 def main():
     argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher's; ms-swift reads LOCAL_RANK
     data, out, extra = argv[0], argv[1], argv[2:]
+    import ds_hetero  # noqa: F401 - in the stock run too: its CPU comm patch (patches.py) skips DeepSpeed's shm op build
     from swift import sft_main
 
     sft_main(["--model", f"{data}/model", "--dataset", f"{data}/data.jsonl", "--output_dir", out,
