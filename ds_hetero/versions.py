@@ -41,6 +41,22 @@ import torch.nn as nn
 TRANSFORMERS_FLOOR = "5.13.0"
 
 
+def check_transformers(installed: str | None = None) -> None:
+    """At `import ds_hetero`: an installed transformers below the floor (forced past setup.cfg's bound,
+    e.g. `pip install --no-deps`) is an ImportError naming both versions, not a crash deep in a model."""
+    from packaging.version import Version
+
+    if installed is None:
+        import transformers
+
+        installed = transformers.__version__
+    if Version(installed) < Version(TRANSFORMERS_FLOOR):
+        raise ImportError(
+            f"ds_hetero needs transformers >= {TRANSFORMERS_FLOOR} (found {installed}): the internals it builds "
+            f"the model families' stages on (ds_hetero/versions.py) are missing before it; "
+            f"pip install 'transformers>={TRANSFORMERS_FLOOR},<5.24'")
+
+
 class OmniParts(NamedTuple):
     visual: nn.Module
     audio_tower: nn.Module

@@ -42,11 +42,11 @@ def _write_inputs(data):
     import numpy as np
     from PIL import Image
 
-    from ds_hetero.data.shapes import COLOURS, SHAPES
+    from ds_hetero.toy import tiny_llava
+    from ds_hetero.toy.processors import tiny_llava_processor
+    from ds_hetero.toy.shapes import COLOURS, SHAPES
 
     colours = sorted(COLOURS)
-    from ds_hetero.models.tiny import tiny_llava
-    from ds_hetero.models.tiny_processors import tiny_llava_processor
 
     model = tiny_llava(seed=0)
     model.save_pretrained(data / "model")
