@@ -27,6 +27,11 @@ What differs inside that range, and where it is handled (here, so each caller st
                            up to 5.22 they sit on the thinker itself (`thinker.{visual, audio_tower}`,
                            `thinker.model` is the text model). `omni_parts` reads either; parameter names
                            follow (`visual.*` at the top before 5.23, `model.visual.*` from 5.23).
+    TRL's `entropy`        TRL 1.x averages it over the label tokens of every rank (as ds_hetero's loss pass
+                           counts it, integrations/trainer/token_metrics.py); TRL < 1.0 over every non-padding
+                           token, per rank, then the mean of the ranks' means. Under trl 0.29 ds_hetero logs
+                           the label-token entropy: 1.0e-5 relative from stock on the tiny LLaVA
+                           (tests/test_trl_recipe.py allows 5e-5 there; loss, accuracy and grad norm match).
     Qwen2-VL patchify      `Qwen2VLImageProcessor.patchify` exists from 5.15 (inline in the processor
                            before); only tests/test_data_shapes.py compiles it from the installed source, and
                            skips below 5.15 (the processor's own output is checked there on every version).
