@@ -31,9 +31,9 @@ What differs inside that range, and where it is handled (here, so each caller st
                            counts it, integrations/trainer/token_metrics.py); TRL < 1.0 over every non-padding
                            token, per rank, then the mean of the ranks' means. Under trl 0.29 ds_hetero logs
                            the label-token entropy: 1.0e-5 relative from stock on the tiny LLaVA
-                           (tests/test_trl_recipe.py allows 5e-5 there; loss, accuracy and grad norm match).
+                           (tests/clients/test_trl_recipe.py allows 5e-5 there; loss, accuracy and grad norm match).
     Qwen2-VL patchify      `Qwen2VLImageProcessor.patchify` exists from 5.15 (inline in the processor
-                           before); only tests/test_data_shapes.py compiles it from the installed source, and
+                           before); only tests/families/test_data_shapes.py compiles it from the installed source, and
                            skips below 5.15 (the processor's own output is checked there on every version).
 """
 

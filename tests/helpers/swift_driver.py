@@ -1,4 +1,4 @@
-"""Run under `deepspeed --num_gpus 4` by tests/test_swift.py: ms-swift's own `sft_main` on a local tiny LLaVA.
+"""Run under `deepspeed --num_gpus 4` by tests/clients/test_swift.py: ms-swift's own `sft_main` on a local tiny LLaVA.
 
     deepspeed --num_gpus 4 tests/helpers/swift_driver.py DATA_DIR OUT_DIR [extra swift flags]
 

@@ -1,5 +1,5 @@
 """Where TRL's and ms-swift's token metrics and the Trainer's flops go under ds_hetero (pure; the launched
-runs are tests/test_clients.py for TRL and tests/test_swift.py for ms-swift)."""
+runs are tests/clients/test_clients.py for TRL and tests/clients/test_swift.py for ms-swift)."""
 
 from collections import defaultdict
 from types import SimpleNamespace

@@ -26,7 +26,7 @@ pytest.importorskip("swift", reason="ms-swift 4.6 needs transformers < 5.20: it 
 
 pytestmark = pytest.mark.distributed
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)
 SECTION = {"hetero_parallel": {"placement": "colocated", "micro_batches": 2,
                                "stages": {"vision": {"tp": 1, "dp": 4}, "language": {"tp": 2, "dp": 2}}}}
