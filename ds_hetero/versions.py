@@ -32,6 +32,9 @@ What differs inside that range, and where it is handled (here, so each caller st
                            token, per rank, then the mean of the ranks' means. Under trl 0.29 ds_hetero logs
                            the label-token entropy: 1.0e-5 relative from stock on the tiny LLaVA
                            (tests/clients/test_trl_recipe.py allows 5e-5 there; loss, accuracy and grad norm match).
+    Qwen2.5-Omni processor before 5.23 reads `video_processor.merge_size` even for a batch without videos;
+                           only the tests' locally built processor (no torchvision, so no video processor)
+                           meets it (tests/helpers/family_processors.py gives it the image merge size).
     Qwen2-VL patchify      `Qwen2VLImageProcessor.patchify` exists from 5.15 (inline in the processor
                            before); only tests/families/test_data_shapes.py compiles it from the installed source, and
                            skips below 5.15 (the processor's own output is checked there on every version).
