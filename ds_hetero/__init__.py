@@ -7,16 +7,20 @@
     trainer = ds_hetero.hetero(SFTTrainer)(model=model, args=args, ...)   # any HF Trainer class, one line
 """
 
-from . import config as _config
-from .config import HeteroConfig
-from .engine import HeteroEngine
-from .entry import initialize
-from .errors import HeteroConfigError
-from .layout import Coord, StageLayout
-from .weights import WeightsError, meta_model
-from .result import StepResult
-from .version import __version__
-from .families import known_encoder_stages as _known_encoder_stages
+from .versions import check_transformers as _check_transformers
+
+_check_transformers()  # before anything reaches into transformers' internals
+
+from . import config as _config  # noqa: E402
+from .config import HeteroConfig  # noqa: E402
+from .engine import HeteroEngine  # noqa: E402
+from .entry import initialize  # noqa: E402
+from .errors import HeteroConfigError  # noqa: E402
+from .layout import Coord, StageLayout  # noqa: E402
+from .weights import WeightsError, meta_model  # noqa: E402
+from .result import StepResult  # noqa: E402
+from .version import __version__  # noqa: E402
+from .families import known_encoder_stages as _known_encoder_stages  # noqa: E402
 
 
 def load_config(source, world_size: int) -> HeteroConfig:

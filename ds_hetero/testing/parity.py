@@ -166,8 +166,9 @@ def full_named_parameters(engine):
 
 
 def _tp_group_of(engine, name):
-    stage = "vision" if ("vision_tower" in name or "multi_modal_projector" in name or ".visual." in name) else "language"
-    stage = "audio" if ".audio_tower." in name else stage
+    parts = name.split(".")  # Qwen2.5-Omni's towers sit at the top before transformers 5.23 (versions.py)
+    stage = "vision" if ("vision_tower" in name or "multi_modal_projector" in name or "visual" in parts) else "language"
+    stage = "audio" if "audio_tower" in parts else stage
     return engine.groups[stage].tp
 
 

@@ -18,6 +18,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 REL = 1e-5
 
 
+def _entropy_rel() -> float:
+    """TRL < 1.0 averages entropy over every non-padding token, per rank then over ranks; ds_hetero (and TRL
+    1.x) over the label tokens of the global batch (ds_hetero/versions.py): near-uniform tiny models put the
+    two 1e-5 apart (seen: 1.0e-5 on the tiny LLaVA, trl 0.29.1)."""
+    import trl
+    from packaging.version import Version
+
+    return 5e-5 if Version(trl.__version__) < Version("1.0") else REL
+
+
+ENTROPY_REL = _entropy_rel()
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("trl_recipe")
@@ -40,7 +53,7 @@ def test_one_line_matches_stock_sft_trainer(runs, model):
     for s, h in zip(stock, hetero):
         assert h["loss"] == pytest.approx(s["loss"], rel=REL)
         assert h["mean_token_accuracy"] == pytest.approx(s["mean_token_accuracy"], rel=REL, abs=1e-9)
-        assert h["entropy"] == pytest.approx(s["entropy"], rel=REL)
+        assert h["entropy"] == pytest.approx(s["entropy"], rel=ENTROPY_REL)
         assert h["num_tokens"] == s["num_tokens"]
         assert h["grad_norm"] == pytest.approx(s["grad_norm"], rel=1e-4)
         assert "hetero/vision/forward_s" in h

@@ -7,6 +7,7 @@ from ds_hetero.loss import label_token_count, token_loss_sum
 from ds_hetero.families import adapter_for
 from ds_hetero.toy import tiny_qwen2_5_omni
 from ds_hetero.testing.omni_samples import hf_inputs, omni_samples
+from ds_hetero.versions import omni_parts
 
 ITEMS = [[("image", (1, 4, 4))], [("audio", 20)], [("audio", 13), ("image", (1, 4, 8)), ("audio", 24)], [],
          [("image", (1, 8, 4)), ("audio", 17)]]
@@ -35,13 +36,13 @@ def test_stages_give_the_thinkers_logits_loss_and_gradients(model):
     loss.backward()
     assert torch.equal(logits, out.logits) and float(loss) == pytest.approx(float(out.loss), rel=1e-6)
     got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    assert got.keys() == want.keys() and any(".audio_tower." in n for n in got) and any(".visual." in n for n in got)
+    assert got.keys() == want.keys() and any("audio_tower." in n for n in got) and any("visual." in n for n in got)
     for n in want:
         assert torch.allclose(got[n], want[n], rtol=1e-5, atol=1e-7), n
     # the unused audio bos/eos embedding gets no gradient and is left out of the optimizer
     assert not any("audio_bos_eos_token" in n for n in got)
     names = {id(p) for p in stages["audio"].trainable_parameters()}
-    assert id(model.model.audio_tower.audio_bos_eos_token.weight) not in names
+    assert id(omni_parts(model).audio_tower.audio_bos_eos_token.weight) not in names
 
 
 def test_positions_of_a_sample_do_not_depend_on_its_batch(model):
@@ -110,7 +111,7 @@ def test_videos_go_through_the_vision_stage_as_the_thinker_takes_them(model):
     stages = adapter.split()
     batch = adapter.language_inputs(samples)
     # the positions are the thinker's own, videos' temporal spacing included
-    hf_positions, _ = model.model.get_rope_index(
+    hf_positions, _ = omni_parts(model).rope.get_rope_index(
         kwargs["input_ids"], kwargs["image_grid_thw"], kwargs["video_grid_thw"], kwargs["attention_mask"], False,
         kwargs["feature_attention_mask"].sum(-1), kwargs["video_second_per_grid"])
     assert torch.equal(batch["position_ids"], hf_positions)

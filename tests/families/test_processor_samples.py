@@ -93,7 +93,7 @@ def test_omni_processor_form_gives_the_thinkers_loss_and_gradients(omni):
     loss.backward()
     assert float(loss) == pytest.approx(float(out.loss), rel=1e-6)
     got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    assert got.keys() == want.keys() and any(".audio_tower." in n for n in got)
+    assert got.keys() == want.keys() and any("audio_tower" in n.split(".") for n in got)  # top-level before 5.23
     for n in want:
         assert torch.allclose(got[n], want[n], rtol=1e-4, atol=1e-7), n
     model.zero_grad(set_to_none=True)

@@ -6,6 +6,8 @@ processors are transformers' own with the tiny towers' patch sizes. Their output
 sample, is what a user hands ds_hetero.
 """
 
+from types import SimpleNamespace
+
 import numpy as np
 import torch
 
@@ -117,6 +119,8 @@ def qwen2_5_omni_processor(model):
         def __init__(self, image_processor=None, feature_extractor=None, tokenizer=None, chat_template=None):
             self.video_processor = None
             ProcessorMixin.__init__(self, image_processor, feature_extractor, tokenizer, chat_template=chat_template)
+            # transformers < 5.23 reads the video processor's merge size even without videos (versions.py)
+            self.video_processor = SimpleNamespace(merge_size=image_processor.merge_size)
             for a in ("image_token", "audio_token", "video_token", "image_token_id", "audio_token_id",
                       "video_token_id", "vision_bos_token", "vision_eos_token", "audio_bos_token", "audio_eos_token"):
                 setattr(self, a, getattr(tokenizer, a))

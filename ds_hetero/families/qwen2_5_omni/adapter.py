@@ -41,6 +41,7 @@ from torch import nn
 from ...models.item_cost import transformer_cost
 from ...models.adapter import EncoderPort, StageAdapter
 from ...models.language_stage import LanguageStage, empty_rows
+from ...versions import omni_parts
 
 
 def audio_output_length(frames: int) -> int:
@@ -108,7 +109,7 @@ def check_audio_fields(sample: dict[str, Any], index: int, n_mel: int) -> None:
 class OmniVisionStage(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
-        self.visual = model.model.visual
+        self.visual = omni_parts(model).visual
 
     def forward(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
         if image_grid_thw.shape[0] == 0:  # no image here: the smallest one, times zero (stages.empty_rows)
@@ -122,7 +123,7 @@ class OmniVisionStage(nn.Module):
 class OmniAudioStage(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
-        self.audio_tower = model.model.audio_tower
+        self.audio_tower = omni_parts(model).audio_tower
 
     def forward(self, input_features: torch.Tensor, feature_lens: torch.Tensor) -> torch.Tensor:
         if feature_lens.shape[0] == 0:  # no clip here: one attention window of silence, times zero
@@ -151,7 +152,7 @@ def _clip_lengths(sample: dict[str, Any]) -> torch.Tensor | None:
 
 def split_qwen2_5_omni(model: nn.Module) -> dict[str, nn.Module]:
     cfg = model.config
-    language = LanguageStage(model.model.language_model, model.lm_head,
+    language = LanguageStage(omni_parts(model).language_model, model.lm_head,
                              ((cfg.image_token_id, cfg.video_token_id), cfg.audio_token_id))
     return {"vision": OmniVisionStage(model), "audio": OmniAudioStage(model), "language": language}
 
@@ -191,10 +192,10 @@ class Qwen2_5OmniAdapter(StageAdapter):
         return split_qwen2_5_omni(self.model)
 
     def vision_modules(self) -> list[nn.Module]:
-        return [self.model.model.visual]  # blocks and merger
+        return [omni_parts(self.model).visual]  # blocks and merger
 
     def encoder_modules(self) -> dict[str, list[nn.Module]]:
-        return {"vision": self.vision_modules(), "audio": [self.model.model.audio_tower]}
+        return {"vision": self.vision_modules(), "audio": [omni_parts(self.model).audio_tower]}
 
     # ------------------------------------------------------------------ images and videos
     def image_rows(self, sample: dict[str, Any]) -> list[int]:
@@ -276,7 +277,7 @@ class Qwen2_5OmniAdapter(StageAdapter):
         lengths = [n for n in (_clip_lengths(s) for s in samples) if n is not None]
 
         # audio in video (the thinker's `use_audio_in_video`) is refused by check_sample
-        position_ids, _ = self.model.model.get_rope_index(
+        position_ids, _ = omni_parts(self.model).rope.get_rope_index(
             batch["input_ids"], cat("image_grid_thw", (-1, 3)), cat("video_grid_thw", (-1, 3)), batch["attention_mask"],
             False, torch.cat(lengths) if lengths else None, cat("video_second_per_grid"))
         return position_ids

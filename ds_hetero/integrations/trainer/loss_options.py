@@ -56,6 +56,9 @@ def loss_problems(trainer) -> list[str]:
     loss_type = getattr(args, "loss_type", None)
     if loss_type not in (None, "nll"):
         problems.append(f'loss_type="{loss_type}": the engine computes the "nll" loss only; set loss_type="nll"')
+    for flag in ("enable_dft_loss", "enable_channel_loss"):  # ms-swift's loss variants
+        if getattr(args, flag, False):
+            problems.append(f"{flag}=True: the engine computes the plain token cross-entropy; set {flag}=False")
     if getattr(trainer, "aux_loss_enabled", False):
         problems.append("an MoE auxiliary loss (router_aux_loss_coef / output_router_logits) is enabled: the engine "
                         "adds no auxiliary loss; disable it")

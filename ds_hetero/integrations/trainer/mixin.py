@@ -20,7 +20,10 @@ What the mixin overrides (two are private Trainer hooks):
     evaluate             `engine.eval_batch` per global batch, label-token weighted
     save_model           `engine.save_pretrained` (TP and ZeRO gathered, HF names); for a PEFT LoRA model
                          the adapter PeftModel.from_pretrained loads (peft_adapter.py)
-    log                  adds the per-stage metrics, and TRL's token metrics from the engine's loss pass
+    log                  adds the per-stage metrics, and TRL's / ms-swift's token metrics from the engine's
+                         loss pass (framework_metrics.py)
+    floating_point_ops   0 for the Trainer's index batches: training_step counts `total_flos` on the
+                         prepared global batch instead
 A subclass's `create_optimizer` is honoured (trainer_loss.per_stage_optimizer); whatever its
 `compute_loss` would change is refused by name (trainer_loss.check_loss_options).
 """
@@ -38,6 +41,7 @@ from .callback import HeteroCallback
 from ...loss import label_token_count
 from ..ds_config import is_derived_mismatch, trainer_ds_config
 from ..metrics import StepMetrics
+from . import framework_metrics
 from .peft_adapter import save_peft_adapter
 from .rank_batch import RankBatch
 from .token_metrics import TokenMetrics
@@ -119,10 +123,11 @@ class HeteroTrainerMixin:
                 cls, kw = self.get_optimizer_cls_and_kwargs(self.args, self.model)
                 factory = lambda params: cls(params, **kw)  # noqa: E731
             cfg["zero_allow_untested_optimizer"] = True
+        self._hetero_flops = framework_metrics.flops_per_token(self.model)  # before stages are sharded
         engine = initialize(self.model, cfg, optimizer=factory, seed=self._data_seed(), weights=self._hetero_weights)
         self.hetero = HeteroModel(engine)
         self.accelerator.deepspeed_engine_wrapped = NormSource(self.hetero)
-        self._hetero_tokens = TokenMetrics(engine) if hasattr(self, "_total_train_tokens") else None
+        self._hetero_tokens = TokenMetrics(engine) if framework_metrics.framework(self) else None
         return self.hetero
 
     def _data_seed(self) -> int:
@@ -147,6 +152,7 @@ class HeteroTrainerMixin:
             inputs = self._hetero_rows.build(inputs)
         r = model.engine.train_batch(inputs)
         model.last = r
+        self.current_flos += framework_metrics.flops_share(self._hetero_flops, inputs, self.args.world_size)
         self._hetero_metrics.add(r)
         if hasattr(self, "_total_train_tokens"):  # TRL's num_tokens: the non-padding tokens of every rank's batch
             self._total_train_tokens += sum(int(s["input_ids"].numel()) for s in inputs)
@@ -155,12 +161,13 @@ class HeteroTrainerMixin:
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self.hetero is not None and self._hetero_metrics.steps:
             logs.update(self._hetero_metrics.reduce(self.hetero.engine.groups.boundary))
-            if self._hetero_tokens is not None:  # TRL's SFTTrainer.log averages its _metrics lists into the logs
-                metrics = self._metrics["train"]
-                metrics.clear()
-                metrics.update({k: [v] for k, v in self._hetero_tokens.reduce().items()})
-                metrics["num_tokens"] = [self._total_train_tokens]
+            if self._hetero_tokens is not None:  # where TRL's / ms-swift's log reads them
+                framework_metrics.publish(self, self._hetero_tokens, logs)
         super().log(logs, start_time)
+
+    def floating_point_ops(self, inputs) -> float:
+        # the Trainer's inputs are dataset indices here; training_step counts the prepared batch
+        return 0.0 if isinstance(inputs, GlobalBatch) else super().floating_point_ops(inputs)
 
     # ------------------------------------------------------------------ data
     def _global_batch_size(self) -> int:
