@@ -7,15 +7,18 @@ activation recompute (every stage; and on a cp2 + sp language stage, where the s
 packed block mask itself), a frozen vision stage, a frozen part of the language stage (fnmatch
 patterns), PEFT LoRA on every attention and MLP linear (language tp 2), tied input/output
 embeddings at tp 2 and with pp 2 (the head's copy on the last pipeline stage), and the `mixed`
-placement (the two-encoder omni thinker: vision on the language ranks, audio on its own).
-Frozen parameters stay bit-identical. The negative controls of packing itself are in
-test_packing_engine.py; the bar is the same check_parity.
+placement (the two-encoder omni thinker: vision on the language ranks, audio on its own). LoRA with
+dropout 0.1 under tp: recompute replays the forward's masks (losses and norms equal with and without
+recompute, 1e-6; differ without dropout), since no single process can draw a packed sharded row's masks.
+Also recompute on a pp2 language stage with the tower frozen. Frozen parameters stay bit-identical.
+Negative controls (must miss the bar): tied pp2 with the copies' gradients not summed; LoRA with
+the packed positions not restarted (more controls of packing itself in test_packing_engine.py).
 """
 
 import pytest
 
 from ds_hetero.testing.cases import launch_cases
-from tests.helpers.packing_features import measured, train_packed_with
+from tests.helpers.packing_features import lora_dropout_recompute, measured, train_packed_with
 from tests.helpers.parity_checks import RTOL, check_parity
 
 pytestmark = pytest.mark.distributed
@@ -32,6 +35,9 @@ CASES = {
     "recompute: language tp2 cp2 sp recomputed, qwen2-vl": dict(
         family="qwen2_vl", layout={"vision": V4, "language": {"tp": 2, "cp": 2, "dp": 1, "sequence_parallel": True,
                                                                "recompute": True}}),
+    "recompute + freeze: language pp2dp2 recomputed, tower frozen by config": dict(
+        family="llava", frozen=["model.vision_tower."],
+        layout={"vision": {**V4, "freeze": ["tower"]}, "language": {"dp": 2, "pp": 2, "recompute": True}}),
     "freeze: vision stage frozen by config": dict(
         family="llava", layout={"vision": {**V4, "freeze": True}, "language": L22},
         frozen=VISION),
@@ -63,6 +69,7 @@ CONTROLS = {
 @pytest.fixture(scope="module")
 def launched():
     cases = {name: (train_packed_with, kw) for name, kw in {**CASES, **CONTROLS}.items()}
+    cases["lora dropout"] = (lora_dropout_recompute, {})
     return launch_cases(cases, world_size=4, timeout=2400)
 
 
@@ -74,6 +81,9 @@ def test_packed_with_feature_matches_single_process_reference(launched, name):
         assert max(r["most_in_a_row"]) > 1, (name, "no row held two samples: nothing was packed")
         got, want = r["eval"]
         assert abs(got - want) <= RTOL * abs(want), (name, r["eval"])
+    for stage, spec in CASES[name]["layout"].items():  # recompute is on where asked, and only there
+        held = [r["recomputed"][stage] for r in results if stage in r["recomputed"]]
+        assert held and all(h == bool(spec.get("recompute")) for h in held), (name, stage, held)
     if "frozen" in CASES[name]:  # compared on some rank, and bit-identical wherever held
         assert sum(r["frozen_compared"] for r in results) > 0, name
         assert all(r["frozen_identical"] for r in results), name
@@ -94,3 +104,15 @@ def test_negative_control_misses_the_bar(launched, name):
         loss_err = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], r["ref_losses"]))
         assert loss_err > 100 * RTOL or r["weight_err"][0] > 100 * RTOL, (name, loss_err, r["weight_err"])
     print(name, measured(launched[name]))
+
+
+def test_packed_lora_dropout_recompute_replays_the_forwards_masks(launched):
+    for r in launched["lora dropout"]:
+        rec, plain, none = r["recompute"], r["plain"], r["no dropout"]
+        for key in ("losses", "norms"):
+            diff = max(abs(a - b) / abs(b) for a, b in zip(rec[key], plain[key]))
+            assert diff <= 1e-6, (key, rec[key], plain[key])
+        # the dropout acted: without it the run differs
+        assert max(abs(a - b) / abs(b) for a, b in zip(plain["norms"], none["norms"])) > 1e-3, (plain, none)
+    r = launched["lora dropout"][0]
+    print("lora dropout", [abs(a - b) / abs(b) for a, b in zip(r["recompute"]["losses"], r["plain"]["losses"])])

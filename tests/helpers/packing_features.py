@@ -27,7 +27,10 @@ def _figures(family, model_kw, prepare):
         if prepare is not None:
             prepare(model)
         want = reference_forward(family, model, adapter_for(model), batches[0])[2]
-        return {"most_in_a_row": shared, "eval": (engine.eval_batch(batches[0]), want)}
+        # which held stages checkpoint some layer (models/recompute.py sets the flag per layer)
+        recomputed = {s.name: any(getattr(m, "gradient_checkpointing", False) is True for m in s.module.modules())
+                      for s in engine.stages.held}
+        return {"most_in_a_row": shared, "eval": (engine.eval_batch(batches[0]), want), "recomputed": recomputed}
 
     return inspect
 
@@ -107,3 +110,27 @@ def measured(results):
     norm = max(abs(a - b) / abs(b) for r in results for a, b in zip(r["norms"], r["ref_norms"]))
     weight = max(r["weight_err"][0] for r in results)
     return {"loss": loss, "norm": norm, "weight": weight}
+
+
+def lora_dropout_recompute(rank, world_size, steps=3):
+    """PEFT LoRA with dropout 0.1 (drawn from the stage's model-parallel streams under tp), packed,
+    vision dp4 + language tp2dp2: losses and norms with `recompute: true` on both stages, without,
+    and with dropout 0 (the dropout did act). No single-process reference can draw the masks of a
+    packed, sharded row; the recompute must replay exactly the masks of the forward."""
+    import ds_hetero
+    from ds_hetero.testing.uneven import uneven_batches
+    from tests.helpers.lora_dropout_checks import _optimizer, lora_llava
+
+    out = {}
+    for name, dropout, recompute in (("recompute", 0.1, True), ("plain", 0.1, False), ("no dropout", 0.0, False)):
+        peft = lora_llava(dropout)
+        batches = uneven_batches("llava", peft.get_base_model(), steps, 8)
+        stages = {"vision": {"dp": 4, "recompute": recompute}, "language": {"tp": 2, "dp": 2, "recompute": recompute}}
+        config = {"train_batch_size": 8, "zero_optimization": {"stage": 1}, "zero_allow_untested_optimizer": True,
+                  "gradient_clipping": 0.3, "steps_per_print": 10**6,
+                  "hetero_parallel": {"micro_batches": 2, "language_batching": "packed", "stages": stages}}
+        engine = ds_hetero.initialize(peft, config, optimizer=_optimizer)
+        results = [engine.train_batch(b) for b in batches]
+        out[name] = {"losses": [r.loss for r in results], "norms": [r.grad_norm for r in results]}
+        engine.groups.destroy()
+    return out
