@@ -13,6 +13,7 @@ from .qwen2_5_omni import Qwen2_5OmniAdapter, split_qwen2_5_omni
 from .qwen2_5_vl import Qwen2_5_VLAdapter, split_qwen2_5_vl
 from .qwen2_vl import Qwen2VLAdapter, split_qwen2_vl
 from .qwen3_vl import Qwen3VLAdapter, split_qwen3_vl
+from .qwen3_vl_moe import Qwen3VLMoeAdapter
 from .refused import REFUSED, refusal
 
 # Model class name -> adapter. Names, not classes, so a model family's module is only imported
@@ -24,6 +25,7 @@ ADAPTERS = MappingProxyType({
     "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLAdapter,
     "Gemma3ForConditionalGeneration": Gemma3Adapter,
     "Qwen3VLForConditionalGeneration": Qwen3VLAdapter,
+    "Qwen3VLMoeForConditionalGeneration": Qwen3VLMoeAdapter,
     "InternVLForConditionalGeneration": InternVLAdapter,
     "LlavaOnevisionForConditionalGeneration": LlavaOnevisionAdapter,
 })
@@ -49,7 +51,7 @@ def adapter_for(model) -> StageAdapter:
 __all__ = [
     "ADAPTERS", "Gemma3Adapter", "IGNORE_INDEX", "InternVLAdapter", "LlavaAdapter", "LlavaLanguageStage",
     "LlavaOnevisionAdapter", "LlavaVisionStage", "Qwen2VLAdapter", "Qwen2_5OmniAdapter", "Qwen2_5_VLAdapter",
-    "Qwen3VLAdapter", "StageAdapter", "adapter_for", "known_encoder_stages", "split_gemma3", "split_internvl",
+    "Qwen3VLAdapter", "Qwen3VLMoeAdapter", "StageAdapter", "adapter_for", "known_encoder_stages", "split_gemma3", "split_internvl",
     "split_llava", "split_llava_onevision", "split_qwen2_5_omni", "split_qwen2_5_vl", "split_qwen2_vl",
     "split_qwen3_vl",
 ]

@@ -25,6 +25,7 @@ import torch
 
 from ..boundary.inputs import num_shards
 from ..context_parallel import is_sharded, shard_input_ids, shard_language_batch
+from ..expert_parallel import take_aux_loss
 from ..loss import token_loss_sum
 from ..stages.stage_set import Stage, StageSet
 from ..step.step_plan import StepPlan
@@ -110,8 +111,14 @@ class StageWork:
         return batch, counts, sharded
 
     def language_loss_sum(self, samples: Sequence[dict[str, Any]], plan: StepPlan, m: int,
-                          rows_in: Sequence[torch.Tensor], step: int | None = None) -> torch.Tensor:
-        """This rank's sum of token losses of micro-batch m (fp32, on the device)."""
+                          rows_in: Sequence[torch.Tensor], step: int | None = None,
+                          n_labels: int | None = None) -> torch.Tensor:
+        """This rank's sum of token losses of micro-batch m (fp32, on the device).
+
+        A mixture-of-experts language stage adds its share of the router's load-balancing loss
+        (expert_parallel/aux_loss.py), scaled so that the engine's division by the global label
+        count leaves `router_aux_loss_coef * aux_m / micro_batches`: the reported loss and the
+        gradient are then the lm loss plus the mean over micro-batches of each one's aux loss."""
         language = self.stages.language
         mine = [samples[p] for p in plan.language_samples(language.coord.dp, m)]
         batch, counts, sharded = self.language_batch(mine)
@@ -123,6 +130,9 @@ class StageWork:
             logits = language(batch["input_ids"], tuple(rows_in), batch["attention_mask"], batch["position_ids"],
                               n_placeholders=counts, grad=language.trains or any(r.requires_grad for r in rows_in))
             local = token_loss_sum(logits, batch["labels"], self.lm_head, shifted=sharded)
+            aux = take_aux_loss(language.module, language.groups.dp_cp, language.layout.dp * language.layout.cp)
+            if aux is not None and n_labels is not None:
+                local = local + aux * (n_labels / plan.micro_batches)
             if self.loss_observer is not None:  # e.g. a client's token accuracy from this very pass
                 self.loss_observer(logits.detach(), batch["labels"], sharded)
             return local
@@ -136,7 +146,7 @@ class StageWork:
         tensor on the device: the schedule accumulates it and the engine reads it once per step,
         not once per micro-batch; the gradient of each encoder's rows).
         """
-        local = self.language_loss_sum(samples, plan, m, rows_in, step)
+        local = self.language_loss_sum(samples, plan, m, rows_in, step, n_labels)
         with self._span(f"language.backward[m={m}]", "backward", step):
             self.stages.language.backward(local / n_labels * plan.language_scale())
         grads = [r.grad if r.grad is not None else torch.zeros_like(r) for r in rows_in]

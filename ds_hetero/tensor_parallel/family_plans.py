@@ -32,6 +32,7 @@ def family_plans(shard_plan, config_heads, attr_heads) -> dict:
     q25 = _HF + "qwen2_5_vl.modeling_qwen2_5_vl:"
     g3 = _HF + "gemma3.modeling_gemma3:"
     q3 = _HF + "qwen3_vl.modeling_qwen3_vl:"
+    q3m = _HF + "qwen3_vl_moe.modeling_qwen3_vl_moe:"  # as Qwen3-VL; its MoE blocks by ep (expert_parallel/)
     iv = _HF + "internvl.modeling_internvl:"
     ov = _HF + "llava_onevision.modeling_llava_onevision:"
     return {
@@ -48,6 +49,13 @@ def family_plans(shard_plan, config_heads, attr_heads) -> dict:
         q3 + "Qwen3VLVisionMLP": shard_plan(column=("linear_fc1",), row=("linear_fc2",)),
         # the merger and every DeepStack merger: norm replicated, then fc1 column, fc2 row
         q3 + "Qwen3VLVisionPatchMerger": shard_plan(column=("linear_fc1",), row=("linear_fc2",), entry="linear_fc1"),
+        q3m + "Qwen3VLMoeTextAttention": shard_plan(per_head=("q_norm", "k_norm"), **qkv_o),
+        q3m + "Qwen3VLMoeTextMLP": gate_up_down,
+        q3m + "Qwen3VLMoeVisionAttention": shard_plan(
+            column=("qkv",), row=("proj",), heads=attr_heads, head_attrs=("num_heads",), stride=3),
+        q3m + "Qwen3VLMoeVisionMLP": shard_plan(column=("linear_fc1",), row=("linear_fc2",)),
+        q3m + "Qwen3VLMoeVisionPatchMerger": shard_plan(column=("linear_fc1",), row=("linear_fc2",),
+                                                        entry="linear_fc1"),
         iv + "InternVLVisionAttention": shard_plan(
             column=("q_proj", "k_proj", "v_proj"), row=("projection_layer",), heads=attr_heads,
             head_attrs=("num_heads", "embed_dim")),

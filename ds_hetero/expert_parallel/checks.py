@@ -1,0 +1,41 @@
+"""What expert parallelism needs of the model and of the rest of the config (pure: before any collective).
+
+The structural part of `stages.language.ep` (a divisor of cp x dp, the language stage only) is
+checked with the config (config/parse.py); here, with the model:
+- the model has experts, and ep divides their count;
+- the combinations built and tested so far: ZeRO stage 0 with ep > 1; no pipeline, no sequence
+  shards (cp, sequence parallelism) for a MoE language stage (its aux loss is computed from a
+  2-D padding mask over whole sequences, and over the layers of one process).
+Each refusal names the field and what would be valid.
+"""
+
+from __future__ import annotations
+
+from ..config import SECTION
+from ..errors import HeteroConfigError
+
+
+def check_expert_parallel(text_config, cfg, model=None) -> None:
+    language = cfg.stages["language"]
+    field = f"{SECTION}.stages.language"
+    experts = int(getattr(text_config, "num_experts", 0) or 0)
+    if language.ep > 1 and experts == 0:
+        raise HeteroConfigError(f"{field}.ep", f"got {language.ep}, but the model has no experts; use ep 1")
+    if experts and experts % language.ep:
+        sizes = [d for d in range(1, experts + 1) if experts % d == 0 and (language.cp * language.dp) % d == 0]
+        raise HeteroConfigError(f"{field}.ep", f"ep={language.ep} does not divide the {experts} experts; use one of {sizes}")
+    if not experts:
+        return
+    if language.ep > 1 and cfg.zero_stage_of("language") != 0:
+        raise HeteroConfigError(
+            "zero_optimization.stage", f"ZeRO stage {cfg.zero_stage_of('language')} with stages.language.ep > 1 is not "
+            "built yet (ZeRO 1-3 need the optimizer's MoE parameter groups); use stage 0 for the language stage "
+            "(stages.language.zero_stage: 0)")
+    if language.pp > 1:
+        raise HeteroConfigError(f"{field}.pp", "a mixture-of-experts language stage is not pipelined yet (its "
+                                "load-balancing loss spans every layer of the forward); use pp 1")
+    if language.cp > 1 or language.sequence_parallel:
+        key = "cp" if language.cp > 1 else "sequence_parallel"
+        raise HeteroConfigError(f"{field}.{key}", "sequence shards of a mixture-of-experts language stage are not "
+                                "built yet (its load-balancing loss needs each token's padding mask); use cp 1 and "
+                                "sequence_parallel false")

@@ -1,0 +1,40 @@
+"""What DeepSpeed needs to reduce expert gradients over the stage's expert-data-parallel group.
+
+DeepSpeed's engine keeps its expert groups in process-wide dicts of `deepspeed.utils.groups`
+(`_EXPERT_PARALLEL_GROUP`, `_EXPERT_DATA_PARALLEL_GROUP`, by group name), and reduces every
+parameter tagged `allreduce=False` over `_EXPERT_DATA_PARALLEL_GROUP[param.group_name]`, averaging
+by the (dense) data-parallel size: exactly the semantics ds_hetero needs (an expert's gradient
+arrives from the tokens of its whole ep group; summed over the expert-data-parallel group it
+covers every dp x cp rank's tokens once, and the dense division by dp matches the dense
+parameters' scaling, step/plan.py `language_scale`). Its own group builder is world-shaped, so
+ds_hetero registers the stage's groups, built with every other group (topology/groups.py), under
+a name of its own (`group_name`): one entry per process (a process holds one language stage).
+Recorded in ds_hetero/patches.py; `unregister` removes it.
+
+ZeRO: stage 0 (fp32, a torch optimizer) is built and tested. Stages 1-3 need the optimizer's
+parameter groups split into MoE groups and DeepSpeed's own MoE norm; checks.py refuses them
+with ep > 1 until they are tested.
+"""
+
+from __future__ import annotations
+
+
+def group_name(stage: str, ep: int) -> str:
+    return f"ds_hetero.{stage}.ep{ep}"
+
+
+def register(name: str, ep_group, edp_group, ep_ranks, edp_ranks) -> None:
+    from deepspeed.utils import groups
+
+    groups._EXPERT_PARALLEL_GROUP[name] = ep_group
+    groups._EXPERT_PARALLEL_GROUP_RANKS[name] = list(ep_ranks)
+    groups._EXPERT_DATA_PARALLEL_GROUP[name] = edp_group
+    groups._EXPERT_DATA_PARALLEL_GROUP_RANKS[name] = list(edp_ranks)
+
+
+def unregister(name: str) -> None:
+    from deepspeed.utils import groups
+
+    for table in (groups._EXPERT_PARALLEL_GROUP, groups._EXPERT_PARALLEL_GROUP_RANKS,
+                  groups._EXPERT_DATA_PARALLEL_GROUP, groups._EXPERT_DATA_PARALLEL_GROUP_RANKS):
+        table.pop(name, None)
