@@ -5,9 +5,9 @@
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_pipeline.json
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_pipeline_first_stage.json
     deepspeed --num_gpus 4 recipes/train_llava.py --model-family omni --deepspeed_config ds_configs/omni_colocated.json
-    deepspeed --num_gpus 4 recipes/train_llava.py --model-family gemma3      # or qwen2-vl, qwen2.5-vl, qwen3-vl, internvl, llava-onevision
+    deepspeed --num_gpus 4 recipes/train_llava.py --model-family gemma3      # or qwen2-vl, qwen2.5-vl, qwen3-vl, qwen3-vl-moe, internvl, llava-onevision
 
-`--model-family` picks the built-in tiny model (llava, the default; qwen2-vl, qwen2.5-vl, qwen3-vl, internvl,
+`--model-family` picks the built-in tiny model (llava, the default; qwen2-vl, qwen2.5-vl, qwen3-vl, qwen3-vl-moe, internvl,
 llava-onevision, gemma3; omni: a Qwen2.5-Omni thinker with vision, audio and language stages, on the same
 captions shown as an image, described by a synthetic clip, both, or neither: ds_hetero/toy/omni_shapes.py);
 with `--model PATH` the family is the checkpoint's own (its config's model_type).
@@ -41,7 +41,7 @@ import torch
 # --model-family -> the built-in tiny model (ds_hetero/models/meta.py)
 FAMILIES = {"llava": "tiny-llava", "qwen2-vl": "tiny-qwen2-vl", "qwen2.5-vl": "tiny-qwen2.5-vl",
             "qwen3-vl": "tiny-qwen3-vl", "gemma3": "tiny-gemma3", "internvl": "tiny-internvl",
-            "llava-onevision": "tiny-llava-onevision", "omni": "tiny-qwen2.5-omni"}
+            "llava-onevision": "tiny-llava-onevision", "omni": "tiny-qwen2.5-omni", "qwen3-vl-moe": "tiny-qwen3-vl-moe"}
 
 
 def parse_args(argv=None):
@@ -53,7 +53,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=None,
                    help="a safetensors checkpoint directory of a supported family (LLaVA, Qwen2-VL, Qwen2.5-VL, "
-                        "Qwen3-VL, InternVL, LLaVA-OneVision, Gemma 3), loaded per stage and tp shard")
+                        "Qwen3-VL, Qwen3-VL-MoE, InternVL, LLaVA-OneVision, Gemma 3), loaded per stage and tp shard")
     p.add_argument("--model-family", default="llava", choices=list(FAMILIES),
                    help="the built-in tiny model to train (ignored with --model, whose config names its family)")
     p.add_argument("--vision", default="clip", choices=["clip", "siglip"], help="tower of the built-in tiny LLaVA")

@@ -15,7 +15,7 @@ from ..config import SECTION
 from ..errors import HeteroConfigError
 
 
-def check_expert_parallel(text_config, cfg, model=None) -> None:
+def check_expert_parallel(text_config, cfg) -> None:
     language = cfg.stages["language"]
     field = f"{SECTION}.stages.language"
     experts = int(getattr(text_config, "num_experts", 0) or 0)

@@ -41,7 +41,7 @@ class ExpertParallelExperts(AutoEPMoELayer):
                                          requires_grad=experts.gate_up_proj.requires_grad)
         self.down_proj = nn.Parameter(experts.down_proj.data[mine].clone(), requires_grad=experts.down_proj.requires_grad)
         for p in (self.gate_up_proj, self.down_proj):
-            mark_expert_parameter(p, group, group_name, experts.num_experts)
+            mark_expert_parameter(p, group, group_name, experts.num_experts, ep_rank)
         self.router = route  # replaced by the negative controls only
 
     def set_deepspeed_parallelism(self, *args, **kwargs) -> None:
@@ -64,7 +64,7 @@ class ExpertParallelExperts(AutoEPMoELayer):
         return out
 
 
-def mark_expert_parameter(p: nn.Parameter, group, group_name: str, num_experts: int) -> None:
+def mark_expert_parameter(p: nn.Parameter, group, group_name: str, num_experts: int, ep_rank: int) -> None:
     """The tags DeepSpeed (`allreduce`, `group_name`: reduce over the named expert-data-parallel
     group) and ds_hetero (gather for checkpoints and save_pretrained, count once in the norm) read."""
     p.allreduce = False
@@ -72,6 +72,7 @@ def mark_expert_parameter(p: nn.Parameter, group, group_name: str, num_experts: 
     p.expert_parallel = True
     p.ep_group = group
     p.ep_full_size = num_experts  # dim 0 of the full tensor
+    p.ep_rank = ep_rank  # holds experts [ep_rank * E/ep, (ep_rank + 1) * E/ep) (weights/shard_slices.py)
 
 
 def is_expert_parameter(p) -> bool:

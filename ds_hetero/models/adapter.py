@@ -149,6 +149,9 @@ class StageAdapter:
         from ..context_parallel import check_context_parallel, is_sharded
 
         check_context_parallel(self.model.config.text_config, language.tp, language.cp, is_sharded(language))
+        from ..expert_parallel.checks import check_expert_parallel
+
+        check_expert_parallel(self.model.config.text_config, cfg)  # ep needs experts; a MoE stage's limits
 
     def shard(self, groups, cfg) -> None:
         """Shard each stage this rank holds over that stage's tp group (in place, no communication)."""

@@ -16,17 +16,19 @@ from ..errors import HeteroConfigError
 
 # ds_hetero/models/tiny.py and tiny_families.py, with their default sizes
 BUILTIN = ("tiny-llava", "tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-qwen3-vl", "tiny-gemma3", "tiny-internvl",
-           "tiny-llava-onevision", "tiny-qwen2.5-omni")
+           "tiny-llava-onevision", "tiny-qwen2.5-omni", "tiny-qwen3-vl-moe")
 
 
 def builtin_model(name: str, seed: int = 0) -> torch.nn.Module:
     """A built-in tiny model by name (on the current default device), seeded."""
     from .tiny import tiny_llava, tiny_qwen2_5_omni, tiny_qwen2_vl
+    from .qwen3_vl_moe import tiny_qwen3_vl_moe
     from .tiny_families import tiny_gemma3, tiny_internvl, tiny_llava_onevision, tiny_qwen2_5_vl, tiny_qwen3_vl
 
     build = {"tiny-llava": tiny_llava, "tiny-qwen2-vl": tiny_qwen2_vl, "tiny-qwen2.5-vl": tiny_qwen2_5_vl,
              "tiny-qwen3-vl": tiny_qwen3_vl, "tiny-gemma3": tiny_gemma3, "tiny-internvl": tiny_internvl,
-             "tiny-llava-onevision": tiny_llava_onevision, "tiny-qwen2.5-omni": tiny_qwen2_5_omni}
+             "tiny-llava-onevision": tiny_llava_onevision, "tiny-qwen2.5-omni": tiny_qwen2_5_omni,
+             "tiny-qwen3-vl-moe": tiny_qwen3_vl_moe}
     if name not in build:
         raise HeteroConfigError("--model", f"{name!r} is not a built-in model; built-in: {', '.join(BUILTIN)}")
     return build[name](seed=seed)

@@ -49,12 +49,6 @@ class Qwen3VLMoeLanguageStage(Qwen3VLLanguageStage):
 class Qwen3VLMoeAdapter(Qwen3VLAdapter):
     """Samples as for Qwen2-VL / Qwen3-VL."""
 
-    def check_layouts(self, cfg) -> None:
-        from ..expert_parallel.checks import check_expert_parallel
-
-        check_expert_parallel(self.model.config.text_config, cfg, self.model)
-        super().check_layouts(cfg)
-
     def shard(self, groups, cfg) -> None:
         from ..expert_parallel import apply_expert_parallel
 
@@ -71,6 +65,8 @@ def tiny_qwen3_vl_moe(seed: int = 0, text_hidden: int = 64, text_layers: int = 3
                       mlp_only_layers=(), aux_coef: float = 0.05):
     """A Qwen3-VL-MoE with a 300-token vocab: 8 experts, top-2, every decoder layer a MoE block
     (`mlp_only_layers` keeps some dense), the aux loss on with a visible coefficient (0.05);
+    expert width a quarter of the hidden size (no square expert matrix): transformers stores fused experts transposed and, loading,
+    transposes back only where the shapes differ (a square expert would come back untransposed);
     DeepStack levels from vision blocks 0 and 1 into decoder layers 0 and 1 (of 3)."""
     from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
 
@@ -81,7 +77,7 @@ def tiny_qwen3_vl_moe(seed: int = 0, text_hidden: int = 64, text_layers: int = 3
         num_attention_heads=4, num_key_value_heads=2, head_dim=text_hidden // 4, bos_token_id=0, eos_token_id=1,
         pad_token_id=0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
                                          "mrope_interleaved": True},
-        num_experts=num_experts, num_experts_per_tok=top_k, moe_intermediate_size=text_hidden,
+        num_experts=num_experts, num_experts_per_tok=top_k, moe_intermediate_size=text_hidden // 4,
         decoder_sparse_step=1, mlp_only_layers=list(mlp_only_layers), output_router_logits=True,
         router_aux_loss_coef=aux_coef, tie_word_embeddings=False,
     )

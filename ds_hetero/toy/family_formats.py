@@ -128,7 +128,7 @@ def shapes_dataset_for(model_config, size: int, seed: int = 0, **kwargs) -> Shap
     kind = model_config.model_type
     if kind == "llava":
         return ShapesCaptionDataset.for_llava(model_config, size, seed=seed, **kwargs)
-    if kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
+    if kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"):
         return ShapesCaptionDataset.for_qwen2_vl(model_config, size, seed=seed, **kwargs)
     if kind == "gemma3":
         c, v = model_config, model_config.vision_config
@@ -150,4 +150,4 @@ def shapes_dataset_for(model_config, size: int, seed: int = 0, **kwargs) -> Shap
                            reserved_ids=(model_config.video_token_id,))
         sizes = kwargs.pop("image_sizes", tuple(fmt.pinpoints))
         return ShapesCaptionDataset(size, seed=seed, image_sizes=sizes, vocab=vocab, sample_format=fmt, **kwargs)
-    raise ValueError(f"no shapes-dataset format for model_type {kind!r} (llava, qwen2_vl, qwen2_5_vl, qwen3_vl, internvl, llava_onevision, gemma3)")
+    raise ValueError(f"no shapes-dataset format for model_type {kind!r} (llava, qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_vl_moe, internvl, llava_onevision, gemma3)")

@@ -148,3 +148,74 @@ def train_moe(rank, world_size, layout, micro_batches=1, steps=5, batch_size=8, 
     }
     engine.groups.destroy()
     return out
+
+
+def dispatch_adjoint(rank, world_size, ep=4, tokens=13, hidden=6, experts=8, top_k=2):
+    """sum over ranks <A x, y> and <x, A^T y> for dispatch (x -> the rows each rank's experts get)
+    and combine (expert outputs -> weighted token sums), A^T by autograd; over the world as the ep group."""
+    import torch.distributed as dist
+
+    from ds_hetero.expert_parallel.dispatch import combine, dispatch
+    from ds_hetero.topology.distributed import ensure_distributed
+
+    ensure_distributed(300.0)  # deepspeed.comm too: AutoEP's exchange calls through it
+    group = dist.new_group(list(range(world_size)))
+    gen = torch.Generator().manual_seed(10 + rank)
+    x = torch.randn(tokens + rank, hidden, generator=gen, dtype=torch.float64, requires_grad=True)
+    index = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(x.shape[0])])
+    weights = torch.rand(x.shape[0], top_k, generator=gen, dtype=torch.float64)
+    rows, d = dispatch(x, index, experts, group, ep)
+    y = torch.randn(rows.shape, generator=gen, dtype=torch.float64)
+    (rows * y).sum().backward()
+    sums = torch.tensor([float((rows * y).sum()), float((x * x.grad).sum())], dtype=torch.float64)
+    # combine: linear in the expert outputs z
+    z = torch.randn(rows.shape, generator=gen, dtype=torch.float64, requires_grad=True)
+    out = combine(z, d, weights, group)
+    w = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    (out * w).sum().backward()
+    sums = torch.cat([sums, torch.tensor([float((out * w).sum()), float((z * z.grad).sum())], dtype=torch.float64)])
+    # every assignment arrives exactly once, at the rank of its expert, as that expert's local index
+    mine = [e for e in index.reshape(-1).tolist()]
+    arrived = torch.tensor([rows.shape[0]], dtype=torch.long)
+    counts = torch.bincount(index.reshape(-1), minlength=experts)
+    dist.all_reduce(sums, group=group)
+    dist.all_reduce(counts, group=group)
+    local = experts // ep
+    expect = int(counts[rank * local:(rank + 1) * local].sum())
+    dist.destroy_process_group(group)
+    return {"dispatch": (sums[0].item(), sums[1].item()), "combine": (sums[2].item(), sums[3].item()),
+            "arrived": int(arrived), "expected": expect, "assignments": len(mine)}
+
+
+def save_and_load(rank, world_size, tmp, layout):
+    """save_pretrained from an ep layout, then load that checkpoint per shard into another layout:
+    the exported weights are the engine's, and the loaded engine's first loss equals the first's."""
+    import torch.distributed as dist
+
+    import ds_hetero
+    from ds_hetero.models.qwen3_vl_moe import tiny_qwen3_vl_moe
+
+    def config(lay):
+        return {"train_batch_size": 8, "zero_optimization": {"stage": 0}, "gradient_clipping": CLIP,
+                "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_allow_untested_optimizer": True,
+                "steps_per_print": 10**6, "hetero_parallel": {"placement": "colocated", "micro_batches": 1,
+                                                             "stages": lay}}
+
+    model = tiny_qwen3_vl_moe(seed=3)
+    batches = make_batches(model, 2, 8)
+    engine = ds_hetero.initialize(model, config(layout))
+    engine.train_batch(batches[0])
+    got = full_named_parameters(engine)
+    engine.save_pretrained(tmp)
+    dist.barrier()
+    after = engine.eval_batch(batches[1])  # eval: the lm loss and the aux loss of the trained weights
+    engine.groups.destroy()
+    from transformers import Qwen3VLMoeForConditionalGeneration
+
+    saved = Qwen3VLMoeForConditionalGeneration.from_pretrained(tmp)
+    export_err = max_rel_err(got, dict(saved.named_parameters()))
+    other = {"vision": {"dp": 4}, "language": {"tp": 1, "dp": 4, "ep": 4}}
+    loaded = ds_hetero.initialize(ds_hetero.meta_model(tmp, dtype=torch.float32), config(other), weights=tmp)
+    reloaded = loaded.eval_batch(batches[1])
+    loaded.groups.destroy()
+    return {"export_err": export_err, "eval": (after, reloaded)}

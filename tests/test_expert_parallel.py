@@ -1,0 +1,171 @@
+"""Expert parallelism on the language stage, with Qwen3-VL-MoE, against the single-process HF model.
+
+fp32, 5 steps, AdamW, clipping active (CLIP 0.05, below every step's norm): losses (the model's own
+`model(**batch).loss`, aux loss included) within 1e-5 relative, global norms 1e-4, every updated
+weight (experts gathered over ep) 1e-5, on 4 ranks: vision dp4 + language tp2 dp2 ep2 and
+vision dp4 + language dp4 ep4 (one micro-batch each: the aux loss is the global batch's), and
+language dp4 ep2 with 2 micro-batches (the aux loss per micro-batch, averaged: docs/expert-parallel.md).
+Negative controls, each of which must fail the same bar: routing with a capacity that drops
+assignments, routing to the wrong expert rank, the aux loss computed per rank.
+The dispatch and combine all-to-alls pass an adjoint test; save_pretrained from ep2 tp2 is the
+engine's weights and loads per shard into ep4 with the same eval loss; the main job's script runs
+the family with ep. The pure checks (groups, config errors) run without processes.
+"""
+
+import pytest
+
+from ds_hetero.errors import HeteroConfigError
+from ds_hetero.topology.layout import StageLayout
+
+RTOL, ATOL = 1e-5, 1e-6
+V = {"tp": 1, "dp": 4}
+LAYOUTS = {
+    "vision dp4 + language tp2 dp2 ep2": dict(layout={"vision": V, "language": {"tp": 2, "dp": 2, "ep": 2}}),
+    "vision dp4 + language dp4 ep4": dict(layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 4}}),
+    "language dp4 ep2, 2 micro-batches": dict(layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 2}},
+                                              micro_batches=2),
+}
+CONTROLS = ("drop", "wrong_rank", "per_rank_aux")
+
+
+def _cases(tmp):
+    from tests.helpers.moe_parity import dispatch_adjoint, save_and_load, train_moe
+
+    cases = {"adjoint": (dispatch_adjoint, {})}
+    cases.update({name: (train_moe, kw) for name, kw in LAYOUTS.items()})
+    ep4 = LAYOUTS["vision dp4 + language dp4 ep4"]["layout"]
+    cases.update({c: (train_moe, dict(layout=ep4, steps=2, control=c)) for c in CONTROLS})
+    cases["save_and_load"] = (save_and_load, dict(tmp=tmp, layout=LAYOUTS["vision dp4 + language tp2 dp2 ep2"]["layout"]))
+    cases["recipe"] = (_recipe, dict(tmp=tmp))
+    return cases
+
+
+def _recipe(rank, world_size, tmp):
+    import importlib.util
+    import json
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("train_llava", os.path.join(root, "recipes", "train_llava.py"))
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    summary = os.path.join(tmp, "recipe.json")
+    recipe.main(["--steps", "3", "--samples", "64", "--model-family", "qwen3-vl-moe", "--summary-json", summary,
+                 "--deepspeed_config", os.path.join(root, "ds_configs", "qwen3_vl_moe_ep.json")])
+    if rank == 0:
+        with open(summary) as f:
+            return json.load(f)
+    return None
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from ds_hetero.testing.cases import launch_cases
+
+    return launch_cases(_cases(str(tmp_path_factory.mktemp("moe"))), world_size=4, timeout=1500)
+
+
+def _bad(r):
+    """Whether a run misses the bar somewhere (losses, norms or weights)."""
+    losses = any(abs(g - w) > RTOL * abs(w) for g, w in zip(r["losses"], r["ref_losses"]))
+    norms = any(abs(g - w) > 1e-4 * abs(w) for g, w in zip(r["norms"], r["ref_norms"]))
+    err, _, abs_err, _ = r["weight_err"]
+    return losses or norms or err > RTOL
+
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_expert_parallel_matches_single_process_reference(runs, name):
+    from tests.helpers.moe_parity import CLIP
+
+    for rank, r in enumerate(runs[name]):
+        assert len(r["losses"]) == 5
+        for got, want in zip(r["losses"], r["ref_losses"]):
+            assert abs(got - want) <= RTOL * abs(want), (rank, r["losses"], r["ref_losses"])
+        for got, want in zip(r["norms"], r["ref_norms"]):
+            assert abs(got - want) <= 1e-4 * abs(want), (rank, r["norms"], r["ref_norms"])
+        assert min(r["ref_norms"]) > CLIP, r["ref_norms"]  # clipping was active
+        err, where, abs_err, compared = r["weight_err"]
+        assert compared == r["n_params"], (compared, r["n_params"])  # every weight, experts gathered
+        assert err <= RTOL and abs_err <= ATOL, (rank, err, where, abs_err)
+
+
+@pytest.mark.parametrize("control", CONTROLS)
+def test_negative_controls_fail_the_bar(runs, control):
+    for r in runs[control]:
+        assert _bad(r), (control, r)
+
+
+def test_dispatch_and_combine_are_adjoint_and_dropless(runs):
+    for r in runs["adjoint"]:
+        for ax_y, x_aty in (r["dispatch"], r["combine"]):
+            assert abs(ax_y - x_aty) <= 1e-12 * max(1.0, abs(ax_y)), r
+        assert r["arrived"] == r["expected"]  # every assignment for this rank's experts, none dropped
+
+
+def test_save_pretrained_and_per_shard_load_across_ep(runs):
+    for r in runs["save_and_load"]:
+        err, where, _, compared = r["export_err"]
+        assert compared > 0 and err == 0.0, (err, where)
+        after, reloaded = r["eval"]
+        assert abs(after - reloaded) <= RTOL * abs(after), r["eval"]
+
+
+def test_main_job_trains_the_moe_family_with_ep(runs):
+    summary = runs["recipe"][0]
+    assert summary is not None and len(summary.get("losses", [1, 2, 3])) >= 1, summary
+
+
+# ----------------------------------------------------------------------------- pure checks
+def test_ep_groups_fold_into_dp_x_cp():
+    layout = StageLayout("language", 2, 1, 2, (0, 1, 2, 3), ep=2)
+    assert layout.ep_groups() == [(0, 2), (1, 3)]  # per tp rank, its dp peers
+    assert layout.edp_groups() == [(0,), (2,), (1,), (3,)]
+    layout = StageLayout("language", 1, 2, 4, tuple(range(8)), ep=4)
+    assert layout.ep_groups() == [(0, 1, 2, 3), (4, 5, 6, 7)]  # cp fastest, then dp: ep innermost
+    assert layout.edp_groups() == [(0, 4), (1, 5), (2, 6), (3, 7)]
+    assert [layout.ep_rank(r) for r in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert StageLayout("language", 2, 1, 2, (0, 1, 2, 3)).ep_groups() == []  # ep 1: no group
+
+
+def _config(language, vision=None, zero=0, **section):
+    from ds_hetero.config import load_config
+
+    return load_config({"train_batch_size": 8, "zero_optimization": {"stage": zero},
+                        "hetero_parallel": {"placement": "colocated", "micro_batches": 1,
+                                            "stages": {"vision": vision or {"dp": 4}, "language": language},
+                                            **section}}, world_size=4)
+
+
+@pytest.mark.parametrize("language, vision, match", [
+    ({"dp": 4, "ep": 3}, None, "does not divide cp x dp"),
+    ({"tp": 2, "dp": 2, "ep": 4}, None, "does not divide cp x dp"),
+    ({"dp": 4}, {"dp": 4, "ep": 2}, "language stage only"),
+    ({"dp": 4, "ep": 0}, None, "ep"),
+])
+def test_config_refuses_bad_ep(language, vision, match):
+    with pytest.raises(HeteroConfigError, match=match) as info:
+        _config(language, vision)
+    assert "ep" in info.value.field
+
+
+def test_model_checks_name_the_field():
+    from ds_hetero.models import adapter_for
+    from ds_hetero.models.qwen3_vl_moe import tiny_qwen3_vl_moe
+    from ds_hetero.models.tiny_families import tiny_qwen3_vl
+
+    moe = adapter_for(tiny_qwen3_vl_moe())
+    moe.check_layouts(_config({"tp": 2, "dp": 2, "ep": 2}))  # valid
+    with pytest.raises(HeteroConfigError, match="no experts") as info:
+        adapter_for(tiny_qwen3_vl()).check_layouts(_config({"dp": 4, "ep": 2}))
+    assert info.value.field.endswith("language.ep")
+    with pytest.raises(HeteroConfigError, match="does not divide the 6 experts"):
+        adapter_for(tiny_qwen3_vl_moe(num_experts=6)).check_layouts(_config({"dp": 4, "ep": 4}))
+    with pytest.raises(HeteroConfigError, match="ZeRO stage 1"):
+        moe.check_layouts(_config({"dp": 4, "ep": 2}, zero=1))
+    with pytest.raises(HeteroConfigError, match="not pipelined"):
+        moe.check_layouts(_config({"dp": 2, "pp": 2, "ep": 2}))
+    with pytest.raises(HeteroConfigError, match="sequence shards"):
+        moe.check_layouts(_config({"cp": 2, "dp": 2, "ep": 2}))
