@@ -169,3 +169,17 @@ def test_model_checks_name_the_field():
         moe.check_layouts(_config({"dp": 2, "pp": 2, "ep": 2}))
     with pytest.raises(HeteroConfigError, match="sequence shards"):
         moe.check_layouts(_config({"cp": 2, "dp": 2, "ep": 2}))
+
+
+def test_validate_takes_the_tiny_moe_model_and_the_planner_refuses_it_clearly(capsys):
+    import pathlib
+
+    from ds_hetero.cli import main
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    assert main(["validate", str(root / "ds_configs/qwen3_vl_moe_ep.json"), "--world-size", "4",
+                 "--model", "tiny-qwen3-vl-moe"]) == 0
+    assert "valid for 4 ranks" in capsys.readouterr().out
+    assert main(["plan", "--model", "tiny-qwen3-vl-moe", "--world-size", "4", "--seq-len", "64",
+                 "--image-tokens", "16", "--global-batch", "8", "--machine", "h100", "--top", "3"]) == 1
+    assert "no expert-parallel axis yet" in capsys.readouterr().err

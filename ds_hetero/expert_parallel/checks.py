@@ -11,8 +11,9 @@ Each refusal names the field and what would be valid.
 
 from __future__ import annotations
 
-from ..config import SECTION
 from ..errors import HeteroConfigError
+
+SECTION = "hetero_parallel"  # config.SECTION; not imported: the config sits above the axes
 
 
 def check_expert_parallel(text_config, cfg) -> None:

@@ -286,7 +286,8 @@ def _qwen2_5_vl(cfg: Any) -> ModelSpec:
 def _qwen3_vl(cfg: Any) -> ModelSpec:
     v, text = _get(cfg, "vision_config"), _get(cfg, "text_config")
     if str(_get(cfg, "model_type", "")) == "qwen3_vl_moe":
-        raise ValueError("qwen3_vl_moe: the planner (like the engine) has no expert parallelism")
+        raise ValueError("qwen3_vl_moe: the planner has no expert-parallel axis yet (the engine trains it with "
+                         "stages.language.ep; write that layout by hand)")
     e, m, depth = _get(v, "hidden_size"), _get(v, "spatial_merge_size"), _get(v, "depth")
     merged = e * m * m
     patch_in = _get(v, "in_channels", 3) * _get(v, "temporal_patch_size") * _get(v, "patch_size") ** 2
