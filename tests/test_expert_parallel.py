@@ -15,7 +15,7 @@ the family with ep. The pure checks (groups, config errors) run without processe
 import pytest
 
 from ds_hetero.errors import HeteroConfigError
-from ds_hetero.topology.layout import StageLayout
+from ds_hetero.layout import StageLayout
 
 RTOL, ATOL = 1e-5, 1e-6
 V = {"tp": 1, "dp": 4}
