@@ -1,6 +1,6 @@
 """Expert parallelism on the language stage, with Qwen3-VL-MoE, against the single-process HF model.
 
-fp32, 5 steps, AdamW, clipping active (CLIP 0.05, below every step's norm): losses (the model's own
+fp32, 5 steps, AdamW, ZeRO 0, 1 and 2, clipping active (CLIP 0.05, below every step's norm): losses (the model's own
 `model(**batch).loss`, aux loss included) within 1e-5 relative, global norms 1e-4, every updated
 weight (experts gathered over ep) 1e-5, on 4 ranks: vision dp4 + language tp2 dp2 ep2 and
 vision dp4 + language dp4 ep4 (one micro-batch each: the aux loss is the global batch's), and
@@ -20,10 +20,11 @@ from ds_hetero.layout import StageLayout
 RTOL, ATOL = 1e-5, 1e-6
 V = {"tp": 1, "dp": 4}
 LAYOUTS = {
-    "vision dp4 + language tp2 dp2 ep2": dict(layout={"vision": V, "language": {"tp": 2, "dp": 2, "ep": 2}}),
-    "vision dp4 + language dp4 ep4": dict(layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 4}}),
-    "language dp4 ep2, 2 micro-batches": dict(layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 2}},
-                                              micro_batches=2),
+    "vision dp4 + language tp2 dp2 ep2 zero0": dict(layout={"vision": V, "language": {"tp": 2, "dp": 2, "ep": 2}}),
+    "vision dp4 + language dp4 ep4 zero2": dict(layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 4}},
+                                                zero_stage=2),
+    "language dp4 ep2, 2 micro-batches, zero1": dict(layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 2}},
+                                                     micro_batches=2, zero_stage=1),
 }
 CONTROLS = ("drop", "wrong_rank", "per_rank_aux")
 
@@ -33,9 +34,9 @@ def _cases(tmp):
 
     cases = {"adjoint": (dispatch_adjoint, {})}
     cases.update({name: (train_moe, kw) for name, kw in LAYOUTS.items()})
-    ep4 = LAYOUTS["vision dp4 + language dp4 ep4"]["layout"]
+    ep4 = LAYOUTS["vision dp4 + language dp4 ep4 zero2"]["layout"]
     cases.update({c: (train_moe, dict(layout=ep4, steps=2, control=c)) for c in CONTROLS})
-    cases["save_and_load"] = (save_and_load, dict(tmp=tmp, layout=LAYOUTS["vision dp4 + language tp2 dp2 ep2"]["layout"]))
+    cases["save_and_load"] = (save_and_load, dict(tmp=tmp, layout=LAYOUTS["vision dp4 + language tp2 dp2 ep2 zero0"]["layout"]))
     cases["recipe"] = (_recipe, dict(tmp=tmp))
     return cases
 
@@ -163,8 +164,9 @@ def test_model_checks_name_the_field():
     assert info.value.field.endswith("language.ep")
     with pytest.raises(HeteroConfigError, match="does not divide the 6 experts"):
         adapter_for(tiny_qwen3_vl_moe(num_experts=6)).check_layouts(_config({"dp": 4, "ep": 4}))
-    with pytest.raises(HeteroConfigError, match="ZeRO stage 1"):
-        moe.check_layouts(_config({"dp": 4, "ep": 2}, zero=1))
+    moe.check_layouts(_config({"dp": 4, "ep": 2}, zero=2))  # ZeRO 1/2: MoE optimizer groups over edp
+    with pytest.raises(HeteroConfigError, match="ZeRO stage 3"):
+        moe.check_layouts(_config({"dp": 4, "ep": 2}, zero=3))
     with pytest.raises(HeteroConfigError, match="not pipelined"):
         moe.check_layouts(_config({"dp": 2, "pp": 2, "ep": 2}))
     with pytest.raises(HeteroConfigError, match="sequence shards"):

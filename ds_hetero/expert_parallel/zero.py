@@ -11,9 +11,10 @@ ds_hetero registers the stage's groups, built with every other group (topology/g
 a name of its own (`group_name`): one entry per process (a process holds one language stage).
 Recorded in ds_hetero/patches.py; `unregister` removes it.
 
-ZeRO: stage 0 (fp32, a torch optimizer) is built and tested. Stages 1-3 need the optimizer's
-parameter groups split into MoE groups and DeepSpeed's own MoE norm; checks.py refuses them
-with ep > 1 until they are tested.
+ZeRO: DeepSpeed's ZeRO 1/2 partitions an optimizer group marked `moe` over its named
+expert-data-parallel group (`expert_param_groups` builds those groups, as DeepSpeed does for an
+optimizer it builds itself); stage 0 reduces expert gradients over the same group. ZeRO 3 over
+the expert-data-parallel group is not built (checks.py refuses it).
 """
 
 from __future__ import annotations
@@ -38,3 +39,17 @@ def unregister(name: str) -> None:
     for table in (groups._EXPERT_PARALLEL_GROUP, groups._EXPERT_PARALLEL_GROUP_RANKS,
                   groups._EXPERT_DATA_PARALLEL_GROUP, groups._EXPERT_DATA_PARALLEL_GROUP_RANKS):
         table.pop(name, None)
+
+
+def expert_param_groups(params):
+    """The optimizer's parameter groups with the expert parameters in groups of their own, marked
+    `moe` and named by their expert-data-parallel group (DeepSpeed's
+    `split_params_into_different_moe_groups_for_optimizer`, which its ZeRO 1/2 requires); the
+    parameters unchanged when none is an expert."""
+    from deepspeed.moe.utils import configure_moe_param_groups, is_moe_param
+
+    params = list(params)
+    flat = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
+    if not any(is_moe_param(p) for p in flat):
+        return params
+    return configure_moe_param_groups(params)
