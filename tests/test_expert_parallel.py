@@ -5,8 +5,10 @@ fp32, 5 steps, AdamW, ZeRO 0, 1 and 2, clipping active (CLIP 0.05, below every s
 weight (experts gathered over ep) 1e-5, on 4 ranks: vision dp4 + language tp2 dp2 ep2 and
 vision dp4 + language dp4 ep4 (one micro-batch each: the aux loss is the global batch's), and
 language dp4 ep2 with 2 micro-batches (the aux loss per micro-batch, averaged: docs/expert-parallel.md).
+StepResult.aux_loss equals the model's aux loss (the mean of the micro-batches' with several).
 Negative controls, each of which must fail the same bar: routing with a capacity that drops
-assignments, routing to the wrong expert rank, the aux loss computed per rank.
+assignments, routing to the wrong expert rank, the aux loss computed per rank, and with 2
+micro-batches a reference whose aux loss is the whole batch's (the rule must matter).
 The dispatch and combine all-to-alls pass an adjoint test; save_pretrained from ep2 tp2 is the
 engine's weights and loads per shard into ep4 with the same eval loss; the main job's script runs
 the family with ep. The pure checks (groups, config errors) run without processes.
@@ -26,7 +28,7 @@ LAYOUTS = {
     "language dp4 ep2, 2 micro-batches, zero1": dict(layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 2}},
                                                      micro_batches=2, zero_stage=1),
 }
-CONTROLS = ("drop", "wrong_rank", "per_rank_aux")
+CONTROLS = ("drop", "wrong_rank", "per_rank_aux", "global_aux_over_micro_batches")
 
 
 def _cases(tmp):
@@ -35,7 +37,10 @@ def _cases(tmp):
     cases = {"adjoint": (dispatch_adjoint, {})}
     cases.update({name: (train_moe, kw) for name, kw in LAYOUTS.items()})
     ep4 = LAYOUTS["vision dp4 + language dp4 ep4 zero2"]["layout"]
-    cases.update({c: (train_moe, dict(layout=ep4, steps=2, control=c)) for c in CONTROLS})
+    cases.update({c: (train_moe, dict(layout=ep4, steps=2, control=c)) for c in CONTROLS[:3]})
+    # the engine's per-micro-batch rule against a reference taking one aux loss over the whole batch
+    cases[CONTROLS[3]] = (train_moe, dict(LAYOUTS["language dp4 ep2, 2 micro-batches, zero1"], steps=2,
+                                          reference_micro_batches=1))
     cases["save_and_load"] = (save_and_load, dict(tmp=tmp, layout=LAYOUTS["vision dp4 + language tp2 dp2 ep2 zero0"]["layout"]))
     cases["recipe"] = (_recipe, dict(tmp=tmp))
     return cases
@@ -88,6 +93,8 @@ def test_expert_parallel_matches_single_process_reference(runs, name):
         for got, want in zip(r["norms"], r["ref_norms"]):
             assert abs(got - want) <= 1e-4 * abs(want), (rank, r["norms"], r["ref_norms"])
         assert min(r["ref_norms"]) > CLIP, r["ref_norms"]  # clipping was active
+        for got, want in zip(r["aux"], r["ref_aux"]):  # StepResult.aux_loss: the model's aux loss
+            assert abs(got - want) <= RTOL * abs(want), (rank, r["aux"], r["ref_aux"])
         err, where, abs_err, compared = r["weight_err"]
         assert compared == r["n_params"], (compared, r["n_params"])  # every weight, experts gathered
         assert err <= RTOL and abs_err <= ATOL, (rank, err, where, abs_err)

@@ -45,8 +45,8 @@ class RouterLogits:
 
 
 def take_aux_loss(module: nn.Module, group=None, group_size: int = 1):
-    """`router_aux_loss_coef` x this rank's share of the micro-batch's aux loss (aux_loss.py), or
-    None for a stage without router logits. Consumes what the forward left (one forward, one loss).
+    """This rank's share of the micro-batch's aux loss (aux_loss.py, not yet weighted by
+    `router_aux_loss_coef`), or None for a stage without router logits. Consumes what the forward left (one forward, one loss).
     `module.aux_rule = "per_rank"` computes the wrong, per-rank rule (a negative control only)."""
     pending = getattr(module, "router_logits", None)
     if pending is None:
@@ -56,4 +56,4 @@ def take_aux_loss(module: nn.Module, group=None, group_size: int = 1):
         term = per_rank_aux(pending.logits, pending.mask, pending.top_k, pending.num_experts) / group_size
     else:
         term = global_aux_term(pending.logits, pending.mask, pending.top_k, pending.num_experts, group)
-    return pending.coef * term
+    return term

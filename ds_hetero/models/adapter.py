@@ -118,6 +118,12 @@ class StageAdapter:
         """Each encoder stage's modules that tensor parallelism shards over that stage's tp group."""
         return {"vision": self.vision_modules()}
 
+    # Whether the language stage adds a router load-balancing loss (a mixture-of-experts family
+    # with `output_router_logits`): StepResult.aux_loss is reported then.
+    @property
+    def has_aux_loss(self) -> bool:
+        return False
+
     @property
     def hidden_size(self) -> int:
         """Width of a boundary row: the language model's hidden size (Qwen3-VL: times 1 + DeepStack levels)."""

@@ -29,20 +29,31 @@ class Qwen3VLMoeLanguageStage(Qwen3VLLanguageStage):
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
-        text = model.config.text_config
-        self.aux = (text.num_experts_per_tok, text.num_experts, float(text.router_aux_loss_coef))
-        self.with_aux = bool(text.output_router_logits)
+        # read at every forward, as the HF model reads it: TRL sets output_router_logits and
+        # router_aux_loss_coef on the config after the model was built (its aux_loss_enabled)
+        self.text_config = model.config.text_config
         self.router_logits = None
+
+    @property
+    def with_aux(self) -> bool:
+        return bool(self.text_config.output_router_logits)
+
+    @property
+    def aux_coef(self) -> float:
+        return float(self.text_config.router_aux_loss_coef)
 
     def forward(self, input_ids, rows, attention_mask=None, position_ids=None, n_placeholders=None):
         from ..expert_parallel.apply import RouterLogits
 
         embeds, extra = self.embed_inputs(input_ids, rows, n_placeholders)
+        with_aux = self.with_aux
         out = self.language_model(
             inputs_embeds=embeds, attention_mask=self.decoder_mask(input_ids, embeds, attention_mask, position_ids),
-            position_ids=position_ids, output_router_logits=self.with_aux, **extra)
-        if self.with_aux:  # the padding mask of this rank's tokens (2-D: no sequence shards, checked)
-            self.router_logits = RouterLogits(out.router_logits, attention_mask, *self.aux)
+            position_ids=position_ids, output_router_logits=with_aux, **extra)
+        if with_aux:  # the padding mask of this rank's tokens (2-D: no sequence shards, checked)
+            t = self.text_config
+            self.router_logits = RouterLogits(out.router_logits, attention_mask, t.num_experts_per_tok, t.num_experts,
+                                              self.aux_coef)
         return self.lm_head(out.last_hidden_state)
 
 
@@ -55,6 +66,10 @@ class Qwen3VLMoeAdapter(Qwen3VLAdapter):
         super().shard(groups, cfg)  # attention (and dense MLP layers) over tp
         if groups["language"].is_member and cfg.stages["language"].ep > 1:
             apply_expert_parallel(self.model.get_decoder(), groups["language"])
+
+    @property
+    def has_aux_loss(self) -> bool:
+        return bool(self.model.config.text_config.output_router_logits)
 
     def split(self) -> dict[str, nn.Module]:
         return {"vision": Qwen3VLVisionStage(self.model), "language": Qwen3VLMoeLanguageStage(self.model)}

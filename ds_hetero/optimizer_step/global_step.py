@@ -36,15 +36,17 @@ def stage_norms(stages: StageSet) -> dict[str, float]:
 
 
 def combine_norms_and_loss(stages: StageSet, norms: dict[str, float], loss_sum: float | torch.Tensor,
-                           n_labels: int) -> tuple[float, float, int]:
-    """(all-stage gradient norm, global loss sum, global label count) on every rank, in one all-reduce.
+                           n_labels: int, aux_sum: float | torch.Tensor = 0.0) -> tuple[float, float, int, float]:
+    """(all-stage gradient norm, global loss sum, global label count, global aux-loss sum) on every
+    rank, in one all-reduce.
 
     The local loss sums come from tp rank 0 of every cp shard of every language dp replica
     (with a pipeline only the last pipeline stage has a loss: the others pass 0), the label
-    count from the language stage's first rank.
+    count from the language stage's first rank. `aux_sum`: a mixture-of-experts language stage's
+    shares of its micro-batches' load-balancing losses, from the same ranks (0 without one).
     """
     all_stages = list(stages)
-    vec = torch.zeros(len(all_stages) + 2, dtype=torch.float64, device=stages.device)
+    vec = torch.zeros(len(all_stages) + 3, dtype=torch.float64, device=stages.device)
     for i, stage in enumerate(all_stages):
         if stage.name in norms and stages.rank == stage.norm_rank:
             norm = norms[stage.name]
@@ -52,11 +54,13 @@ def combine_norms_and_loss(stages: StageSet, norms: dict[str, float], loss_sum: 
             vec[i] = norm * norm if norm >= 0 and math.isfinite(norm) else float("inf")
     language = stages.language
     if language.held and language.coord.tp == 0:  # cp ranks hold the loss sums of their sequence shards
-        vec[-2] = loss_sum
+        vec[-3] = loss_sum
+        vec[-2] = aux_sum
     if stages.rank == language.first_rank:
         vec[-1] = n_labels
     dist.all_reduce(vec, group=stages.boundary_group)
-    return math.sqrt(vec[: len(all_stages)].sum().item()), vec[-2].item(), int(vec[-1].item())
+    return (math.sqrt(vec[: len(all_stages)].sum().item()), vec[-3].item(), int(vec[-1].item()),
+            vec[-2].item())
 
 
 def step_all(stages: StageSet, grad_norm: float, clip: float) -> list[bool]:

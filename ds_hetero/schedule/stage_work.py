@@ -41,6 +41,7 @@ class StageWork:
         self.lm_head = head if isinstance(head, VocabParallelLMHead) else None
         self.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0}
         self.loss_observer = None  # (logits, labels, shifted) -> None, called after each language loss
+        self.aux_sum = 0.0  # this step's aux-loss shares of a MoE language stage (reset by the engine)
 
     def _span(self, name: str, category: str, step: int | None):
         """A timeline span of a training step; evaluation (step None) records none."""
@@ -132,7 +133,9 @@ class StageWork:
             local = token_loss_sum(logits, batch["labels"], self.lm_head, shifted=sharded)
             aux = take_aux_loss(language.module, language.groups.dp_cp, language.layout.dp * language.layout.cp)
             if aux is not None and n_labels is not None:
-                local = local + aux * (n_labels / plan.micro_batches)
+                local = local + language.module.aux_coef * aux * (n_labels / plan.micro_batches)
+                # the shares, averaged over micro-batches: StepResult.aux_loss after the engine's all-reduce
+                self.aux_sum = self.aux_sum + aux.detach().double() / plan.micro_batches
             if self.loss_observer is not None:  # e.g. a client's token accuracy from this very pass
                 self.loss_observer(logits.detach(), batch["labels"], sharded)
             return local

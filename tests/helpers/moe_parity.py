@@ -48,22 +48,24 @@ def hf_forward(model, adapter, samples):
 
 
 def reference_loss(model, adapter, samples, micro_batches):
-    """The model's own loss; with several micro-batches, docs/expert-parallel.md's rule."""
+    """(the model's own loss, its aux loss); with several micro-batches, docs/expert-parallel.md's rule."""
     from ds_hetero.loss import label_token_count
 
     if micro_batches == 1:
-        return hf_forward(model, adapter, samples).loss
+        out = hf_forward(model, adapter, samples)
+        return out.loss, float(out.aux_loss)
     coef = model.config.text_config.router_aux_loss_coef
     n = sum(label_token_count(s["labels"]) for s in samples)
     k = len(samples) // micro_batches
-    total = 0.0
+    total, aux = 0.0, 0.0
     for m in range(micro_batches):
         part = samples[m * k:(m + 1) * k]
         out = hf_forward(model, adapter, part)
         lm_mean = out.loss - coef * out.aux_loss  # the model's lm loss on the micro-batch
         total = total + lm_mean * sum(label_token_count(s["labels"]) for s in part) / n \
             + coef * out.aux_loss / micro_batches
-    return total
+        aux += float(out.aux_loss) / micro_batches
+    return total, aux
 
 
 def reference_train(model, batches, make_optimizer, clip, micro_batches):
@@ -71,15 +73,16 @@ def reference_train(model, batches, make_optimizer, clip, micro_batches):
 
     adapter = adapter_for(model)
     opt = make_optimizer(list(model.parameters()))
-    losses, norms = [], []
+    losses, norms, auxes = [], [], []
     for samples in batches:
-        loss = reference_loss(model, adapter, samples, micro_batches)
+        loss, aux = reference_loss(model, adapter, samples, micro_batches)
         loss.backward()
         losses.append(float(loss))
+        auxes.append(aux)
         norms.append(float(torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], clip)))
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return losses, norms
+    return losses, norms, auxes
 
 
 def _drop_router(capacity):
@@ -117,7 +120,9 @@ def apply_control(engine, control):
 
 
 def train_moe(rank, world_size, layout, micro_batches=1, steps=5, batch_size=8, control=None, model_kw=None,
-              zero_stage=0, hetero=None):
+              zero_stage=0, hetero=None, reference_micro_batches=None):
+    """`reference_micro_batches`: the reference's aux-loss rule computed for another micro-batch
+    count (a negative control of the several-micro-batch rule)."""
     import ds_hetero
 
     def make_optimizer(params):  # eps 1e-4: see ds_hetero/testing/parity.py
@@ -139,9 +144,11 @@ def train_moe(rank, world_size, layout, micro_batches=1, steps=5, batch_size=8, 
         apply_control(engine, control)
     results = [engine.train_batch(samples) for samples in batches]
     got = full_named_parameters(engine)
-    ref_losses, ref_norms = reference_train(reference, batches, make_optimizer, CLIP, micro_batches)
+    ref_losses, ref_norms, ref_aux = reference_train(reference, batches, make_optimizer, CLIP,
+                                                     reference_micro_batches or micro_batches)
     out = {
         "losses": [r.loss for r in results], "ref_losses": ref_losses,
+        "aux": [r.aux_loss for r in results], "ref_aux": ref_aux,
         "norms": [r.grad_norm for r in results], "ref_norms": ref_norms,
         "weight_err": max_rel_err(got, {n: p.detach() for n, p in reference.named_parameters()}),
         "n_params": len(dict(reference.named_parameters())),
