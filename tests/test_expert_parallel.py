@@ -192,3 +192,19 @@ def test_validate_takes_the_tiny_moe_model_and_the_planner_refuses_it_clearly(ca
     assert main(["plan", "--model", "tiny-qwen3-vl-moe", "--world-size", "4", "--seq-len", "64",
                  "--image-tokens", "16", "--global-batch", "8", "--machine", "h100", "--top", "3"]) == 1
     assert "no expert-parallel axis yet" in capsys.readouterr().err
+
+
+def test_trl_moe_aux_loss_is_accepted_for_a_family_whose_engine_adds_it():
+    """TRL's aux_loss_enabled (router_aux_loss_coef != 0 on an MoE model) was refused; the engine now
+    adds the aux loss for Qwen3-VL-MoE (from the config TRL sets), so only other families are refused."""
+    from types import SimpleNamespace
+
+    from ds_hetero.integrations.trainer.loss import loss_problems
+    from ds_hetero.models.qwen3_vl_moe import tiny_qwen3_vl_moe
+    from ds_hetero.models.tiny_families import tiny_qwen3_vl
+
+    args = SimpleNamespace(label_smoothing_factor=0, loss_type="nll", padding_free=False, packing=False)
+    moe = SimpleNamespace(args=args, aux_loss_enabled=True, compute_loss_func=None, model=tiny_qwen3_vl_moe())
+    assert not [p for p in loss_problems(moe) if "auxiliary" in p]
+    dense = SimpleNamespace(args=args, aux_loss_enabled=True, compute_loss_func=None, model=tiny_qwen3_vl())
+    assert [p for p in loss_problems(dense) if "auxiliary" in p]

@@ -83,6 +83,7 @@ class HeteroTrainerMixin:
             else self.data_collator
         self.hetero: HeteroModel | None = None
         self._hetero_metrics = StepMetrics()
+        self._hetero_aux: list[float] = []  # StepResult.aux_loss of the steps since the last log (MoE)
         self._hetero_rows: RankBatch | None = None
         self._hetero_tokens: TokenMetrics | None = None
 
@@ -148,6 +149,8 @@ class HeteroTrainerMixin:
         r = model.engine.train_batch(inputs)
         model.last = r
         self._hetero_metrics.add(r)
+        if r.aux_loss is not None:
+            self._hetero_aux.append(r.aux_loss)
         if hasattr(self, "_total_train_tokens"):  # TRL's num_tokens: the non-padding tokens of every rank's batch
             self._total_train_tokens += sum(int(s["input_ids"].numel()) for s in inputs)
         return torch.tensor(r.loss, device=self.args.device)
@@ -160,6 +163,9 @@ class HeteroTrainerMixin:
                 metrics.clear()
                 metrics.update({k: [v] for k, v in self._hetero_tokens.reduce().items()})
                 metrics["num_tokens"] = [self._total_train_tokens]
+                if self._hetero_aux:  # TRL's aux_loss: the micro-batches' aux losses, averaged
+                    metrics["aux_loss"] = [sum(self._hetero_aux) / len(self._hetero_aux)]
+            self._hetero_aux.clear()
         super().log(logs, start_time)
 
     # ------------------------------------------------------------------ data
