@@ -3,8 +3,9 @@
 fp32, 5 steps, AdamW, ZeRO 0, 1 and 2, clipping active (CLIP 0.05, below every step's norm): losses (the model's own
 `model(**batch).loss`, aux loss included) within 1e-5 relative, global norms 1e-4, every updated
 weight (experts gathered over ep) 1e-5, on 4 ranks: vision dp4 + language tp2 dp2 ep2 and
-vision dp4 + language dp4 ep4 (one micro-batch each: the aux loss is the global batch's), and
-language dp4 ep2 with 2 micro-batches (the aux loss per micro-batch, averaged: docs/expert-parallel.md).
+vision dp4 + language dp4 ep4 (one micro-batch each: the aux loss is the global batch's),
+language dp4 ep2 with 2 micro-batches (the aux loss per micro-batch, averaged: docs/expert-parallel.md),
+language tp2 dp2 with sequence parallelism ep2, and language cp2 dp2 ep4 with 2 micro-batches.
 StepResult.aux_loss equals the model's aux loss (the mean of the micro-batches' with several).
 Negative controls, each of which must fail the same bar: routing with a capacity that drops
 assignments, routing to the wrong expert rank, the aux loss computed per rank, and with 2
@@ -27,6 +28,12 @@ LAYOUTS = {
                                                 zero_stage=2),
     "language dp4 ep2, 2 micro-batches, zero1": dict(layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 2}},
                                                      micro_batches=2, zero_stage=1),
+    # sequence shards: under sp the tp ranks route different tokens (expert and router gradients
+    # summed over tp, the aux counts over tp x dp x cp); under cp ep folds over the cp ranks too
+    "language tp2 dp2 sequence parallel ep2": dict(
+        layout={"vision": V, "language": {"tp": 2, "dp": 2, "sequence_parallel": True, "ep": 2}}),
+    "language cp2 dp2 ep4, 2 micro-batches": dict(
+        layout={"vision": V, "language": {"tp": 1, "cp": 2, "dp": 2, "ep": 4}}, micro_batches=2),
 }
 CONTROLS = ("drop", "wrong_rank", "per_rank_aux", "global_aux_over_micro_batches")
 
@@ -176,8 +183,8 @@ def test_model_checks_name_the_field():
         moe.check_layouts(_config({"dp": 4, "ep": 2}, zero=3))
     with pytest.raises(HeteroConfigError, match="not pipelined"):
         moe.check_layouts(_config({"dp": 2, "pp": 2, "ep": 2}))
-    with pytest.raises(HeteroConfigError, match="sequence shards"):
-        moe.check_layouts(_config({"cp": 2, "dp": 2, "ep": 2}))
+    moe.check_layouts(_config({"cp": 2, "dp": 2, "ep": 4}))  # sequence shards: ep folds over cp too
+    moe.check_layouts(_config({"tp": 2, "dp": 2, "sequence_parallel": True, "ep": 2}))
 
 
 def test_validate_takes_the_tiny_moe_model_and_the_planner_refuses_it_clearly(capsys):

@@ -44,7 +44,18 @@ class RouterLogits:
         self.logits, self.mask, self.top_k, self.num_experts, self.coef = logits, mask, top_k, num_experts, coef
 
 
-def take_aux_loss(module: nn.Module, group=None, group_size: int = 1):
+def share_over_tp(term, tp_group):
+    """Under sequence parallelism each tp rank's term covers its own tokens: the value becomes the
+    tp ranks' sum (identical on each, as the lm loss is), the gradient stays each rank's own term's
+    (the sums over tp of the replicated weights' gradients are their grad hooks')."""
+    import torch.distributed as dist
+
+    total = term.detach().clone()
+    dist.all_reduce(total, group=tp_group)
+    return term + (total - term.detach())
+
+
+def take_aux_loss(module: nn.Module, group=None, group_size: int = 1, tp_group=None):
     """This rank's share of the micro-batch's aux loss (aux_loss.py, not yet weighted by
     `router_aux_loss_coef`), or None for a stage without router logits. Consumes what the forward left (one forward, one loss).
     `module.aux_rule = "per_rank"` computes the wrong, per-rank rule (a negative control only)."""
@@ -56,4 +67,4 @@ def take_aux_loss(module: nn.Module, group=None, group_size: int = 1):
         term = per_rank_aux(pending.logits, pending.mask, pending.top_k, pending.num_experts) / group_size
     else:
         term = global_aux_term(pending.logits, pending.mask, pending.top_k, pending.num_experts, group)
-    return term
+    return term if tp_group is None else share_over_tp(term, tp_group)

@@ -3,9 +3,8 @@
 The structural part of `stages.language.ep` (a divisor of cp x dp, the language stage only) is
 checked with the config (config/parse.py); here, with the model:
 - the model has experts, and ep divides their count;
-- the combinations built and tested so far: ZeRO stage 0-2 with ep > 1; no pipeline, no sequence
-  shards (cp, sequence parallelism) for a MoE language stage (its aux loss is computed from a
-  2-D padding mask over whole sequences, and over the layers of one process).
+- the combinations built and tested so far: ZeRO stage 0-2 with ep > 1; no pipeline for a MoE
+  language stage (its aux loss couples every layer of the forward, across pipeline stages).
 Each refusal names the field and what would be valid.
 """
 
@@ -35,8 +34,3 @@ def check_expert_parallel(text_config, cfg) -> None:
     if language.pp > 1:
         raise HeteroConfigError(f"{field}.pp", "a mixture-of-experts language stage is not pipelined yet (its "
                                 "load-balancing loss spans every layer of the forward); use pp 1")
-    if language.cp > 1 or language.sequence_parallel:
-        key = "cp" if language.cp > 1 else "sequence_parallel"
-        raise HeteroConfigError(f"{field}.{key}", "sequence shards of a mixture-of-experts language stage are not "
-                                "built yet (its load-balancing loss needs each token's padding mask); use cp 1 and "
-                                "sequence_parallel false")

@@ -26,6 +26,7 @@ import torch
 from deepspeed.module_inject.auto_ep_layer import AutoEPMoELayer
 from torch import nn
 
+from ..tensor_parallel.sequence_parallel import add_grad_hook
 from .dispatch import combine, dispatch, route
 
 
@@ -40,8 +41,14 @@ class ExpertParallelExperts(AutoEPMoELayer):
         self.gate_up_proj = nn.Parameter(experts.gate_up_proj.data[mine].clone(),
                                          requires_grad=experts.gate_up_proj.requires_grad)
         self.down_proj = nn.Parameter(experts.down_proj.data[mine].clone(), requires_grad=experts.down_proj.requires_grad)
-        for p in (self.gate_up_proj, self.down_proj):
+        for p, old in ((self.gate_up_proj, experts.gate_up_proj), (self.down_proj, experts.down_proj)):
             mark_expert_parameter(p, group, group_name, experts.num_experts, ep_rank)
+            # under sequence parallelism the tp ranks route different tokens through replicated
+            # experts: the hooks that sum the HF weights' gradients over tp (sequence_parallel.py)
+            for hook in getattr(old, "grad_hooks", ()):
+                add_grad_hook(p, hook)
+            if getattr(old, "sequence_parallel", False):
+                p.sequence_parallel = True
         self.router = route  # replaced by the negative controls only
 
     def set_deepspeed_parallelism(self, *args, **kwargs) -> None:

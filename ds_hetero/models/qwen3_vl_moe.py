@@ -33,6 +33,7 @@ class Qwen3VLMoeLanguageStage(Qwen3VLLanguageStage):
         # router_aux_loss_coef on the config after the model was built (its aux_loss_enabled)
         self.text_config = model.config.text_config
         self.router_logits = None
+        self.cp_chunk = (0, 1)  # (cp rank, cp size): which chunk of a full-sequence mask is this rank's
 
     @property
     def with_aux(self) -> bool:
@@ -50,11 +51,24 @@ class Qwen3VLMoeLanguageStage(Qwen3VLLanguageStage):
         out = self.language_model(
             inputs_embeds=embeds, attention_mask=self.decoder_mask(input_ids, embeds, attention_mask, position_ids),
             position_ids=position_ids, output_router_logits=with_aux, **extra)
-        if with_aux:  # the padding mask of this rank's tokens (2-D: no sequence shards, checked)
+        if with_aux:
             t = self.text_config
-            self.router_logits = RouterLogits(out.router_logits, attention_mask, t.num_experts_per_tok, t.num_experts,
-                                              self.aux_coef)
+            self.router_logits = RouterLogits(out.router_logits, self.token_padding(input_ids, attention_mask),
+                                              t.num_experts_per_tok, t.num_experts, self.aux_coef)
         return self.lm_head(out.last_hidden_state)
+
+
+    def token_padding(self, input_ids, attention_mask):
+        """1 where this rank's tokens (the rows its router saw) are not padding, as the HF aux loss
+        weights them. On sequence shards the mask is the full sequence's [b, 1, S, S] causal and
+        padding mask (context_parallel.sequence): its last query row is the key padding; this rank's
+        tokens are its cp chunk of it, and under sequence parallelism its tp chunk of that."""
+        if attention_mask is None or attention_mask.dim() == 2:
+            return attention_mask
+        keys = attention_mask[:, 0, -1, :]
+        c, cp = self.cp_chunk
+        size = keys.shape[-1] // cp
+        return self.local_ids(keys[..., c * size:(c + 1) * size].long())
 
 
 class Qwen3VLMoeAdapter(Qwen3VLAdapter):
@@ -64,15 +78,19 @@ class Qwen3VLMoeAdapter(Qwen3VLAdapter):
         from ..expert_parallel import apply_expert_parallel
 
         super().shard(groups, cfg)  # attention (and dense MLP layers) over tp
-        if groups["language"].is_member and cfg.stages["language"].ep > 1:
-            apply_expert_parallel(self.model.get_decoder(), groups["language"])
+        language = groups["language"]
+        if language.is_member and cfg.stages["language"].ep > 1:
+            apply_expert_parallel(self.model.get_decoder(), language)
+        self._cp_chunk = (language.coord.cp, cfg.stages["language"].cp) if language.is_member else (0, 1)
 
     @property
     def has_aux_loss(self) -> bool:
         return bool(self.model.config.text_config.output_router_logits)
 
     def split(self) -> dict[str, nn.Module]:
-        return {"vision": Qwen3VLVisionStage(self.model), "language": Qwen3VLMoeLanguageStage(self.model)}
+        language = Qwen3VLMoeLanguageStage(self.model)
+        language.cp_chunk = getattr(self, "_cp_chunk", (0, 1))
+        return {"vision": Qwen3VLVisionStage(self.model), "language": language}
 
 
 def tiny_qwen3_vl_moe(seed: int = 0, text_hidden: int = 64, text_layers: int = 3, vision_hidden: int = 32,

@@ -131,7 +131,7 @@ class StageWork:
             logits = language(batch["input_ids"], tuple(rows_in), batch["attention_mask"], batch["position_ids"],
                               n_placeholders=counts, grad=language.trains or any(r.requires_grad for r in rows_in))
             local = token_loss_sum(logits, batch["labels"], self.lm_head, shifted=sharded)
-            aux = take_aux_loss(language.module, language.groups.dp_cp, language.layout.dp * language.layout.cp)
+            aux = take_aux_loss(language.module, *self.aux_group())
             if aux is not None and n_labels is not None:
                 local = local + language.module.aux_coef * aux * (n_labels / plan.micro_batches)
                 # the shares, averaged over micro-batches: StepResult.aux_loss after the engine's all-reduce
@@ -139,6 +139,18 @@ class StageWork:
             if self.loss_observer is not None:  # e.g. a client's token accuracy from this very pass
                 self.loss_observer(logits.detach(), batch["labels"], sharded)
             return local
+
+    def aux_group(self):
+        """(the group over which a MoE stage's aux loss counts a micro-batch's tokens, its size, the
+        tp group whose shares are summed or None):
+        the stage's dp x cp ranks, and under sequence parallelism its tp ranks too (they hold other
+        tokens then). Each rank's share is then its own tokens'; under sequence parallelism the tp
+        ranks' shares are summed on every tp rank (`expert_parallel.apply.share_over_tp`)."""
+        language = self.stages.language
+        layout = language.layout
+        if layout.sequence_parallel:
+            return language.groups.stage, layout.dp * layout.cp * layout.tp, language.groups.tp
+        return language.groups.dp_cp, layout.dp * layout.cp, None
 
     def language_step(self, samples: Sequence[dict[str, Any]], plan: StepPlan, m: int,
                       rows_in: Sequence[torch.Tensor], n_labels: int, step: int
