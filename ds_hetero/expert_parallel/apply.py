@@ -31,7 +31,7 @@ def apply_expert_parallel(root: nn.Module, groups, stage: str = "language") -> i
     ep_rank = layout.ep_rank(groups.rank)
     n = 0
     for parent, attr, experts in fused_experts(root):
-        setattr(parent, attr, ExpertParallelExperts(experts, groups.ep, layout.ep, ep_rank, name))
+        setattr(parent, attr, ExpertParallelExperts(experts, groups.ep, layout.ep, ep_rank, name, groups.edp))
         n += 1
     return n
 

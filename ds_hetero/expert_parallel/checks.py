@@ -3,7 +3,7 @@
 The structural part of `stages.language.ep` (a divisor of cp x dp, the language stage only) is
 checked with the config (config/parse.py); here, with the model:
 - the model has experts, and ep divides their count;
-- the combinations built and tested so far: ZeRO stage 0-2 with ep > 1; no pipeline for a MoE
+- the combinations built and tested so far: ZeRO 0-3 with ep > 1; no pipeline for a MoE
   language stage (its aux loss couples every layer of the forward, across pipeline stages).
 Each refusal names the field and what would be valid.
 """
@@ -26,11 +26,6 @@ def check_expert_parallel(text_config, cfg) -> None:
         raise HeteroConfigError(f"{field}.ep", f"ep={language.ep} does not divide the {experts} experts; use one of {sizes}")
     if not experts:
         return
-    if language.ep > 1 and cfg.zero_stage_of("language") == 3:
-        raise HeteroConfigError(
-            "zero_optimization.stage", "ZeRO stage 3 with stages.language.ep > 1 is not built yet (the experts would "
-            "be partitioned over the expert-data-parallel group); use stage 0, 1 or 2 for the language stage "
-            "(stages.language.zero_stage)")
     if language.pp > 1:
         raise HeteroConfigError(f"{field}.pp", "a mixture-of-experts language stage is not pipelined yet (its "
                                 "load-balancing loss spans every layer of the forward); use pp 1")

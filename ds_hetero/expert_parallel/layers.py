@@ -31,7 +31,7 @@ from .dispatch import combine, dispatch, route
 
 
 class ExpertParallelExperts(AutoEPMoELayer):
-    def __init__(self, experts: nn.Module, group, ep: int, ep_rank: int, group_name: str):
+    def __init__(self, experts: nn.Module, group, ep: int, ep_rank: int, group_name: str, edp_group=None):
         nn.Module.__init__(self)  # not AutoEPMoELayer's: see the module docstring
         self.num_experts = experts.num_experts
         self.num_local_experts = experts.num_experts // ep
@@ -42,7 +42,7 @@ class ExpertParallelExperts(AutoEPMoELayer):
                                          requires_grad=experts.gate_up_proj.requires_grad)
         self.down_proj = nn.Parameter(experts.down_proj.data[mine].clone(), requires_grad=experts.down_proj.requires_grad)
         for p, old in ((self.gate_up_proj, experts.gate_up_proj), (self.down_proj, experts.down_proj)):
-            mark_expert_parameter(p, group, group_name, experts.num_experts, ep_rank)
+            mark_expert_parameter(p, group, group_name, experts.num_experts, ep_rank, edp_group)
             # under sequence parallelism the tp ranks route different tokens through replicated
             # experts: the hooks that sum the HF weights' gradients over tp (sequence_parallel.py)
             for hook in getattr(old, "grad_hooks", ()):
@@ -71,7 +71,8 @@ class ExpertParallelExperts(AutoEPMoELayer):
         return out
 
 
-def mark_expert_parameter(p: nn.Parameter, group, group_name: str, num_experts: int, ep_rank: int) -> None:
+def mark_expert_parameter(p: nn.Parameter, group, group_name: str, num_experts: int, ep_rank: int,
+                          edp_group=None) -> None:
     """The tags DeepSpeed (`allreduce`, `group_name`: reduce over the named expert-data-parallel
     group) and ds_hetero (gather for checkpoints and save_pretrained, count once in the norm) read."""
     p.allreduce = False
@@ -80,6 +81,11 @@ def mark_expert_parameter(p: nn.Parameter, group, group_name: str, num_experts: 
     p.ep_group = group
     p.ep_full_size = num_experts  # dim 0 of the full tensor
     p.ep_rank = ep_rank  # holds experts [ep_rank * E/ep, (ep_rank + 1) * E/ep) (weights/shard_slices.py)
+    # ZeRO 3 partitions an AutoEP expert over its expert-data-parallel group (as AutoEP tags its own)
+    p.ds_zero_placement_family = "autoep_expert"
+    p.ds_zero_partition_group_name = group_name
+    if edp_group is not None:
+        p.ds_zero_partition_process_group = edp_group
 
 
 def is_expert_parameter(p) -> bool:

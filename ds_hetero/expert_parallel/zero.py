@@ -13,8 +13,9 @@ Recorded in ds_hetero/patches.py; `unregister` removes it.
 
 ZeRO: DeepSpeed's ZeRO 1/2 partitions an optimizer group marked `moe` over its named
 expert-data-parallel group (`expert_param_groups` builds those groups, as DeepSpeed does for an
-optimizer it builds itself); stage 0 reduces expert gradients over the same group. ZeRO 3 over
-the expert-data-parallel group is not built (checks.py refuses it).
+optimizer it builds itself); stage 0 reduces expert gradients over the same group; ZeRO 3
+partitions each expert weight over it (`ds_zero_partition_process_group`, with AutoEP's placement
+tags: layers.py `mark_expert_parameter`) and the dense weights over the stage's dp group.
 """
 
 from __future__ import annotations

@@ -119,6 +119,18 @@ def apply_control(engine, control):
             m.router = _drop_router(1) if control == "drop" else _wrong_rank_router(m.num_local_experts)
 
 
+def _expert_partition(engine):
+    """(ranks an expert weight is partitioned over, its elements, this rank's) under ZeRO 3; None otherwise."""
+    import torch.distributed as dist
+
+    from ds_hetero.expert_parallel import is_expert_parameter
+
+    p = next((p for p in engine.stages.language.module.parameters() if is_expert_parameter(p)), None)
+    if p is None or not hasattr(p, "ds_tensor"):
+        return None
+    return dist.get_world_size(p.ds_process_group), int(p.ds_numel), int(p.ds_tensor.numel())
+
+
 def train_moe(rank, world_size, layout, micro_batches=1, steps=5, batch_size=8, control=None, model_kw=None,
               zero_stage=0, hetero=None, reference_micro_batches=None):
     """`reference_micro_batches`: the reference's aux-loss rule computed for another micro-batch
@@ -143,6 +155,7 @@ def train_moe(rank, world_size, layout, micro_batches=1, steps=5, batch_size=8, 
     if control is not None:
         apply_control(engine, control)
     results = [engine.train_batch(samples) for samples in batches]
+    partition = _expert_partition(engine)
     got = full_named_parameters(engine)
     ref_losses, ref_norms, ref_aux = reference_train(reference, batches, make_optimizer, CLIP,
                                                      reference_micro_batches or micro_batches)
@@ -152,6 +165,7 @@ def train_moe(rank, world_size, layout, micro_batches=1, steps=5, batch_size=8, 
         "norms": [r.grad_norm for r in results], "ref_norms": ref_norms,
         "weight_err": max_rel_err(got, {n: p.detach() for n, p in reference.named_parameters()}),
         "n_params": len(dict(reference.named_parameters())),
+        "expert_partition": partition,
     }
     engine.groups.destroy()
     return out
