@@ -132,6 +132,7 @@ def test_save_pretrained_and_per_shard_load_across_ep(runs):
         assert compared > 0 and err == 0.0, (err, where)
         after, reloaded = r["eval"]
         assert abs(after - reloaded) <= RTOL * abs(after), r["eval"]
+        assert "CheckpointError" in r["checkpoint_refused"] and "save_pretrained" in r["checkpoint_refused"]
 
 
 def test_main_job_trains_the_moe_family_with_ep(runs):

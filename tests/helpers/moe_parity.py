@@ -229,6 +229,11 @@ def save_and_load(rank, world_size, tmp, layout):
     got = full_named_parameters(engine)
     engine.save_pretrained(tmp)
     dist.barrier()
+    try:  # not built yet: refused on every rank, nothing written
+        engine.save_checkpoint(tmp + "_ckpt")
+        refused = None
+    except Exception as exc:  # noqa: BLE001 - the test reads the message
+        refused = f"{type(exc).__name__}: {exc}"
     after = engine.eval_batch(batches[1])  # eval: the lm loss and the aux loss of the trained weights
     engine.groups.destroy()
     from transformers import Qwen3VLMoeForConditionalGeneration
@@ -239,4 +244,4 @@ def save_and_load(rank, world_size, tmp, layout):
     loaded = ds_hetero.initialize(ds_hetero.meta_model(tmp, dtype=torch.float32), config(other), weights=tmp)
     reloaded = loaded.eval_batch(batches[1])
     loaded.groups.destroy()
-    return {"export_err": export_err, "eval": (after, reloaded)}
+    return {"export_err": export_err, "eval": (after, reloaded), "checkpoint_refused": refused}
