@@ -6,7 +6,8 @@ weight (experts gathered over ep) 1e-5, on 4 ranks: vision dp4 + language tp2 dp
 vision dp4 + language dp4 ep4 (one micro-batch each: the aux loss is the global batch's),
 language dp4 ep2 with 2 micro-batches (the aux loss per micro-batch, averaged: docs/expert-parallel.md),
 language tp2 dp2 with sequence parallelism ep2, language cp2 dp2 ep4 with 2 micro-batches, and
-language dp4 ep2 with ZeRO 3 (each expert partitioned over its 2 expert-data-parallel ranks).
+language dp4 ep2 with ZeRO 3 (each expert partitioned over its 2 expert-data-parallel ranks),
+a frozen router with recompute (tp2 dp2 ep2), frozen experts under ZeRO 3 (and refused under ZeRO 2).
 StepResult.aux_loss equals the model's aux loss (the mean of the micro-batches' with several).
 Negative controls, each of which must fail the same bar: routing with a capacity that drops
 assignments, routing to the wrong expert rank, the aux loss computed per rank, and with 2
@@ -37,6 +38,12 @@ LAYOUTS = {
         layout={"vision": V, "language": {"tp": 1, "cp": 2, "dp": 2, "ep": 4}}, micro_batches=2),
     # ZeRO 3: every expert partitioned over its expert-data-parallel group (2 ranks), dense weights over dp
     "language dp4 ep2 zero3": dict(layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 2}}, zero_stage=3),
+    # a frozen router (the aux loss still trains the layers below it) with every layer recomputed
+    "language tp2 dp2 ep2, frozen router, recompute": dict(
+        layout={"vision": V, "language": {"tp": 2, "dp": 2, "ep": 2, "recompute": True,
+                                          "freeze": ["*.mlp.gate.weight"]}}),
+    "language dp4 ep2 zero3, frozen experts": dict(
+        layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 2, "freeze": ["*.mlp.experts.*"]}}, zero_stage=3),
 }
 CONTROLS = ("drop", "wrong_rank", "per_rank_aux", "global_aux_over_micro_batches")
 
@@ -53,7 +60,19 @@ def _cases(tmp):
                                           reference_micro_batches=1))
     cases["save_and_load"] = (save_and_load, dict(tmp=tmp, layout=LAYOUTS["vision dp4 + language tp2 dp2 ep2 zero0"]["layout"]))
     cases["recipe"] = (_recipe, dict(tmp=tmp))
+    cases["frozen experts zero2"] = (_refused, dict(layout={"vision": V, "language": {
+        "tp": 1, "dp": 4, "ep": 2, "freeze": ["*.mlp.experts.*"]}}, zero_stage=2))
     return cases
+
+
+def _refused(rank, world_size, **kw):
+    from tests.helpers.moe_parity import train_moe
+
+    try:
+        train_moe(rank, world_size, steps=1, **kw)
+    except HeteroConfigError as exc:
+        return f"{exc.field}: {exc}"
+    return None
 
 
 def _recipe(rank, world_size, tmp):
@@ -107,7 +126,7 @@ def test_expert_parallel_matches_single_process_reference(runs, name):
             assert abs(got - want) <= RTOL * abs(want), (rank, r["aux"], r["ref_aux"])
         err, where, abs_err, compared = r["weight_err"]
         assert compared == r["n_params"], (compared, r["n_params"])  # every weight, experts gathered
-        if "zero3" in name:  # partitioned over the 2 ranks holding the same experts, half each
+        if name == "language dp4 ep2 zero3":  # partitioned over the 2 ranks holding the same experts, half each
             ranks, full, local = r["expert_partition"]
             assert ranks == 2 and local == -(-full // 2), r["expert_partition"]
         assert err <= RTOL and abs_err <= ATOL, (rank, err, where, abs_err)
@@ -221,3 +240,8 @@ def test_trl_moe_aux_loss_is_accepted_for_a_family_whose_engine_adds_it():
     assert not [p for p in loss_problems(moe) if "auxiliary" in p]
     dense = SimpleNamespace(args=args, aux_loss_enabled=True, compute_loss_func=None, model=tiny_qwen3_vl())
     assert [p for p in loss_problems(dense) if "auxiliary" in p]
+
+
+def test_frozen_experts_under_zero12_are_refused_by_name(runs):
+    for msg in runs["frozen experts zero2"]:
+        assert msg is not None and msg.startswith("hetero_parallel.stages.language.freeze") and "ZeRO 0 or 3" in msg

@@ -42,15 +42,26 @@ def unregister(name: str) -> None:
         table.pop(name, None)
 
 
-def expert_param_groups(params):
+def expert_param_groups(params, module=None, zero_stage: int = 0):
     """The optimizer's parameter groups with the expert parameters in groups of their own, marked
     `moe` and named by their expert-data-parallel group (DeepSpeed's
-    `split_params_into_different_moe_groups_for_optimizer`, which its ZeRO 1/2 requires); the
-    parameters unchanged when none is an expert."""
+    `split_params_into_different_moe_groups_for_optimizer`, which its ZeRO 1/2 require); the
+    parameters unchanged when none is an expert.
+
+    ZeRO 1/2 refuse a model with MoE layers and no MoE optimizer group: frozen experts (every
+    expert weight `requires_grad=False`) are refused there by name, on every rank alike."""
     from deepspeed.moe.utils import configure_moe_param_groups, is_moe_param
+
+    from ..errors import HeteroConfigError
 
     params = list(params)
     flat = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
     if not any(is_moe_param(p) for p in flat):
+        has_experts = module is not None and any(is_moe_param(p) for p in module.parameters())
+        if has_experts and zero_stage in (1, 2):
+            raise HeteroConfigError(
+                "hetero_parallel.stages.language.freeze", f"every expert weight is frozen, which DeepSpeed's ZeRO "
+                f"{zero_stage} refuses for a model with MoE layers (it needs an optimizer group of experts); use "
+                "ZeRO 0 or 3 for the language stage (stages.language.zero_stage), or train the experts")
         return params
     return configure_moe_param_groups(params)

@@ -144,6 +144,13 @@ def train_moe(rank, world_size, layout, micro_batches=1, steps=5, batch_size=8, 
 
     model = tiny_qwen3_vl_moe(seed=7, **(model_kw or {}))
     reference = copy.deepcopy(model)
+    freeze = layout["language"].get("freeze") or ()
+    if freeze:  # the reference freezes what the config freezes (fnmatch patterns of HF names)
+        import fnmatch
+
+        for n, p in reference.named_parameters():
+            if any(fnmatch.fnmatch(n, pat) for pat in freeze):
+                p.requires_grad_(False)
     batches = make_batches(model, steps, batch_size)
     config = {
         "train_batch_size": batch_size, "zero_optimization": {"stage": zero_stage},
