@@ -25,6 +25,9 @@ from ds_hetero.layout import StageLayout
 RTOL, ATOL = 1e-5, 1e-6
 V = {"tp": 1, "dp": 4}
 LAYOUTS = {
+    # ep 1: the experts replicated, the aux loss still the global batch's (counts over dp)
+    "vision dp4 + language tp2 dp2 (ep 1) zero1": dict(layout={"vision": V, "language": {"tp": 2, "dp": 2}},
+                                                       zero_stage=1),
     "vision dp4 + language tp2 dp2 ep2 zero0": dict(layout={"vision": V, "language": {"tp": 2, "dp": 2, "ep": 2}}),
     "vision dp4 + language dp4 ep4 zero2": dict(layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 4}},
                                                 zero_stage=2),
