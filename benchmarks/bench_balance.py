@@ -73,7 +73,7 @@ def grid_of(tokens: int) -> tuple[int, int, int] | None:
 
 
 def make_model(a):
-    from ds_hetero.models.tiny import tiny_qwen2_vl
+    from ds_hetero.toy import tiny_qwen2_vl
 
     return tiny_qwen2_vl(seed=0, text_hidden=a.text_hidden, vision_embed=a.vision_embed, vision_depth=a.vision_depth)
 

@@ -51,7 +51,7 @@ MB = 2**20
 
 
 def build_model(a):
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     return tiny_llava("clip", seed=0, text_hidden=a["text_hidden"], text_layers=a["text_layers"],
                       text_heads=a["text_heads"], text_kv_heads=a["text_kv_heads"], vocab=a["vocab"],
@@ -89,7 +89,7 @@ def reset_peak_rss() -> bool:
 def warm_up(placement, a, checkpoint):
     """Both ways once on a tiny model, so lazy imports and once-per-process buffers are not counted."""
     import ds_hetero
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     for model, weights in ((tiny_llava("clip", vocab=256), None), (ds_hetero.meta_model(checkpoint), checkpoint)):
         engine = ds_hetero.initialize(model, ds_config(placement, a), weights=weights)
@@ -137,7 +137,7 @@ def save_checkpoint(a, directory):
 
 def run(a, placements=tuple(PLACEMENTS), log=print):
     """{(placement, mode): [per-rank dict]} and the full model's bytes per stage."""
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     rows = {}
     with tempfile.TemporaryDirectory(prefix="bench_loading_") as tmp:

@@ -59,7 +59,7 @@ def sizes(quick: bool) -> dict:
 
 
 def build_model(a):
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     return tiny_llava("clip", seed=0, text_hidden=a["text_hidden"], text_layers=a["text_layers"], text_heads=4,
                       text_kv_heads=2, vision_hidden=a["vision_hidden"], vision_layers=a["vision_layers"],
@@ -70,7 +70,7 @@ def make_batches(model, a, n):
     """n global batches: each sample `images` images (their placeholders first), then text."""
     import torch
 
-    from ds_hetero.models.tiny import llava_tokens_per_image
+    from ds_hetero.toy import llava_tokens_per_image
 
     cfg, t = model.config, llava_tokens_per_image(model)
     gen = torch.Generator().manual_seed(1)
@@ -89,7 +89,7 @@ def make_batches(model, a, n):
 
 def encode_twice():
     """Row (a): every encoder forward runs twice (module docstring); the bench's own patch."""
-    from ds_hetero.models.llava import LlavaVisionStage
+    from ds_hetero.families.llava.adapter import LlavaVisionStage
 
     once = LlavaVisionStage.forward
 

@@ -95,7 +95,7 @@ def _row(rank, world, name, size, steps, batch):
 
     import ds_hetero
     from ds_hetero.toy import ShapesCaptionDataset
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     vision, language, zero = ROWS[name]
     config = {
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
             runs[name].append(out)
             print(f"round {k} {name}: step {max(o['step'] for o in out):.3f} s, peak "
                   f"{[round(o['peak'] / 2**20) for o in out]} MiB", flush=True)
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     n = sum(p.numel() for p in tiny_llava("clip", **SIZES[size]).parameters())
     print(f"\nLLaVA ({size}: {n / 1e6:.1f} M parameters), vision tp1 dp4 + language tp2 cp2 sp, global batch {args.batch}, "

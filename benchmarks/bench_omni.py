@@ -69,7 +69,7 @@ def _run(rank, world_size, rounds, quick, rows):
     import torch.distributed as dist
 
     import ds_hetero
-    from ds_hetero.models.tiny import tiny_qwen2_5_omni
+    from ds_hetero.toy import tiny_qwen2_5_omni
 
     torch.set_num_threads(1)
     size = sizes(quick)

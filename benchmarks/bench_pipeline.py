@@ -113,7 +113,7 @@ def run(rank, world, a, mb):
 
     import ds_hetero
     from ds_hetero.toy import ShapesCaptionDataset
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
     from ds_hetero.timeline import pipeline_overlap
 
     names = list(rows(a))

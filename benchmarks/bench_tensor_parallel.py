@@ -59,11 +59,12 @@ class AllReduceCounter:
 
 def run_layout(rank, tp, groups, steps):
     from ds_hetero.tensor_parallel import shard_projector, shard_vision_tower
+    from ds_hetero.families import tp_plans
 
     stage = groups.stages[f"tp{tp}"]
     tower, proj = build()
-    shard_vision_tower(tower, stage.tp)
-    shard_projector(proj, stage.tp)
+    shard_vision_tower(tower, stage.tp, plans=tp_plans())
+    shard_projector(proj, stage.tp, plans=tp_plans())
     # the pooler's layernorm gets no gradient from last_hidden_state: leave it out
     params = [p for m in (tower, proj) for n, p in m.named_parameters() if "post_layernorm" not in n]
     dp, dp_rank = stage.layout.dp, stage.coord.dp

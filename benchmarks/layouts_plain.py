@@ -16,7 +16,8 @@ class PlainEngine:
         import torch.distributed as dist
 
         from ds_hetero.topology.distributed import ensure_distributed
-        from ds_hetero.models import adapter_for, split_llava
+        from ds_hetero.families import adapter_for
+        from ds_hetero.families.llava.adapter import split_llava
 
         self.rank, self.world = ensure_distributed(600)
         self.a, self.adapter = a, adapter_for(model)

@@ -44,6 +44,14 @@ def print_table(rows, paired, a, scenario=None):
           "(StepResult.bubble_fraction: time outside forward, backward and optimizer, i.e. waiting at the "
           f"boundary); CPU s = CPU seconds per step, all ranks; util = CPU s / (step s x {cores} cores)")
     print()
+    _print_memory(rows, base)
+    _print_split(rows)
+    _print_profile(rows, a)
+    _print_paired(paired, a)
+
+
+def _print_memory(rows, base):
+    """Parameters and peak memory per rank, and the boundary's bytes."""
     head = (f"{'row':<15} {'params M/rank':>23} {'peak RSS MB/rank':>23} {'+over start MB/rank':>23} "
             f"{'max +over':>9} {'vs homog.':>9} {'boundary MB':>11}")
     print(head)
@@ -61,6 +69,10 @@ def print_table(rows, paired, a, scenario=None):
           "other stage to the meta device); boundary MB = all ranks, forward + backward, per step")
     print()
 
+
+
+def _print_split(rows):
+    """Seconds per step of each phase on each rank set."""
     def rank_of(word, order):
         return order.index(word) if word in order else len(order)
 
@@ -81,6 +93,10 @@ def print_table(rows, paired, a, scenario=None):
                   + f" {busy:>6.3f} {g['cpu']:>6.3f} {bub} {r['step_s']:>6.2f}")
     print("bnd rows / bnd grads: boundary exchanges, including the wait for the other rank set (colocated: the "
           "gradient exchange runs inside V bwd)")
+
+
+def _print_profile(rows, a):
+    """The profiled extra step's time buckets, where one was taken."""
     if any(r["profile"][0] for r in rows):
         print()
         print("profile of one extra step (torch.profiler self CPU time, seconds, rank mean; collectives include "
@@ -93,6 +109,10 @@ def print_table(rows, paired, a, scenario=None):
             top = ", ".join(f"{k} {v:.2f}" for k, v in r["profile"][0]["top"][:4])
             print(f"{r['name']:<15} " + "  ".join(f"{k} {v:.2f}" for k, v in sorted(b.items()))
                   + f"   | rank 0 top: {top}")
+
+
+def _print_paired(paired, a):
+    """The interleaved rows: per-round speed-ups and the plugin's overhead."""
     if paired:
         print()
         n = len(next(iter(paired.values())))

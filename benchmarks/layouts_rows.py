@@ -96,7 +96,7 @@ SCENARIOS = {
 DEFAULT_SCENARIOS = ["balanced", "large-vision"]
 
 def build_model(a):
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     return tiny_llava("clip", seed=a["seed"], text_hidden=a["text_hidden"], text_layers=a["text_layers"],
                       text_heads=a["text_heads"], text_kv_heads=a["text_kv_heads"], vocab=256,
@@ -173,7 +173,7 @@ def layout_str(layout, world):
     return f"V tp{vtp}dp{vdp} L tp{ltp}dp{ldp}"
 
 def with_param_counts(a):
-    from ds_hetero.models import split_llava
+    from ds_hetero.families.llava.adapter import split_llava
 
     model = build_model(a)
     stages = split_llava(model)

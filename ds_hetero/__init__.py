@@ -7,7 +7,8 @@
     trainer = ds_hetero.hetero(SFTTrainer)(model=model, args=args, ...)   # any HF Trainer class, one line
 """
 
-from .config import HeteroConfig, load_config
+from . import config as _config
+from .config import HeteroConfig
 from .engine import HeteroEngine
 from .entry import initialize
 from .errors import HeteroConfigError
@@ -15,6 +16,13 @@ from .layout import Coord, StageLayout
 from .weights import WeightsError, meta_model
 from .result import StepResult
 from .version import __version__
+from .families import known_encoder_stages as _known_encoder_stages
+
+
+def load_config(source, world_size: int) -> HeteroConfig:
+    """Read and validate a DeepSpeed config with a `hetero_parallel` section for `world_size` ranks, its
+    stage names checked against every model family's (config/parse.py; the families name their stages)."""
+    return _config.load_config(source, world_size, _known_encoder_stages())
 
 __all__ = [
     "Coord", "HeteroCallback", "HeteroConfig", "HeteroConfigError", "HeteroEngine", "HeteroTrainer",

@@ -23,7 +23,8 @@ import sys
 
 from .config import HeteroConfig, load_config
 from .errors import HeteroConfigError
-from .models.meta import BUILTIN, meta_model
+from .families import known_encoder_stages
+from .families.meta import BUILTIN, meta_model
 from .validation import check_all
 
 
@@ -101,7 +102,7 @@ def _validate(args: argparse.Namespace) -> int:
             print(f"{args.config}: hetero_parallel is auto; initialize plans it on rank 0 "
                   f"(see the choice with: ds-hetero plan --model ... --world-size {args.world_size})")
             return 0
-        cfg = load_config(ds, args.world_size)
+        cfg = load_config(ds, args.world_size, known_encoder_stages())
         model = meta_model(args.model) if args.model else None
         check_all(cfg, model, has_client_optimizer=args.client_optimizer)
     except HeteroConfigError as exc:

@@ -24,12 +24,14 @@ from .config import HeteroConfig
 from .data import agreement
 from .data.loader import GlobalBatchLoader
 from .data.samples import as_sample_list
+from .failures import is_collective_failure, own_failure, peer_failure
 from .loss import label_token_count
-from .models import adapter_for
+from .families import adapter_for
 from .result import StepResult
 from .schedule import ColocatedSchedule, DisaggregatedSchedule, PipelineSchedule
 from .optimizer_step import global_step
 from .stages.build import build_stage_set
+from .step.rank_data import HeldShare, RankDataPath
 from .step.step_plan import StepPlan
 from .step.shares import stage_samples
 from .timeline import Timeline, bubble_fraction
@@ -92,6 +94,9 @@ class HeteroEngine:
         self.stages, self.load_report = build_stage_set(model, config, self.adapter, self.rank, optimizer, checkpoint)
         global_step.check_clippable(self.stages)
         self.boundaries = boundaries(self.stages, self.adapter.hidden_size)
+        # what a data path (the loader below, the Trainer's) needs of this rank: its shares, the step's plan
+        self.data_path = RankDataPath(config, self.adapter, [HeldShare(s.name, s.coord.dp, s.passes)
+                                                             for s in self.stages.held], self.stages.boundary_group)
         self.timeline = Timeline()
         # "mixed" (some encoders colocated with the language stage, some apart) runs the two-stage
         # 1F1B schedule: it treats a colocated pair as a pair whose exchange copies rows locally.
@@ -131,42 +136,16 @@ class HeteroEngine:
         return self.stages.device
 
     # ------------------------------------------------------------------ training
-    def needed_positions(self) -> set[int]:
-        """Global-batch positions whose full sample this rank reads, known before the batch is:
-        its language shares, and its encoders' shares where they go by position. With balance
-        "tokens" an encoder's share depends on the batch's token ids (see `_next_samples`)."""
-        needed: set[int] = set()
-        for stage in self.stages.held:
-            if stage.name != self.config.language.name and self.config.balance_of(stage.name) == "tokens":
-                continue
-            for m in range(stage.passes):
-                needed.update(stage_samples(self.config, stage.name, stage.coord.dp, m))
-        return needed
-
     def _next_samples(self) -> tuple[list[dict[str, Any]], StepPlan | None]:
         """The loader's batch (this rank's shares in full, the rest light) and, when it could be
         built from the light batch, the step's plan."""
         if self.loader is None:
             raise ValueError("train_batch() without samples needs training_data at initialize()")
-        batch = self.loader.load(self.global_steps, self.needed_positions())
-        plan = self.plan_of(batch)
+        batch = self.loader.load(self.global_steps, self.data_path.needed_positions())
+        plan = self.data_path.plan_of(batch)
         if plan is not None:
-            self.loader.fill(self.global_steps, batch, self.balanced_positions(plan))
+            self.loader.fill(self.global_steps, batch, self.data_path.balanced_positions(plan))
         return batch, plan
-
-    def balanced_positions(self, plan: StepPlan) -> set[int]:
-        """Positions of the samples whose items this rank's token-balanced encoder stages encode
-        this step: known only once the batch's token ids are (the rest of `needed_positions`)."""
-        return {p for stage in self.stages.encoders
-                if stage.held and self.config.balance_of(stage.name) == "tokens"
-                for p in plan.encoder_positions(stage.name, stage.coord.dp)}
-
-    def plan_of(self, samples: Sequence[dict[str, Any]]) -> StepPlan | None:
-        """The step's plan; None for a malformed batch (the batch agreement then refuses it on every rank)."""
-        try:
-            return StepPlan(self.config, self.adapter.encoders(), samples)
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return None
 
     def _agree_on_batch(self, samples: Sequence[dict[str, Any]]) -> int:
         """The global label-token count, after every rank of every stage accepted the batch.
@@ -201,8 +180,13 @@ class HeteroEngine:
         # lists / numpy converted; a collated dict or raw dataset rows refused by name (data/samples.py)
         samples, plan = self._next_samples() if samples is None else (as_sample_list(samples), None)
 
-        try:  # every collective of the step, the batch agreement first, reports through one error
-            n_labels = self._agree_on_batch(samples)  # a refused batch raises ValueError on every rank
+        try:  # the batch agreement: a refused batch raises ValueError on every rank alike, engine usable
+            n_labels = self._agree_on_batch(samples)
+        except Exception as exc:
+            if is_collective_failure(exc):
+                raise self._peer_failure(exc, step) from exc
+            raise
+        try:  # every other collective and this rank's own work of the step report through one error
             plan = plan or StepPlan(self.config, self.adapter.encoders(), samples)
             self.schedule.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0}
             self.schedule.aux_sum = 0.0  # a MoE language stage's aux-loss shares (stage_work.py)
@@ -215,12 +199,10 @@ class HeteroEngine:
                     self.stages, norms, loss_sum, n_labels, self.schedule.aux_sum)
             with self.timeline.span("optimizer.step", "optimizer", step):
                 applied = global_step.step_all(self.stages, grad_norm, self.config.gradient_clipping)
-        except RuntimeError as exc:  # a collective failed: a peer died, hung past the timeout, or raised
-            raise RuntimeError(
-                f"ds_hetero: rank {self.rank} ({', '.join(s.name for s in self.stages.held)}) failed in step "
-                f"{step}: a peer rank stopped answering (it died, raised, or exceeded hetero_parallel.timeout_s = "
-                f"{self.config.timeout_s:g} s); see the first failing rank's error. Cause: {exc}"
-            ) from exc
+        except Exception as exc:  # failures.py: this rank's own error as itself, or which peer stopped
+            if is_collective_failure(exc):
+                raise self._peer_failure(exc, step) from exc
+            raise own_failure(exc, self.stages.boundary_group, self.rank, self._held_names(), step)
 
         # The first step's exchanges checked rows, hidden size and dtype on every rank; from now on
         # the batch agreement's digest of each step's boundary inputs stands in for that consensus.
@@ -247,6 +229,13 @@ class HeteroEngine:
             skipped=not all(applied),  # as the stage engines counted it (a non-finite norm skips all)
             aux_loss=aux if self.adapter.has_aux_loss else None,
         )
+
+    def _held_names(self) -> str:
+        return ", ".join(s.name for s in self.stages.held)
+
+    def _peer_failure(self, exc: BaseException, step: int) -> RuntimeError:
+        return peer_failure(exc, self.stages.boundary_group, self.stages.groups.boundary_ranks, self.rank,
+                            self._held_names(), step, self.config.timeout_s)
 
     # ------------------------------------------------------------------ evaluation and export
     def eval_batch(self, samples: Sequence[dict[str, Any]]) -> float:

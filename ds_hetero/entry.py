@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from .config import DEFAULT_TIMEOUT_S, HeteroConfig, parse_config, read_ds_config
 from .engine import HeteroEngine
-from .models import adapter_for
+from .families import adapter_for, known_encoder_stages
 from .planner.auto import resolve_auto
 from .validation import check_all
 from .tensor_parallel.lora_checks import check_lora
@@ -46,8 +46,8 @@ def prepare_config(model: torch.nn.Module, config: str | os.PathLike | Mapping[s
         world = dist.get_world_size()
     else:
         world = int(os.environ.get("WORLD_SIZE", "0")) or ensure_distributed(DEFAULT_TIMEOUT_S)[1]
-    cfg = parse_config(ds, world)
-    check_all(cfg, model, has_client_optimizer)
+    cfg = parse_config(ds, world, known_encoder_stages())
+    check_all(cfg, model, has_client_optimizer, adapter)
     check_lora(model, adapter or adapter_for(model), cfg)  # PEFT LoRA layers (tensor_parallel/lora.py)
     ensure_distributed(cfg.timeout_s)  # the default group waits as long as the stages' groups do
     return cfg

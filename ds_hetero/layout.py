@@ -19,9 +19,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 import itertools
+import math
 from typing import NamedTuple
 
-AXES = ("tp", "cp", "dp")
+# The parallelism axes, once, in rank order (tp fastest, pp outermost): the layout's sizes, a rank's
+# coordinate, the config keys of a stage. An axis's own code lives in its folder (tensor_parallel/, ...).
+AXES = ("tp", "cp", "dp", "pp")
+# Axes folded into others, not multiplying the stage's size: ep carves the experts' groups out of
+# the dp x cp ranks (Megatron's "parallel folding"; expert_parallel/, docs/expert-parallel.md).
+FOLDED_AXES = ("ep",)
 
 
 class Coord(NamedTuple):
@@ -54,15 +60,15 @@ class StageLayout:
 
     def __post_init__(self) -> None:
         # Config validation gives users field-level messages; these asserts guard direct use.
-        for axis in AXES + ("pp",):
+        for axis in AXES:
             size = getattr(self, axis)
             if not isinstance(size, int) or size < 1:
                 raise ValueError(f"stage {self.name!r}: {axis} must be a positive int, got {size!r}")
-        if self.tp * self.cp * self.dp * self.pp != len(self.ranks):
-            axes = "tp*cp*dp*pp" if self.pp > 1 else "tp*cp*dp"
+        product = math.prod(getattr(self, axis) for axis in AXES)
+        if product != len(self.ranks):
+            shown = [axis for axis in AXES if axis != "pp" or self.pp > 1]
             raise ValueError(
-                f"stage {self.name!r}: {axes} = {self.tp * self.cp * self.dp * self.pp} "
-                f"but {len(self.ranks)} ranks were given"
+                f"stage {self.name!r}: {'*'.join(shown)} = {product} but {len(self.ranks)} ranks were given"
             )
         if len(set(self.ranks)) != len(self.ranks):
             raise ValueError(f"stage {self.name!r}: duplicate ranks in {self.ranks}")

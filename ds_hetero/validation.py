@@ -38,7 +38,7 @@ def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) 
                 "barrier over the world group while it is built (stage3.py, partitioning its parameters), which the "
                 "other ranks never join; give the encoder \"zero_stage\": 1 or 2 (the language stage may keep 3)")
     check_stage_options(cfg)
-    from .models import known_encoder_stages
+    from .families import known_encoder_stages
 
     known = known_encoder_stages()
     extra = [name for name in cfg.stages if name != cfg.language.name and name not in known]
@@ -129,26 +129,28 @@ def check_tied_pipeline(cfg: HeteroConfig) -> None:
             "device; remove offload_optimizer, or use pp 1")
 
 
-def check_model(cfg: HeteroConfig, model) -> None:
+def check_model(cfg: HeteroConfig, model, adapter=None) -> None:
     """The model-level checks: an adapter exists, every tp divides what it must (heads, kv
     heads, MLP width, vocabulary), every freeze entry names parameters and something trains.
-    Needs only shapes and requires_grad flags: a model on the meta device will do."""
-    from .models import adapter_for
+    Needs only shapes and requires_grad flags: a model on the meta device will do. `adapter`: the
+    one `initialize` was given (default: the family registry's for the model)."""
+    from .families import adapter_for
     from .models.freeze import check_freeze
     from .models.recompute import check_recompute
 
-    try:
-        adapter = adapter_for(model)
-    except TypeError as exc:
-        raise HeteroConfigError("model", str(exc)) from None
+    if adapter is None:
+        try:
+            adapter = adapter_for(model)
+        except TypeError as exc:
+            raise HeteroConfigError("model", str(exc)) from None
     adapter.check_layouts(cfg)
     check_freeze(cfg, adapter)
     check_recompute(cfg, adapter)
     check_pipeline_model(cfg, model)
 
 
-def check_all(cfg: HeteroConfig, model=None, has_client_optimizer: bool = False) -> None:
+def check_all(cfg: HeteroConfig, model=None, has_client_optimizer: bool = False, adapter=None) -> None:
     """Everything `initialize` checks before its first collective (the model's checks if given)."""
     check_engine_support(cfg, has_client_optimizer)
     if model is not None:
-        check_model(cfg, model)
+        check_model(cfg, model, adapter)

@@ -31,7 +31,7 @@ from accelerate.tracking import GeneralTracker  # noqa: E402
 import ds_hetero  # noqa: E402
 import ds_hetero.accelerate  # noqa: E402
 from ds_hetero.toy import ShapesCaptionDataset  # noqa: E402
-from ds_hetero.models.tiny import tiny_llava  # noqa: E402
+from ds_hetero.toy import tiny_llava  # noqa: E402
 
 
 class JsonlTracker(GeneralTracker):

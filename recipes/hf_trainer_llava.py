@@ -29,7 +29,7 @@ from transformers import HfArgumentParser, TrainingArguments  # noqa: E402
 
 import ds_hetero  # noqa: E402
 from ds_hetero.toy import ShapesCaptionDataset  # noqa: E402
-from ds_hetero.models.tiny import tiny_llava  # noqa: E402
+from ds_hetero.toy import tiny_llava  # noqa: E402
 
 
 @dataclass

@@ -5,12 +5,17 @@
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_pipeline.json
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_pipeline_first_stage.json
     deepspeed --num_gpus 4 recipes/train_llava.py --model-family omni --deepspeed_config ds_configs/omni_colocated.json
-    deepspeed --num_gpus 4 recipes/train_llava.py --model-family gemma3      # or qwen2-vl, qwen2.5-vl, qwen3-vl, qwen3-vl-moe, internvl, llava-onevision
+    deepspeed --num_gpus 4 recipes/train_llava.py --model-family gemma3      # or qwen2-vl, qwen2.5-vl, qwen3-vl, internvl, llava-onevision
+    deepspeed --num_gpus 4 recipes/train_llava.py --data recipes/data/shapes_messages.jsonl --steps 20   # your data
 
-`--model-family` picks the built-in tiny model (llava, the default; qwen2-vl, qwen2.5-vl, qwen3-vl, qwen3-vl-moe, internvl,
+`--model-family` picks the built-in tiny model (llava, the default; qwen2-vl, qwen2.5-vl, qwen3-vl, internvl,
 llava-onevision, gemma3; omni: a Qwen2.5-Omni thinker with vision, audio and language stages, on the same
 captions shown as an image, described by a synthetic clip, both, or neither: ds_hetero/toy/omni_shapes.py);
 with `--model PATH` the family is the checkpoint's own (its config's model_type).
+
+`--data FILE` trains on a conversation file in place of the synthetic task: LLaVA JSON or the messages
+format (LLaMA-Factory / TRL), images from `--image-folder` (default: the file's folder), encoded with
+the model's own processor and chat template, labels on assistant turns only (docs/real-data.md).
 
 The model is built from config with seeded weights (a CLIP tower + projector and a Llama LM),
 unless `--model PATH` names a Hugging Face safetensors checkpoint directory: then every rank
@@ -38,10 +43,11 @@ warnings.filterwarnings("ignore", category=FutureWarning, message=".*torch.distr
 import torch
 
 
-# --model-family -> the built-in tiny model (ds_hetero/models/meta.py)
-FAMILIES = {"llava": "tiny-llava", "qwen2-vl": "tiny-qwen2-vl", "qwen2.5-vl": "tiny-qwen2.5-vl",
-            "qwen3-vl": "tiny-qwen3-vl", "gemma3": "tiny-gemma3", "internvl": "tiny-internvl",
-            "llava-onevision": "tiny-llava-onevision", "omni": "tiny-qwen2.5-omni", "qwen3-vl-moe": "tiny-qwen3-vl-moe"}
+from ds_hetero.families import FAMILIES as _REGISTRY  # noqa: E402
+
+# --model-family -> the built-in tiny model: every family of the registry (ds_hetero/families/), and
+# "omni", the short name this recipe has always taken for the Qwen2.5-Omni thinker
+FAMILIES = {**{family.name: family.tiny_name for family in _REGISTRY}, "omni": "tiny-qwen2.5-omni"}
 
 
 def parse_args(argv=None):
@@ -51,9 +57,15 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=100, help="optimizer steps")
     p.add_argument("--samples", type=int, default=4096, help="size of the synthetic dataset")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", default=None,
+                   help="train on this conversation file (LLaVA JSON or messages JSONL, docs/real-data.md) in "
+                        "place of the synthetic task")
+    p.add_argument("--image-folder", default=None, help="where --data's image paths point (default: its folder)")
+    p.add_argument("--skip-bad-rows", action="store_true",
+                   help="leave out --data's bad rows (printed with their count) instead of stopping at the first")
     p.add_argument("--model", default=None,
                    help="a safetensors checkpoint directory of a supported family (LLaVA, Qwen2-VL, Qwen2.5-VL, "
-                        "Qwen3-VL, Qwen3-VL-MoE, InternVL, LLaVA-OneVision, Gemma 3), loaded per stage and tp shard")
+                        "Qwen3-VL, InternVL, LLaVA-OneVision, Gemma 3), loaded per stage and tp shard")
     p.add_argument("--model-family", default="llava", choices=list(FAMILIES),
                    help="the built-in tiny model to train (ignored with --model, whose config names its family)")
     p.add_argument("--vision", default="clip", choices=["clip", "siglip"], help="tower of the built-in tiny LLaVA")
@@ -64,7 +76,10 @@ def parse_args(argv=None):
     p.add_argument("--trace-window", type=int, default=100_000,
                    help="spans per rank the trace keeps: the last ones (memory stays bounded on long runs)")
     p.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not args.data and (args.image_folder or args.skip_bad_rows):
+        p.error("--image-folder and --skip-bad-rows apply to --data FILE, which is not given")
+    return args
 
 
 def build_model(args):
@@ -74,15 +89,39 @@ def build_model(args):
 
         return meta_model(args.model, dtype=torch.float32), args.model
     if args.model_family != "llava":
-        from ds_hetero.models.meta import builtin_model
+        from ds_hetero.families.meta import builtin_model
 
         return builtin_model(FAMILIES[args.model_family], seed=args.seed), None
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     return tiny_llava(args.vision, seed=args.seed), None
 
 
+# --model-family values whose tiny model has a locally built processor (ds_hetero/toy/processors.py)
+DATA_FAMILIES = ("llava", "qwen2-vl", "qwen2.5-vl")
+
+
+def data_processor(args, model):
+    """The processor --data is encoded with: the checkpoint's own, or the tiny model's, built locally."""
+    if args.model:
+        from transformers import AutoProcessor
+
+        return AutoProcessor.from_pretrained(args.model)
+    if args.model_family not in DATA_FAMILIES:
+        raise SystemExit(f"--data: the built-in tiny {args.model_family} has no processor to encode conversations "
+                         f"with; use --model-family {' / '.join(DATA_FAMILIES)}, or --model PATH (a checkpoint "
+                         f"directory with its processor files)")
+    from ds_hetero.toy.processors import tiny_processor
+
+    return tiny_processor(model)
+
+
 def build_dataset(args, model):
+    if args.data:
+        from ds_hetero.sft_data import SFTDataset
+
+        return SFTDataset.from_file(args.data, data_processor(args, model), image_folder=args.image_folder,
+                                    skip_bad_rows=args.skip_bad_rows)
     if args.model_family == "omni" or type(model).__name__.startswith("Qwen2_5Omni"):
         from ds_hetero.toy.omni_shapes import OmniShapesDataset
 
@@ -113,35 +152,27 @@ def _memory_options(engine, stage: str) -> str:
     return ", ".join(parts)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    import torch.distributed as dist
+def _header(engine, model) -> str:
+    cfg = engine.config
+    return (f"ds_hetero: {cfg.placement}, " + ", ".join(
+        f"{n} tp{l.tp} cp{l.cp} dp{l.dp}" + (f" pp{l.pp}" if l.pp > 1 else "") + f" ({_memory_options(engine, n)})"
+        for n, l in cfg.stages.items())
+        + f"; global batch {cfg.global_batch_size} in {cfg.micro_batches} micro-batches; "
+        f"{sum(p.numel() for p in model.parameters()):,} parameters")
 
-    import ds_hetero
 
-    torch.manual_seed(args.seed)
-    model, weights = build_model(args)
-    dataset = build_dataset(args, model)
-    engine = ds_hetero.initialize(model, args.deepspeed_config, training_data=dataset, weights=weights,
-                                  seed=args.seed)  # the data order too, as the Trainer recipe does
-    engine.timeline.trace_window = args.trace_window
-    engine.timeline.synchronize = bool(args.trace)  # a trace times device work, at the cost of overlap
-    rank, cfg = engine.rank, engine.config
-    device = engine.device
-
+def train(engine, model, steps: int, skipped: str = "") -> tuple[list, float]:
+    """(the steps' results, wall seconds); rank 0 prints the layout and shows a progress bar."""
     bar = None
-    if rank == 0:
+    if engine.rank == 0:
         from tqdm import tqdm
 
-        print(f"ds_hetero: {cfg.placement}, " + ", ".join(
-            f"{n} tp{l.tp} cp{l.cp} dp{l.dp}" + (f" pp{l.pp}" if l.pp > 1 else "") + f" ({_memory_options(engine, n)})"
-            for n, l in cfg.stages.items())
-            + f"; global batch {cfg.global_batch_size} in {cfg.micro_batches} micro-batches; "
-            f"{sum(p.numel() for p in model.parameters()):,} parameters", flush=True)
-        bar = tqdm(total=args.steps, desc="train", file=sys.stdout, dynamic_ncols=True)
-
+        if skipped:
+            print(f"data: {skipped}", flush=True)
+        print(_header(engine, model), flush=True)
+        bar = tqdm(total=steps, desc="train", file=sys.stdout, dynamic_ncols=True)
     history, start = [], time.perf_counter()
-    for step in range(args.steps):
+    for step in range(steps):
         r = engine.train_batch()
         history.append(r)
         if bar is not None:
@@ -151,38 +182,50 @@ def main(argv=None) -> int:
     wall = time.perf_counter() - start
     if bar is not None:
         bar.close()
-    if args.save:
-        engine.save_checkpoint(args.save)
+    return history, wall
 
-    # Summary: averages over the second half of the run (after warm-up), peak memory of every rank.
-    # Stage times are this rank's (rank 0); in disaggregated placement it runs only its own stage.
+
+def _gather(engine, value) -> list:
+    import torch.distributed as dist
+
+    out = [None] * engine.world_size
+    dist.all_gather_object(out, value)
+    return out
+
+
+def gathered(engine, history, tail, trace: str | None) -> dict:
+    """What the summary needs from every rank (collectives: every rank calls this, in the same order)."""
+    out = {"memory": _gather(engine, round(peak_memory_mb(engine.device), 1)),
+           "sent": _gather(engine, sum(r.boundary_bytes for r in history)),
+           "bubbles": _gather(engine, round(sum(r.bubble_fraction for r in tail) / len(tail), 3)),
+           "pipeline": None}
+    if engine.config.language.pp > 1:  # where each rank's time went around the pipeline, in the last step
+        from ds_hetero.timeline import pipeline_overlap
+
+        last = _gather(engine, engine.timeline.step_spans(len(history) - 1))
+        out["pipeline"] = [{k: round(v, 4) for k, v in row.items()}
+                           for row in pipeline_overlap(last, len(history) - 1)]
+    if trace:
+        from ds_hetero.timeline import chrome_trace
+
+        spans = _gather(engine, engine.timeline.spans)
+        if engine.rank == 0:
+            with open(trace, "w") as f:
+                json.dump(chrome_trace(spans), f)
+    return out
+
+
+def summarize(engine, history, wall: float, trace: str | None = None) -> dict:
+    """Averages over the second half of the run (after warm-up), peak memory of every rank. Stage times
+    are this rank's (rank 0); in disaggregated placement it runs only its own stage."""
+    cfg = engine.config
     tail = history[len(history) // 2:]
     split: dict[str, float] = {}
     for r in tail:
         for stage, phases in r.stage_time.items():
             for phase, sec in phases.items():
                 split[f"{stage}.{phase}"] = split.get(f"{stage}.{phase}", 0.0) + sec / len(tail)
-    memory = [None] * engine.world_size
-    dist.all_gather_object(memory, round(peak_memory_mb(device), 1))
-    sent = [None] * engine.world_size
-    dist.all_gather_object(sent, sum(r.boundary_bytes for r in history))
-    bubbles = [None] * engine.world_size
-    dist.all_gather_object(bubbles, round(sum(r.bubble_fraction for r in tail) / len(tail), 3))
-    pipeline = None
-    if cfg.language.pp > 1:  # where each rank's time went around the pipeline, in the last step
-        from ds_hetero.timeline import pipeline_overlap
-
-        last = [None] * engine.world_size
-        dist.all_gather_object(last, engine.timeline.step_spans(len(history) - 1))
-        pipeline = [{k: round(v, 4) for k, v in row.items()} for row in pipeline_overlap(last, len(history) - 1)]
-    if args.trace:
-        from ds_hetero.timeline import chrome_trace
-
-        spans = [None] * engine.world_size
-        dist.all_gather_object(spans, engine.timeline.spans)
-        if rank == 0:
-            with open(args.trace, "w") as f:
-                json.dump(chrome_trace(spans), f)
+    g = gathered(engine, history, tail, trace)
     summary = {
         "steps": len(history),
         "first_loss": history[0].loss,
@@ -196,16 +239,35 @@ def main(argv=None) -> int:
         "stage_time_s_per_step": {k: round(v, 5) for k, v in sorted(split.items())},
         "boundary_forward_bytes_per_step": sum(r.boundary_bytes_total for r in history) / len(history),
         "boundary_forward_lower_bound_per_step": sum(r.boundary_bytes_lower_bound for r in history) / len(history),
-        "boundary_bytes_sent_per_step_fwd_bwd": sum(sent) / len(history),
-        "peak_memory_mb_per_rank": memory,
-        "bubble_fraction_per_rank": bubbles,
+        "boundary_bytes_sent_per_step_fwd_bwd": sum(g["sent"]) / len(history),
+        "peak_memory_mb_per_rank": g["memory"],
+        "bubble_fraction_per_rank": g["bubbles"],
         "stages_per_rank": [cfg.stages_of_rank(r) for r in range(engine.world_size)],
         "stage_memory_options": {n: _memory_options(engine, n) for n in cfg.stages},
         "boundary_backward_bytes_per_step_rank0": sum(r.boundary_bytes_backward for r in history) / len(history),
     }
-    if pipeline is not None:
-        summary["pipeline_last_step_per_rank"] = pipeline
-    if rank == 0:
+    if g["pipeline"] is not None:
+        summary["pipeline_last_step_per_rank"] = g["pipeline"]
+    return summary
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import ds_hetero
+
+    torch.manual_seed(args.seed)
+    model, weights = build_model(args)
+    dataset = build_dataset(args, model)
+    engine = ds_hetero.initialize(model, args.deepspeed_config, training_data=dataset, weights=weights,
+                                  seed=args.seed)  # the data order too, as the Trainer recipe does
+    engine.timeline.trace_window = args.trace_window
+    engine.timeline.synchronize = bool(args.trace)  # a trace times device work, at the cost of overlap
+    skipped = dataset.skipped_summary() if hasattr(dataset, "skipped_summary") else ""
+    history, wall = train(engine, model, args.steps, skipped)
+    if args.save:
+        engine.save_checkpoint(args.save)
+    summary = summarize(engine, history, wall, args.trace)
+    if engine.rank == 0:
         print("\nsummary")
         for key, value in summary.items():
             print(f"  {key:38s} {value if not isinstance(value, float) else round(value, 4)}")

@@ -32,7 +32,7 @@ from trl import SFTConfig, SFTTrainer  # noqa: E402
 
 import ds_hetero  # noqa: E402
 from ds_hetero.toy.messages import messages_dataset  # noqa: E402
-from ds_hetero.models.tiny import tiny_llava, tiny_qwen2_vl  # noqa: E402
+from ds_hetero.toy import tiny_llava, tiny_qwen2_vl  # noqa: E402
 from ds_hetero.toy.processors import tiny_processor  # noqa: E402
 
 

@@ -16,7 +16,7 @@ from ds_hetero.step.balance import EncoderAssignment, Image, assign_images, enco
 from ds_hetero.boundary import build_plan
 from ds_hetero.config import load_config
 from ds_hetero.errors import HeteroConfigError
-from ds_hetero.models import adapter_for
+from ds_hetero.families import adapter_for
 from ds_hetero.step.step_plan import StepPlan
 from ds_hetero.testing.parity import build_model
 from ds_hetero.testing.uneven import LLAVA_IMAGES, QWEN_GRIDS, llava_uneven, qwen_uneven, rotate

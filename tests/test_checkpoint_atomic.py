@@ -27,7 +27,7 @@ LAYOUT = {"vision": {"tp": 1, "dp": 2}, "language": {"tp": 2, "dp": 1}}
 def _engine():
     import ds_hetero
     from ds_hetero.toy import ShapesCaptionDataset
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
     from tests.helpers.checkpoint_reference import config, make_optimizer
 
     model = tiny_llava("clip", seed=5)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ds_hetero.config import load_config
+from ds_hetero import load_config
 from ds_hetero.errors import HeteroConfigError
 
 

@@ -63,8 +63,8 @@ def test_padded_lengths_follow_each_dp_replica():
 
 def test_heads_not_divisible_by_tp_times_cp_names_the_field_and_the_sizes_that_work():
     from ds_hetero.config import load_config
-    from ds_hetero.models import adapter_for
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.families import adapter_for
+    from ds_hetero.toy import tiny_llava
 
     cfg = load_config({"train_batch_size": 8, "hetero_parallel": {"stages": {
         "vision": {"dp": 8}, "language": {"tp": 2, "cp": 4, "dp": 1}}}}, 8)
@@ -184,7 +184,7 @@ def test_validate_shows_the_cp_coordinate_of_every_rank(capsys):
 
 def test_kernels_without_a_dense_mask_are_refused_on_sequence_shards():
     from ds_hetero.context_parallel import check_context_parallel
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     text = tiny_llava("clip").config.text_config
     check_context_parallel(text, 2, 2)  # sdpa: fine

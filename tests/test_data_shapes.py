@@ -11,9 +11,9 @@ import torch
 
 from ds_hetero.toy import COLOURS, SHAPES, ShapesCaptionDataset, Vocabulary
 from ds_hetero.toy.shapes import PIXEL_MEAN, PIXEL_STD, item_seed, shape_mask
-from ds_hetero.models.llava import LlavaAdapter
-from ds_hetero.models.qwen2_vl import Qwen2VLAdapter
-from ds_hetero.models.tiny import tiny_llava, tiny_qwen2_vl
+from ds_hetero.families.llava.adapter import LlavaAdapter
+from ds_hetero.families.qwen2_vl.adapter import Qwen2VLAdapter
+from ds_hetero.toy import tiny_llava, tiny_qwen2_vl
 
 IGNORE = -100
 

@@ -47,7 +47,7 @@ def _die_mid_step(rank, world_size, tmp):
     import signal
 
     import ds_hetero
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
     from ds_hetero.testing.samples import llava_samples
 
     model = tiny_llava("clip", seed=1)
@@ -97,6 +97,7 @@ def test_a_rank_that_dies_mid_step_makes_the_others_fail_fast(tmp_path):
     for rank in (0, 1, 2):
         section = report.split(f"--- rank {rank} ---")[1].split("--- rank")[0]
         assert f"ds_hetero: rank {rank}" in section and "stopped answering" in section, report
+        assert "rank 3 left no report (it died" in section, report  # the survivor names the dead peer
         after = float(section.split("[RAISED ")[-1].split(" s AFTER")[0])
         assert after < RAISE_WITHIN_S, (rank, after, report)
     assert "did not finish" not in report, report

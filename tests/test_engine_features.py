@@ -29,7 +29,7 @@ def _config(zero=1, bf16=False, **stages):
 def _engine(config, seed=5, data_seed=0, size=64):
     import ds_hetero
     from ds_hetero.toy import ShapesCaptionDataset
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     model = tiny_llava("clip", seed=seed)
     data = ShapesCaptionDataset.for_llava(model.config, size=size, seed=data_seed)
@@ -45,13 +45,42 @@ def _raises_everywhere(fn, exc_type, words):
     raise AssertionError(f"expected {exc_type.__name__} containing {words!r}")
 
 
+def _recipe_run(rank, tmp):
+    """recipes/train_llava.py for 4 steps on a tiny checkpoint saved here: its summary (rank 0)."""
+    import importlib.util
+    import json
+    import os
+
+    import torch.distributed as dist
+
+    from ds_hetero.toy import tiny_llava
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("train_llava", os.path.join(root, "recipes", "train_llava.py"))
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    summary_path = os.path.join(tmp, f"summary{rank}.json")
+    # --model: a safetensors checkpoint (saved here from a tiny model, offline), loaded per stage and tp shard
+    # into a model built on the meta device
+    checkpoint = os.path.join(tmp, "hf_model")
+    if rank == 0:
+        tiny_llava("clip", seed=11).save_pretrained(checkpoint)
+    dist.barrier()
+    recipe.main(["--steps", "4", "--samples", "256", "--summary-json", summary_path, "--model", checkpoint,
+                 "--deepspeed_config", os.path.join(root, "ds_configs", "llava_colocated.json")])
+    if rank == 0:
+        with open(summary_path) as f:
+            return {"recipe": json.load(f)}
+    return {}
+
+
 def _suite(rank, world_size, tmp):
     import torch
     import torch.distributed as dist
 
     import ds_hetero
     from ds_hetero.errors import HeteroConfigError
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     out = {}
 
@@ -59,7 +88,7 @@ def _suite(rank, world_size, tmp):
     engine, data = _engine(_config())
     losses = [engine.train_batch().loss for _ in range(6)]
     out["loader_losses"] = losses
-    out["needed"] = sorted(engine.needed_positions())
+    out["needed"] = sorted(engine.data_path.needed_positions())
 
     # 2. a bad sample from the loader makes every rank raise (only some ranks read it)
     bad_index = engine.loader.indices(engine.global_steps)[0]
@@ -116,26 +145,7 @@ def _suite(rank, world_size, tmp):
     ]
 
     # 6. the main job's script, a few steps (the README's first command runs it under `deepspeed`)
-    import importlib.util
-    import json
-    import os
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location("train_llava", os.path.join(root, "recipes", "train_llava.py"))
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
-    summary_path = os.path.join(tmp, f"summary{rank}.json")
-    # --model: a safetensors checkpoint (saved here from a tiny model, offline), loaded per stage and tp shard
-    # into a model built on the meta device
-    checkpoint = os.path.join(tmp, "hf_model")
-    if rank == 0:
-        tiny_llava("clip", seed=11).save_pretrained(checkpoint)
-    dist.barrier()
-    recipe.main(["--steps", "4", "--samples", "256", "--summary-json", summary_path, "--model", checkpoint,
-                 "--deepspeed_config", os.path.join(root, "ds_configs", "llava_colocated.json")])
-    if rank == 0:
-        with open(summary_path) as f:
-            out["recipe"] = json.load(f)
+    out.update(_recipe_run(rank, tmp))
     torch.manual_seed(0)
     return out
 

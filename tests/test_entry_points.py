@@ -54,7 +54,7 @@ def runs(tmp_path_factory):
     # The recipes' built-in model (tiny LLaVA, seed 0) as a checkpoint: the colocated Accelerate run and
     # the disaggregated Trainer's first run load it on the meta device + weights= (each rank reads only
     # its shards), and must still train exactly like the runs that build the model.
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     tiny_llava("clip", seed=0).save_pretrained(out / "model")
     driver = _run([f"{BIN}/deepspeed", "--num_gpus", "4", "--master_port", _port(),
@@ -158,7 +158,7 @@ def test_trainer_eval_loss_and_save_model_match_single_process(runs, placement):
         want = float(model(**hf_inputs("llava", model, held_out)).loss)
     assert evals[0]["eval_loss"] == pytest.approx(want, rel=REL)
     # and the checkpoint is the trained model, not the initial one
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     initial = tiny_llava("clip", seed=0).eval()
     with torch.no_grad():

@@ -196,9 +196,9 @@ def test_config_refuses_bad_ep(language, vision, match):
 
 
 def test_model_checks_name_the_field():
-    from ds_hetero.models import adapter_for
-    from ds_hetero.models.qwen3_vl_moe import tiny_qwen3_vl_moe
-    from ds_hetero.models.tiny_families import tiny_qwen3_vl
+    from ds_hetero.families import adapter_for
+    from ds_hetero.families.qwen3_vl_moe import tiny_qwen3_vl_moe
+    from ds_hetero.families.qwen3_vl import tiny_qwen3_vl
 
     moe = adapter_for(tiny_qwen3_vl_moe())
     moe.check_layouts(_config({"tp": 2, "dp": 2, "ep": 2}))  # valid
@@ -235,8 +235,8 @@ def test_trl_moe_aux_loss_is_accepted_for_a_family_whose_engine_adds_it():
     from types import SimpleNamespace
 
     from ds_hetero.integrations.trainer.loss import loss_problems
-    from ds_hetero.models.qwen3_vl_moe import tiny_qwen3_vl_moe
-    from ds_hetero.models.tiny_families import tiny_qwen3_vl
+    from ds_hetero.families.qwen3_vl_moe import tiny_qwen3_vl_moe
+    from ds_hetero.families.qwen3_vl import tiny_qwen3_vl
 
     args = SimpleNamespace(label_smoothing_factor=0, loss_type="nll", padding_free=False, packing=False)
     moe = SimpleNamespace(args=args, aux_loss_enabled=True, compute_loss_func=None, model=tiny_qwen3_vl_moe())

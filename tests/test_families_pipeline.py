@@ -32,7 +32,7 @@ GEMMA3_CAUSAL = "gemma3 chunks with a causal image mask (negative control)"
 
 def _gemma3_causal(rank, world_size):
     """Gemma 3 at pp2 [1, 2] with the plain decoder mask in every chunk: the image blocks causal."""
-    from ds_hetero.models.gemma3 import Gemma3LanguageStage
+    from ds_hetero.families.gemma3.adapter import Gemma3LanguageStage
     from ds_hetero.models.language_stage import LanguageStage
     from tests.helpers.family_parity import train_family
 

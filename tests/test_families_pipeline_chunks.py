@@ -19,7 +19,7 @@ import torch
 from ds_hetero.config import load_config
 from ds_hetero.pipeline_parallel.cut import layer_cut
 from ds_hetero.errors import HeteroConfigError
-from ds_hetero.models import adapter_for
+from ds_hetero.families import adapter_for
 from ds_hetero.pipeline_parallel import chunk as pipeline_module
 from ds_hetero.models.adapter import placeholder_mask
 from ds_hetero.pipeline_parallel.chunk import PipelineChunk
@@ -33,7 +33,7 @@ def _sliding_internvl(seed):
 
     from transformers import InternVLForConditionalGeneration
 
-    from ds_hetero.models.tiny_families import tiny_internvl
+    from ds_hetero.toy import tiny_internvl
 
     config = copy.deepcopy(tiny_internvl().config)
     text = config.text_config
@@ -52,7 +52,7 @@ def _family(family):
         model = build_model("omni", seed=3)
         samples = make_batches("omni", model, 1, 4)[0]
     else:
-        from ds_hetero.models import tiny_families
+        from ds_hetero import toy as tiny_families
         from tests.helpers.family_parity import make_batches
 
         if family == "internvl_sliding":
@@ -150,7 +150,7 @@ def test_qwen3_vl_deepstack_layer_outside_the_first_chunk_is_refused():
 def test_planner_layout_cache_keeps_the_deepstack_cut_apart():
     """The planner caches the adapter's verdict per layout: a refused cut must not refuse another
     cut (or pp 1) with the same tp / cp sizes, nor an accepted one let a refused cut through."""
-    from ds_hetero.models.tiny_families import tiny_qwen3_vl
+    from ds_hetero.toy import tiny_qwen3_vl
     from ds_hetero.planner.validity import check_candidate
 
     adapter, cache = adapter_for(tiny_qwen3_vl()), {}

@@ -69,8 +69,8 @@ def test_lora_layouts_refused_by_name():
 
     from ds_hetero.config import parse_config
     from ds_hetero.errors import HeteroConfigError
-    from ds_hetero.models import adapter_for
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.families import adapter_for
+    from ds_hetero.toy import tiny_llava
     from ds_hetero.tensor_parallel.lora_checks import check_lora
 
     def cfg(vision_tp, language_tp, sp=False):

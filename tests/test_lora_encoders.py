@@ -9,8 +9,8 @@ import torch
 
 from ds_hetero.config import parse_config
 from ds_hetero.errors import HeteroConfigError
-from ds_hetero.models import adapter_for
-from ds_hetero.models.tiny import tiny_qwen2_5_omni
+from ds_hetero.families import adapter_for
+from ds_hetero.toy import tiny_qwen2_5_omni
 from ds_hetero.tensor_parallel.lora_checks import check_lora, lora_problems
 
 
@@ -55,7 +55,8 @@ def test_every_layer_gets_its_own_stage():
     check_lora(model, adapter, cfg(2, 2, 2))
     # ... and, with an unsharded target in each stage, each is named once, with its own stage.
     model = peft(target_modules=r".*(audio_tower\.proj|lm_head|patch_embed\.proj)")
-    problems = lora_problems(model, adapter_for(model).encoder_modules(), {"vision": 2, "audio": 2, "language": 2})
+    problems = lora_problems(model, adapter_for(model).encoder_modules(), {"vision": 2, "audio": 2, "language": 2},
+                             plans=adapter_for(model).tp_plans)
     assert any("audio_tower.proj" in p and "audio stage with tp=2" in p for p in problems), problems
     assert any("lm_head" in p and "language stage with tp=2" in p for p in problems), problems
     assert any("patch_embed.proj" in p and "vision stage with tp=2" in p for p in problems), problems

@@ -10,9 +10,11 @@ import copy
 import pytest
 import torch
 
-from ds_hetero.models import Gemma3Adapter, Qwen2_5_VLAdapter, adapter_for
+from ds_hetero.families import adapter_for
+from ds_hetero.families.gemma3.adapter import Gemma3Adapter
+from ds_hetero.families.qwen2_5_vl.adapter import Qwen2_5_VLAdapter
 from ds_hetero.models.language_stage import LanguageStage
-from ds_hetero.models.tiny_families import tiny_gemma3, tiny_qwen2_5_vl
+from ds_hetero.toy import tiny_gemma3, tiny_qwen2_5_vl
 from tests.helpers.family_data import QWEN25_GRIDS, gemma3_samples, qwen_multi_samples
 from ds_hetero.testing.samples import qwen_samples, token_loss_sum
 
@@ -133,9 +135,8 @@ def test_gemma3_refuses_sequence_shards_and_mismatched_images():
 
 def test_qwen3_vl_moe_has_an_adapter_now():
     """Refused by name until expert parallelism was built (tests/test_expert_parallel.py trains it)."""
-    from ds_hetero.models import Qwen3VLMoeAdapter
-    from ds_hetero.models.qwen3_vl_moe import tiny_qwen3_vl_moe
-    from ds_hetero.models.refused import REFUSED
+    from ds_hetero.families.qwen3_vl_moe import Qwen3VLMoeAdapter, tiny_qwen3_vl_moe
+    from ds_hetero.families.refused import REFUSED
 
     assert "Qwen3VLMoeForConditionalGeneration" not in REFUSED
     assert isinstance(adapter_for(tiny_qwen3_vl_moe()), Qwen3VLMoeAdapter)
@@ -174,7 +175,7 @@ def test_planner_spec_counts_the_families_parameters_and_sees_windows_and_poolin
     from ds_hetero.planner.model_spec import model_spec
     from ds_hetero.planner.workload import Workload
 
-    from ds_hetero.models.tiny_families import tiny_internvl, tiny_llava_onevision, tiny_qwen3_vl
+    from ds_hetero.toy import tiny_internvl, tiny_llava_onevision, tiny_qwen3_vl
 
     for model in (tiny_qwen2_5_vl(), tiny_gemma3(), tiny_qwen3_vl(), tiny_internvl(), tiny_llava_onevision()):
         s, stages = model_spec(model.config), adapter_for(model).split()
@@ -193,8 +194,8 @@ def test_planner_spec_counts_the_families_parameters_and_sees_windows_and_poolin
 
 
 def test_qwen3_vl_split_equals_fused_with_deepstack_levels():
-    from ds_hetero.models import Qwen3VLAdapter
-    from ds_hetero.models.tiny_families import tiny_qwen3_vl
+    from ds_hetero.families.qwen3_vl.adapter import Qwen3VLAdapter
+    from ds_hetero.toy import tiny_qwen3_vl
 
     model = tiny_qwen3_vl(seed=2).double()
     adapter = adapter_for(model)
@@ -211,8 +212,8 @@ def test_qwen3_vl_split_equals_fused_with_deepstack_levels():
 
 def test_qwen3_vl_negative_control_deepstack_level_to_the_wrong_layer():
     """Levels added after the wrong decoder layers (swapped) change the logits: the check can fail."""
-    from ds_hetero.models.qwen3_vl import Qwen3VLLanguageStage
-    from ds_hetero.models.tiny_families import tiny_qwen3_vl
+    from ds_hetero.families.qwen3_vl.adapter import Qwen3VLLanguageStage
+    from ds_hetero.toy import tiny_qwen3_vl
 
     class Swapped(Qwen3VLLanguageStage):
         def forward(self, input_ids, rows, *args, **kwargs):
@@ -237,8 +238,8 @@ def _internvl_fused(model, adapter, samples):
 
 
 def test_internvl_split_equals_fused_with_dynamic_tiles_and_pixel_shuffle():
-    from ds_hetero.models import InternVLAdapter
-    from ds_hetero.models.tiny_families import tiny_internvl
+    from ds_hetero.families.internvl.adapter import InternVLAdapter
+    from ds_hetero.toy import tiny_internvl
     from tests.helpers.family_data import internvl_samples
 
     model = tiny_internvl(seed=2).double()
@@ -257,8 +258,8 @@ def test_internvl_split_equals_fused_with_dynamic_tiles_and_pixel_shuffle():
 
 def test_internvl_negative_control_without_pixel_shuffle_order():
     """Rows in the wrong order inside a tile (pixel shuffle transposed) change the logits."""
-    from ds_hetero.models.internvl import InternVLVisionStage
-    from ds_hetero.models.tiny_families import tiny_internvl
+    from ds_hetero.families.internvl.adapter import InternVLVisionStage
+    from ds_hetero.toy import tiny_internvl
     from tests.helpers.family_data import internvl_samples
 
     class Transposed(InternVLVisionStage):
@@ -277,7 +278,7 @@ def test_internvl_negative_control_without_pixel_shuffle_order():
 
 def test_shapes_dataset_in_each_family_format_is_accepted():
     from ds_hetero.toy.family_formats import shapes_dataset_for
-    from ds_hetero.models.tiny_families import tiny_internvl, tiny_llava_onevision, tiny_qwen3_vl
+    from ds_hetero.toy import tiny_internvl, tiny_llava_onevision, tiny_qwen3_vl
 
     onevision = tiny_llava_onevision(seed=1).double()
     for model in (tiny_qwen2_5_vl(), tiny_qwen3_vl(), tiny_gemma3(), onevision, tiny_internvl()):
@@ -308,8 +309,8 @@ def _onevision_fused(model, adapter, samples):
 
 
 def test_llava_onevision_processor_samples_split_equals_fused_with_anyres_unpadding_newline():
-    from ds_hetero.models import LlavaOnevisionAdapter
-    from ds_hetero.models.tiny_families import tiny_llava_onevision
+    from ds_hetero.families.llava_onevision.adapter import LlavaOnevisionAdapter
+    from ds_hetero.toy import tiny_llava_onevision
     from tests.helpers.family_processors import llava_onevision_processor, processor_samples
 
     model = tiny_llava_onevision(seed=2).double()

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from ds_hetero.models import split_llava
-from ds_hetero.models.tiny import tiny_llava
+from ds_hetero.families.llava.adapter import split_llava
+from ds_hetero.toy import tiny_llava
 from ds_hetero.testing.samples import collate, llava_samples, token_loss_sum
 
 
@@ -44,7 +44,7 @@ def test_placeholder_row_mismatch_is_an_error():
 
 @pytest.mark.parametrize("vision,strategy_tokens", [("clip", 16), ("siglip", 16)])
 def test_adapter_counts_tokens_and_rejects_mismatches(vision, strategy_tokens):
-    from ds_hetero.models.llava import LlavaAdapter
+    from ds_hetero.families.llava.adapter import LlavaAdapter
 
     model = tiny_llava(vision)
     adapter = LlavaAdapter(model)

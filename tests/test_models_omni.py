@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from ds_hetero.loss import label_token_count, token_loss_sum
-from ds_hetero.models import adapter_for
-from ds_hetero.models.tiny import tiny_qwen2_5_omni
+from ds_hetero.families import adapter_for
+from ds_hetero.toy import tiny_qwen2_5_omni
 from ds_hetero.testing.omni_samples import hf_inputs, omni_samples
 
 ITEMS = [[("image", (1, 4, 4))], [("audio", 20)], [("audio", 13), ("image", (1, 4, 8)), ("audio", 24)], [],

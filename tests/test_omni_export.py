@@ -38,7 +38,7 @@ def _suite(rank, world_size, tmp):
     from transformers import AutoModelForImageTextToText
 
     import ds_hetero
-    from ds_hetero.models import adapter_for
+    from ds_hetero.families import adapter_for
     from ds_hetero.testing.parity import build_model, full_named_parameters, make_batches
     from ds_hetero.testing.omni_samples import hf_inputs
 

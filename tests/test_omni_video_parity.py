@@ -74,7 +74,7 @@ def _images_first(engine, batches):
     def wrong(sample, ks):
         if sample.get("video_grid_thw") is None:
             return port.select(sample, ks)
-        from ds_hetero.models.qwen2_5_omni import typed_runs
+        from ds_hetero.families.qwen2_5_omni.adapter import typed_runs
 
         runs = typed_runs(sample["input_ids"], port.ids)
         if len({n for _, n in runs}) > 1:  # keep the row counts (the exchange checks them): equal items only

@@ -84,7 +84,7 @@ def test_rejections_name_the_field(stages, section, field, match):
 
 
 def test_model_checks_layers_and_tied_embeddings():
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     model = tiny_llava(text_layers=2)
     with pytest.raises(HeteroConfigError, match="2 decoder layers"):
@@ -96,7 +96,7 @@ def test_model_checks_layers_and_tied_embeddings():
 @pytest.mark.parametrize("family,pp_layers", [("llava", (1, 3)), ("llava", (2, 1, 1)), ("qwen2_vl", (2, 2))])
 def test_chunks_compose_to_the_language_stage(family, pp_layers):
     """Running the chunks one after the other gives the pp-1 language stage's logits and gradients."""
-    from ds_hetero.models import adapter_for
+    from ds_hetero.families import adapter_for
     from ds_hetero.pipeline_parallel.chunk import PipelineChunk
     from ds_hetero.testing.parity import build_model, make_batches
 

@@ -10,7 +10,8 @@ simulation of every rank's program (DeepSpeed's 1F1B commands with isend / block
 the exchanges as collectives) completes. Negative control: the exchange placed right before each
 rank's OWN forward of the micro-batch (what an encoder inline in every pipeline stage would do)
 deadlocks in the same simulation, so the simulation can fail. The phased order (fill=False, the
-benchmark's baseline) is simulated too.
+benchmark's baseline) is simulated too. A frozen encoder (`frozen`) gets only a forward and a rows
+exchange per pass, a trained one beside it all four, and the simulation still completes.
 """
 
 from collections import deque
@@ -166,3 +167,25 @@ def test_negative_control_exchange_at_each_stages_own_forward_deadlocks():
                 ops.append(("cmd", c))
         programs.append(ops)
     assert not _simulate(programs, pp)
+
+
+FROZEN_CASES = [(2, 4, {"vision": 4}, {"vision"}), (2, 4, {"vision": 2}, {"vision"}),
+                (4, 8, {"vision": 2}, {"vision"}), (3, 6, {"vision": 3, "audio": 6}, {"audio"}),
+                (2, 4, {"vision": 4, "audio": 2}, {"vision", "audio"})]
+
+
+@pytest.mark.parametrize("fill", [True, False], ids=["fill_drain", "phased"])
+@pytest.mark.parametrize("pp,micro_batches,encoders,frozen", FROZEN_CASES)
+def test_frozen_encoder_has_no_gradient_work(pp, micro_batches, encoders, frozen, fill):
+    feeds = {n: _feeds(micro_batches, k) for n, k in encoders.items()}
+    orders = [fill_drain_order(feeds, micro_batches, pp, s, fill, frozen) for s in range(pp)]
+    for s, order in enumerate(orders):
+        work = [op[1:] for op in _program(order, train_steps(micro_batches, pp, s)) if op[0] == "work"]
+        for name, fs in feeds.items():
+            for k in range(len(fs)):
+                kinds = [w[0] for w in work if w[1:] == (name, k)]
+                want = ["forward", "rows"] if name in frozen else ["forward", "rows", "grads", "backward"]
+                assert kinds == want, (s, name, k, kinds)
+        assert order.exchanges() == orders[0].exchanges(), s  # every rank: the same collectives
+    programs = [_with_collectives(_program(o, train_steps(micro_batches, pp, s))) for s, o in enumerate(orders)]
+    assert _simulate(programs, pp)

@@ -20,7 +20,7 @@ BASE = {"train_batch_size": 16, "zero_optimization": {"stage": 1},
 
 @pytest.fixture(scope="module")
 def llava():
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     return tiny_llava()  # text 64 x 2 layers, 4 heads / 2 kv, ffn 128, vocab 256; CLIP 32 x 2, 4 heads, 32px/8
 
@@ -31,8 +31,9 @@ def spec(llava):
 
 
 def test_parameter_counts_match_the_models():
-    from ds_hetero.models import split_llava, split_qwen2_vl
-    from ds_hetero.models.tiny import tiny_llava, tiny_qwen2_vl
+    from ds_hetero.families.llava.adapter import split_llava
+    from ds_hetero.families.qwen2_vl.adapter import split_qwen2_vl
+    from ds_hetero.toy import tiny_llava, tiny_qwen2_vl
 
     checked = 0
     for model, split in ((tiny_llava(), split_llava), (tiny_llava("siglip"), split_llava),
@@ -172,7 +173,7 @@ def test_enumeration_count_and_every_row_valid(tmp_path, llava):
     from ds_hetero.cli import main
     from ds_hetero.errors import HeteroConfigError
     from ds_hetero.planner.validity import check_candidate
-    from ds_hetero.models import adapter_for
+    from ds_hetero.families import adapter_for
 
     p = _plan()
     assert all(x.runnable for x in p.predictions)
@@ -213,7 +214,7 @@ def test_a_sequence_length_the_shards_do_not_divide_is_planned_padded():
 def test_sequence_sharding_switch_follows_validation(monkeypatch, llava):
     """cp > 1 appears in the enumeration as soon as the engine's checks accept it."""
     import ds_hetero.validation as engine
-    from ds_hetero.models import adapter_for
+    from ds_hetero.families import adapter_for
     from ds_hetero.planner.enumerate import sequence_sharding
 
     adapter = adapter_for(llava)

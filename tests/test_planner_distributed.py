@@ -51,7 +51,7 @@ def _suite(rank, world_size):
     import ds_hetero
     from ds_hetero.toy import ShapesCaptionDataset
     from ds_hetero.errors import HeteroConfigError
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
     from ds_hetero.planner.candidate import StageChoice
     from ds_hetero.planner.memory import state_elements
     from ds_hetero.planner.model_spec import model_spec

@@ -20,7 +20,7 @@ BASE = {"train_batch_size": 8, "zero_optimization": {"stage": 1},
 
 @pytest.fixture(scope="module")
 def omni():
-    from ds_hetero.models.tiny import tiny_qwen2_5_omni
+    from ds_hetero.toy import tiny_qwen2_5_omni
 
     # text 64 wide; vision tower 32 x 2 blocks (Qwen2.5-VL kind); audio encoder d 32 x 2 layers,
     # 4 heads, ffn 64, 16 mel bins, n_window 4, output 64
@@ -41,7 +41,7 @@ def test_audio_rows_hand_count(omni):
         _, out = tower._get_feat_extract_output_lengths(torch.tensor(f))
         assert audio_rows(f) == int(out), f
     # and the rows the adapter plans for a clip are the same (its placeholder runs)
-    from ds_hetero.models import adapter_for
+    from ds_hetero.families import adapter_for
     from ds_hetero.testing.omni_samples import omni_samples
 
     sample = omni_samples(omni, [[("audio", 24), ("audio", 13)]])[0]
@@ -81,7 +81,7 @@ def test_audio_flops_hand_count(spec):
 
 
 def test_enumeration_gives_each_encoder_its_own_layout_and_placement(omni):
-    from ds_hetero.models import adapter_for
+    from ds_hetero.families import adapter_for
     from ds_hetero.planner.enumerate import SearchSpace
     from ds_hetero.planner.multi_candidate import enumerate_multi
     from ds_hetero.planner.validity import check_candidate

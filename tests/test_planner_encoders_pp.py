@@ -55,7 +55,7 @@ def test_several_encoders_reduce_to_the_single_encoder_formulas():
 
 @pytest.fixture(scope="module")
 def omni():
-    from ds_hetero.models.tiny import tiny_qwen2_5_omni
+    from ds_hetero.toy import tiny_qwen2_5_omni
 
     return tiny_qwen2_5_omni(seed=0)
 
@@ -140,7 +140,7 @@ def plans(omni):
 
 
 def test_search_covers_pipelines_first_stage_passes_and_features(omni, plans):
-    from ds_hetero.models import adapter_for
+    from ds_hetero.families import adapter_for
     from ds_hetero.planner.multi_candidate import lighter_siblings
     from ds_hetero.planner.validity import check_candidate
 

@@ -27,7 +27,7 @@ def _suite(rank, world_size):
 
     import ds_hetero
     from ds_hetero.toy.omni_shapes import OmniShapesDataset
-    from ds_hetero.models.tiny import tiny_qwen2_5_omni
+    from ds_hetero.toy import tiny_qwen2_5_omni
     from ds_hetero.planner.calibrate import machine_profile
     from ds_hetero.planner.multi_search import plan_encoders
 

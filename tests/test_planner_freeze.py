@@ -26,7 +26,7 @@ LANGUAGE = Freeze((("language", StageFreeze(trains=False)),))
 
 @pytest.fixture(scope="module")
 def llava():
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     return tiny_llava()  # text 64 x 2 layers; CLIP 32 x 2 (feature layer -2: 1 layer trained), 32px/8: 16 rows
 
@@ -141,7 +141,7 @@ def test_stage_times_and_boundary_of_a_frozen_encoder(spec):
 
 def test_freeze_resolved_from_the_config_as_the_engine_resolves_it(llava):
     from ds_hetero.errors import HeteroConfigError
-    from ds_hetero.models import adapter_for
+    from ds_hetero.families import adapter_for
 
     adapter = adapter_for(llava)
 

@@ -70,7 +70,7 @@ def test_an_exchange_that_moves_nothing_costs_only_the_consensus():
 
 
 def test_encoder_tokens_are_not_the_language_image_tokens():
-    from ds_hetero.models.tiny import tiny_qwen2_vl
+    from ds_hetero.toy import tiny_qwen2_vl
 
     spec = model_spec(tiny_qwen2_vl().config)  # spatial merge 2 x 2
     assert image_tokens_of(spec, None, 64) == 16

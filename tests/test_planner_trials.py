@@ -16,7 +16,7 @@ def _auto_trial(rank, world_size):
     import torch
 
     import ds_hetero
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
     from ds_hetero.planner import trials
 
     recorded = []
@@ -62,7 +62,7 @@ def test_auto_trial_picks_the_fastest_measured_on_every_rank():
         assert out["unchanged"]  # the trials stepped copies, not the user's model
         assert out["loss"] == out["loss"] and out["loss"] < 20
     # the pick is the faster trial: compare with the planner's order of the two
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
     from ds_hetero.planner import machine_profile, plan
 
     p = plan(tiny_llava("clip", seed=3), 2, 40, 16, 4, machine_profile("cpu"), placements=("colocated",),

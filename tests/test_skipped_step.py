@@ -65,7 +65,7 @@ def _one_layout(rank, zero, placement, bf16=False):
     import torch
 
     import ds_hetero
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
     from ds_hetero.testing.samples import llava_samples
 
     model = tiny_llava("clip", seed=3)

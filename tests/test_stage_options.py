@@ -26,7 +26,7 @@ def _cfg(vision, language, batch=8, micro_batches=2, world=4, **top):
 
 @pytest.fixture(scope="module")
 def llava():
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     return tiny_llava("clip")
 
@@ -143,7 +143,7 @@ def _llava_batch(model, n, seed=0):
 def test_one_encoder_pass_feeding_several_sharded_micro_batches(llava, language):
     from ds_hetero.boundary import build_plan
     from ds_hetero.context_parallel import padded_length
-    from ds_hetero.models import adapter_for
+    from ds_hetero.families import adapter_for
     from ds_hetero.step.step_plan import StepPlan
 
     cfg = _cfg({"dp": 4, "micro_batches": 1}, language, micro_batches=2)  # refused before: one pass, two micro-batches
@@ -167,7 +167,7 @@ def test_one_encoder_pass_feeding_several_sharded_micro_batches(llava, language)
 
 def test_encoder_dp_above_the_samples_of_a_pass_with_token_balance(llava):
     from ds_hetero.boundary import build_plan
-    from ds_hetero.models import adapter_for
+    from ds_hetero.families import adapter_for
     from ds_hetero.step.step_plan import StepPlan
 
     # 4 samples, 2 passes: 2 samples (of 2 images each) per pass over 4 vision dp ranks

@@ -52,7 +52,7 @@ def _suite(rank, world_size, tmp):
 
     import ds_hetero
     from ds_hetero.toy import ShapesCaptionDataset
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
     from ds_hetero.testing.samples import llava_samples
 
     def refused(engine, samples, words):
@@ -131,4 +131,5 @@ def test_bad_batches_are_refused_on_every_rank_and_a_dead_peer_is_named(tmp_path
     assert out["losses"] == pytest.approx(out["want"], rel=1e-6), out
     # the dead peer surfaces through the engine's error, naming rank and step, within seconds
     assert "ds_hetero: rank 0 (vision) failed in step 2" in out["error"], out["error"]
+    assert "rank 1 left no report (it died" in out["error"], out["error"]  # the dead peer, named
     assert out["after_s"] < RAISE_WITHIN_S, out

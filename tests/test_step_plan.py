@@ -141,8 +141,8 @@ def test_a_config_naming_an_encoder_the_model_lacks_is_refused_by_its_adapter():
     import pytest
 
     from ds_hetero.errors import HeteroConfigError
-    from ds_hetero.models import adapter_for
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.families import adapter_for
+    from ds_hetero.toy import tiny_llava
 
     cfg = _config({"dp": 4}, {"tp": 2, "dp": 2}, {"tp": 2, "dp": 2})
     with pytest.raises(HeteroConfigError) as err:

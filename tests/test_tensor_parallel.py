@@ -30,10 +30,12 @@ def _lm_case(build, group, sequence_parallel=False, pad_vocab=False):
     import torch
 
     from ds_hetero.tensor_parallel import shard_language_model
+
+    from ds_hetero.families import tp_plans
     from tests.helpers.tp_checks import gather_vocab, param_errors, rel_err, twin
 
     ref, model = twin(build)
-    shard_language_model(model, group, sequence_parallel=sequence_parallel, pad_vocab=pad_vocab)
+    shard_language_model(model, group, sequence_parallel=sequence_parallel, pad_vocab=pad_vocab, plans=tp_plans())
     seen = []  # sequence length between blocks: 16 / tp under sequence parallelism, else 16
     model.get_decoder().layers[0].register_forward_hook(lambda mod, args, out: seen.append(out.shape[1]))
     gen = torch.Generator().manual_seed(1)
@@ -54,11 +56,13 @@ def _vision_case(build_tower, group, projector=True):
     import torch
 
     from ds_hetero.tensor_parallel import shard_projector, shard_vision_tower
+
+    from ds_hetero.families import tp_plans
     from tests.helpers.tp_checks import llava_projector, param_errors, rel_err, twin
 
     (ref_t, tower), (ref_p, proj) = twin(build_tower), twin(llava_projector)
-    shard_vision_tower(tower, group)
-    shard_projector(proj, group)
+    shard_vision_tower(tower, group, plans=tp_plans())
+    shard_projector(proj, group, plans=tp_plans())
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
     x_ref, x_tp = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     o_ref, o = ref_t(pixel_values=x_ref), tower(pixel_values=x_tp)
@@ -75,10 +79,12 @@ def _vision_case(build_tower, group, projector=True):
 def _qwen_vision_case(group):
 
     from ds_hetero.tensor_parallel import shard_vision_tower
+
+    from ds_hetero.families import tp_plans
     from tests.helpers.tp_checks import param_errors, qwen2_vl, qwen_vision_inputs, rel_err, twin
 
     ref, visual = twin(lambda: qwen2_vl().model.visual)
-    shard_vision_tower(visual, group)
+    shard_vision_tower(visual, group, plans=tp_plans())
     pixels, grid = qwen_vision_inputs()
     p_ref, p = pixels.clone().requires_grad_(True), pixels.clone().requires_grad_(True)
     o_ref, o = ref(p_ref, grid_thw=grid), visual(p, grid_thw=grid)

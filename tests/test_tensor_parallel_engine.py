@@ -62,11 +62,12 @@ def _engine_run(groups, clip, zero_stage, sequence_parallel=False, untag=False):
 
     from ds_hetero.topology.mpu import StageMPU, stage_context
     from ds_hetero.tensor_parallel import gather_full, shard_language_model
+    from ds_hetero.families import tp_plans
     from tests.helpers.tp_checks import llama_lm
 
     stage = groups["language"]
     mpu = StageMPU(stage)
-    model = shard_language_model(llama_lm(), stage.tp, sequence_parallel=sequence_parallel)
+    model = shard_language_model(llama_lm(), stage.tp, sequence_parallel=sequence_parallel, plans=tp_plans())
     sharded = [p for p in model.parameters() if getattr(p, "tensor_model_parallel", False)]
     if untag:  # negative control: DeepSpeed can no longer tell shards from replicas
         for p in sharded:

@@ -17,16 +17,17 @@ RTOL = 1e-5
 
 def _full_model_case(build, batch, vision_group, language_group, sequence_parallel):
     from ds_hetero.tensor_parallel import shard_language_model, shard_projector, shard_vision_tower
+    from ds_hetero.families import tp_plans
     from tests.helpers.tp_checks import gather_vocab, rel_err, twin
 
     ref, model = twin(build)
     inner = model.model
     if hasattr(inner, "visual"):
-        shard_vision_tower(inner.visual, vision_group)
+        shard_vision_tower(inner.visual, vision_group, plans=tp_plans())
     else:
-        shard_vision_tower(inner.vision_tower, vision_group)
-        shard_projector(inner.multi_modal_projector, vision_group)
-    shard_language_model(model, language_group, sequence_parallel=sequence_parallel)
+        shard_vision_tower(inner.vision_tower, vision_group, plans=tp_plans())
+        shard_projector(inner.multi_modal_projector, vision_group, plans=tp_plans())
+    shard_language_model(model, language_group, sequence_parallel=sequence_parallel, plans=tp_plans())
     out_ref, out = ref(**batch), model(**batch)
     out_ref.loss.backward()
     out.loss.backward()
@@ -52,10 +53,11 @@ def _stage_param_errors(ref, model, vision_group, language_group):
 def _error_case(build, group, **kwargs):
     """The error every rank raises, and whether the model was left untouched."""
     from ds_hetero.tensor_parallel import ColumnParallelLinear, shard_language_model
+    from ds_hetero.families import tp_plans
 
     model = build()
     try:
-        shard_language_model(model, group, **kwargs)
+        shard_language_model(model, group, **kwargs, plans=tp_plans())
         message = None
     except HeteroConfigError as exc:
         message = str(exc)
@@ -126,23 +128,26 @@ def test_tied_embeddings_are_accepted_at_every_tp(stage_results):
 # ------------------------------------------------------------------ pure checks, no processes
 def test_validation_names_module_and_numbers():
     from ds_hetero.tensor_parallel import validate_tensor_parallel
+    from ds_hetero.families import tp_plans
     from tests.helpers import tp_checks as m
 
     with pytest.raises(HeteroConfigError, match=r"tp=3 does not divide the attention heads \(8\) of LlamaAttention"):
-        validate_tensor_parallel(m.llama_lm().model, 3, stage="language")
+        validate_tensor_parallel(m.llama_lm().model, 3, stage="language", plans=tp_plans())
     with pytest.raises(HeteroConfigError, match=r"width of gate_proj \(130\) of LlamaMLP at 'layers.0.mlp'; "
                                                 r"tp sizes that would: \[1, 2, 5, 10, 13, 26, 65, 130\]"):
-        validate_tensor_parallel(m.llama_lm(intermediate_size=130).model, 4, stage="language")
+        validate_tensor_parallel(m.llama_lm(intermediate_size=130).model, 4, stage="language", plans=tp_plans())
     with pytest.raises(HeteroConfigError, match=r"stages.vision.tp.*attention heads \(4\) of CLIPAttention"):
-        validate_tensor_parallel(m.clip_tower(), 8, stage="vision")
+        validate_tensor_parallel(m.clip_tower(), 8, stage="vision", plans=tp_plans())
     with pytest.raises(HeteroConfigError, match=r"attention heads \(4\) of VisionAttention"):
-        validate_tensor_parallel(m.qwen2_vl().model.visual, 8, stage="vision")
+        validate_tensor_parallel(m.qwen2_vl().model.visual, 8, stage="vision", plans=tp_plans())
 
 
 def test_unknown_module_is_rejected():
     import torch
 
     from ds_hetero.tensor_parallel import validate_tensor_parallel
+
+    from ds_hetero.families import tp_plans
 
     with pytest.raises(HeteroConfigError, match="no tensor-parallel plan matches any module of Sequential"):
         validate_tensor_parallel(torch.nn.Sequential(torch.nn.Linear(4, 4)), 2)

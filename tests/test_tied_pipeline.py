@@ -182,7 +182,7 @@ def test_tied_pipeline_config_checks():
     """Accepted with ZeRO 0-2 (the pp refusal is gone); ZeRO 3 and optimizer offload refused by name."""
     from ds_hetero.config import load_config
     from ds_hetero.errors import HeteroConfigError
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
     from ds_hetero.validation import check_all, check_tied_pipeline
 
     model = tiny_llava(text_layers=2, tie_word_embeddings=True)

@@ -9,8 +9,8 @@ import torch
 from ds_hetero.data import as_sample_list, split_collated
 from ds_hetero.toy import ShapesCaptionDataset
 from ds_hetero.errors import HeteroConfigError
-from ds_hetero.models import adapter_for
-from ds_hetero.models.tiny import tiny_llava, tiny_qwen2_vl
+from ds_hetero.families import adapter_for
+from ds_hetero.toy import tiny_llava, tiny_qwen2_vl
 from tests.helpers.collate import _collate
 
 

@@ -61,7 +61,7 @@ def test_lora_matches_stock_lora_run_and_saves_a_loadable_adapter(runs):
     import torch
     from peft import PeftModel
 
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     stock, hetero = runs("llava_stock_lora"), runs("llava_hetero_lora")
     assert len(stock) == len(hetero) == 3

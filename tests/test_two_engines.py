@@ -51,6 +51,49 @@ def _flat(engine, zero_stage):
     return torch.cat([p.detach().flatten().clone() for p in params])
 
 
+def _train_reference(reference, batches):
+    """The single-process reference: the whole model, the whole global batch, one SGD step per batch."""
+    import torch
+
+    from ds_hetero.testing.samples import collate, label_count, token_loss_sum
+
+    opt = torch.optim.SGD(reference.parameters(), lr=LR)
+    for samples in batches:
+        batch = collate(samples)
+        logits = reference(input_ids=batch["input_ids"], pixel_values=batch["pixel_values"]).logits
+        (token_loss_sum(logits, batch["labels"]) / label_count(samples)).backward()
+        opt.step()
+        opt.zero_grad()
+    return reference
+
+
+def _compare(engines, zero_stage, world_size, reference, initial):
+    """Per stage: how far the engine and the reference moved, and how far apart they ended."""
+    import torch
+    import torch.distributed as dist
+
+    from ds_hetero.families.llava.adapter import split_llava
+
+    ref_stages = split_llava(reference)
+    result = {}
+    for name in ("vision", "language"):
+        got = _flat(engines[name], zero_stage)
+        want = torch.cat([p.detach().flatten() for p in ref_stages[name].parameters()])
+        # identical on every rank of the stage
+        everyone = [torch.empty_like(got) for _ in range(world_size)]
+        dist.all_gather(everyone, got)
+        start = torch.cat([p.detach().flatten() for p in split_llava(initial)[name].parameters()])
+        result[name] = {
+            "engine_moved": (got - start).abs().max().item(),
+            "reference_moved": (want - start).abs().max().item(),
+            "max_abs_err": (got - want).abs().max().item(),
+            "max_rel_err": ((got - want).abs() / want.abs().clamp_min(1e-3)).max().item(),
+            "replica_spread": max((e - got).abs().max().item() for e in everyone),
+            "ok": torch.allclose(got, want, rtol=1e-5, atol=1e-6),
+        }
+    return result
+
+
 def _train_and_compare(rank, world_size, zero_stage, use_stage_context, batches):
     import contextlib
 
@@ -62,9 +105,9 @@ def _train_and_compare(rank, world_size, zero_stage, use_stage_context, batches)
     from ds_hetero.config import load_config
     from ds_hetero.patches import skip_cpu_shm_comm_build
     from ds_hetero.topology.groups import build_groups
-    from ds_hetero.models import split_llava
+    from ds_hetero.families.llava.adapter import split_llava
     from ds_hetero.topology.mpu import StageMPU, stage_context
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
     from ds_hetero.testing.samples import collate, label_count, token_loss_sum
 
     cfg = load_config(_config(zero_stage), world_size)
@@ -123,32 +166,7 @@ def _train_and_compare(rank, world_size, zero_stage, use_stage_context, batches)
                 v_eng.backward((rows * g).sum() * v_dp * gas)
                 v_eng.step()
 
-    # single-process reference: the whole model, the whole global batch, one SGD step per batch
-    opt = torch.optim.SGD(reference.parameters(), lr=LR)
-    for samples in batches:
-        batch = collate(samples)
-        logits = reference(input_ids=batch["input_ids"], pixel_values=batch["pixel_values"]).logits
-        (token_loss_sum(logits, batch["labels"]) / label_count(samples)).backward()
-        opt.step()
-        opt.zero_grad()
-    ref_stages = split_llava(reference)
-
-    result = {}
-    for name in ("vision", "language"):
-        got = _flat(engines[name], zero_stage)
-        want = torch.cat([p.detach().flatten() for p in ref_stages[name].parameters()])
-        # identical on every rank of the stage
-        everyone = [torch.empty_like(got) for _ in range(world_size)]
-        dist.all_gather(everyone, got)
-        start = torch.cat([p.detach().flatten() for p in split_llava(initial)[name].parameters()])
-        result[name] = {
-            "engine_moved": (got - start).abs().max().item(),
-            "reference_moved": (want - start).abs().max().item(),
-            "max_abs_err": (got - want).abs().max().item(),
-            "max_rel_err": ((got - want).abs() / want.abs().clamp_min(1e-3)).max().item(),
-            "replica_spread": max((e - got).abs().max().item() for e in everyone),
-            "ok": torch.allclose(got, want, rtol=1e-5, atol=1e-6),
-        }
+    result = _compare(engines, zero_stage, world_size, _train_reference(reference, batches), initial)
     with contextlib.suppress(Exception):
         groups.destroy()
     return result
@@ -163,7 +181,7 @@ def _suite(rank, world_size, batches):
 
 
 def test_two_engines_match_single_process_reference_zero_0_to_3():
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
     from ds_hetero.testing.samples import llava_samples
 
     model = tiny_llava("clip", seed=SEED)

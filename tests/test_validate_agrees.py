@@ -74,7 +74,7 @@ def _validate(tmp_path, cfg, capsys, *extra):
 
 @pytest.fixture(scope="module")
 def model():
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     return tiny_llava("clip")
 
@@ -107,7 +107,7 @@ def test_validate_model_checks_heads_and_vocabulary(tmp_path, capsys, model):
     assert code == 1 and "key/value heads" in err, err
     assert _validate(tmp_path, tp4, capsys)[0] == 0  # without the model the layout alone is fine
     # a checkpoint directory (config.json only: no weights are read) with a vocabulary tp 2 cannot split
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     tiny_llava("clip", vocab=255).config.save_pretrained(tmp_path / "ckpt")
     code, err = _validate(tmp_path, BASE, capsys, "--model", str(tmp_path / "ckpt"))

@@ -84,11 +84,13 @@ def _tied_lm_case(group, sequence_parallel, untie=False):
     import torch
 
     from ds_hetero.tensor_parallel import shard_language_model
+
+    from ds_hetero.families import tp_plans
     from tests.helpers.tp_checks import gather_vocab, llama_lm, param_errors, rel_err, twin
 
     ref, model = twin(lambda: llama_lm(tie_word_embeddings=True))
     assert ref.lm_head.weight is ref.model.embed_tokens.weight
-    shard_language_model(model, group, sequence_parallel=sequence_parallel)
+    shard_language_model(model, group, sequence_parallel=sequence_parallel, plans=tp_plans())
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     if untie:
         _untie(model)
@@ -116,9 +118,10 @@ def _tied_loading_case(group, tmp):
     import torch
     import torch.distributed as dist
 
-    from ds_hetero.models import adapter_for
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.families import adapter_for
+    from ds_hetero.toy import tiny_llava
     from ds_hetero.tensor_parallel import shard_language_model
+    from ds_hetero.families import tp_plans
     from ds_hetero.weights import load_stages, meta_model, open_weights
 
     built = tiny_llava("clip", seed=4, tie_word_embeddings=True)
@@ -127,11 +130,11 @@ def _tied_loading_case(group, tmp):
     dist.barrier()
     meta = meta_model(tmp)
     checkpoint = open_weights(meta, tmp)  # full shapes checked before sharding, as initialize does
-    shard_language_model(meta, group, split_input=False)
+    shard_language_model(meta, group, split_input=False, plans=tp_plans())
     language = adapter_for(meta).split()["language"]
     report = load_stages(meta, {"language": language}, {"language": (dist.get_rank(group), 2)}, checkpoint,
                          torch.device("cpu"))["language"]
-    want = shard_language_model(copy.deepcopy(built), group, split_input=False)
+    want = shard_language_model(copy.deepcopy(built), group, split_input=False, plans=tp_plans())
     got_params, want_params = dict(meta.named_parameters()), dict(want.named_parameters())
     lm = [n for n in want_params if "vision" not in n and "projector" not in n]
     emb = meta.get_input_embeddings().weight

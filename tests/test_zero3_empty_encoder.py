@@ -1,7 +1,7 @@
 """ZeRO 3 on an encoder stage whose dp ranks do not all get an image in a pass (Qwen2-VL).
 
 A vision rank with no image still runs its stage on the smallest dummy image and multiplies the
-rows by zero (models/stages.empty_rows), so its ZeRO-3 parameter gathers, its module trace and
+rows by zero (models/language_stage.empty_rows), so its ZeRO-3 parameter gathers, its module trace and
 its backward's reduce-scatters are those of its dp peers. That dummy pass used to call the
 stage module from inside its own forward: DeepSpeed's ZeRO-3 hook on the root module
 (`_start_of_forward_hook` -> `reset_step`, whose trace check is a world-group collective while

@@ -10,21 +10,23 @@ import copy
 import math
 import os
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..errors import HeteroConfigError
 from .pipeline import parse_pipeline
 from .ranks import assign_ranks
 from .read import read_ds_config
 from .stage_options import parse_stage_options
-from .schema import (BALANCES, DEFAULT_TIMEOUT_S, DERIVED_BATCH_KEYS, ENCODER_STAGES, LANGUAGE, MAX_TIMEOUT_S,
-                     PLACEMENTS, SECTION, SECTION_KEYS, STAGE_KEYS, STAGE_NAMES, HeteroConfig)
+from .schema import (BALANCES, DEFAULT_TIMEOUT_S, DERIVED_BATCH_KEYS, LANGUAGE, MAX_TIMEOUT_S,
+                     PLACEMENTS, SECTION, SECTION_KEYS, STAGE_KEYS, HeteroConfig)
 
 
-def load_config(source: str | os.PathLike | Mapping[str, Any], world_size: int) -> HeteroConfig:
-    """Read and validate a DeepSpeed config with a `hetero_parallel` section for `world_size` ranks."""
+def load_config(source: str | os.PathLike | Mapping[str, Any], world_size: int,
+                encoder_stages: Sequence[str] = ()) -> HeteroConfig:
+    """Read and validate a DeepSpeed config with a `hetero_parallel` section for `world_size` ranks;
+    `encoder_stages`: the stage names the model families have (`ds_hetero.load_config` passes them)."""
     ds = read_ds_config(source)
-    return parse_config(ds, world_size)
+    return parse_config(ds, world_size, encoder_stages)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -45,7 +47,10 @@ def _check_known_keys(mapping: Mapping[str, Any], allowed: tuple[str, ...], fiel
         raise HeteroConfigError(f"{field}.{unknown[0]}", f"unknown key; valid keys are {', '.join(allowed)}")
 
 
-def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
+def parse_config(ds: Mapping[str, Any], world_size: int, encoder_stages: Sequence[str] = ()) -> HeteroConfig:
+    """The parsed config; HeteroConfigError naming the field. `encoder_stages`: the encoder stage names a
+    config may use (every model family's: families/ `known_encoder_stages`); empty, a name is checked
+    later, against the model (validation.py)."""
     world_size = _positive_int(world_size, "world_size")
     if SECTION not in ds:
         raise HeteroConfigError(SECTION, "missing; add a top-level \"hetero_parallel\" section with \"stages\"")
@@ -72,7 +77,7 @@ def parse_config(ds: Mapping[str, Any], world_size: int) -> HeteroConfig:
         )
     global_batch = _positive_int(ds["train_batch_size"], "train_batch_size", " (the global batch)")
 
-    specs = _stage_specs(section, placement)
+    specs = _stage_specs(section, placement, encoder_stages)
     layouts = assign_ranks(specs, placement, world_size)
 
     balance = section.get("balance", "tokens")
@@ -163,20 +168,22 @@ def _encoder_micro_batches(specs: dict[str, dict[str, Any]], micro_batches: int,
     return out
 
 
-def _stage_specs(section: Mapping[str, Any], placement: str) -> dict[str, dict[str, Any]]:
+def _stage_specs(section: Mapping[str, Any], placement: str,
+                 encoder_stages: Sequence[str]) -> dict[str, dict[str, Any]]:
     stages = section.get("stages")
     field = f"{SECTION}.stages"
     if stages is None:
         raise HeteroConfigError(field, 'missing; give e.g. {"vision": {"tp": 1, "dp": 4}, "language": {"tp": 2, "dp": 2}}')
     if not isinstance(stages, Mapping) or not stages:
         raise HeteroConfigError(field, "must be a non-empty mapping from stage name to its layout")
+    names = (*encoder_stages, LANGUAGE)
     for name in stages:
-        if name not in STAGE_NAMES:
-            raise HeteroConfigError(f"{field}.{name}", f"unknown stage name; valid names are {', '.join(STAGE_NAMES)}")
+        if encoder_stages and name not in names:
+            raise HeteroConfigError(f"{field}.{name}", f"unknown stage name; valid names are {', '.join(names)}")
     if LANGUAGE not in stages:
         raise HeteroConfigError(f"{field}.{LANGUAGE}", "missing; every model has a language stage")
     if len(stages) < 2:
-        raise HeteroConfigError(field, f"needs at least one encoder stage ({', '.join(ENCODER_STAGES)}) besides language")
+        raise HeteroConfigError(field, "needs at least one encoder stage (the model's, e.g. vision) besides language")
 
     specs = {}
     for name, raw in stages.items():

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from ..layout import StageLayout
+from ..layout import AXES, FOLDED_AXES, StageLayout
 from .stage_options import OPTION_KEYS, StageOptions
 
 SECTION = "hetero_parallel"
@@ -40,14 +40,13 @@ SECTION = "hetero_parallel"
 # layout over them): with the language's tp it is Megatron's single layout, the usual baseline.
 PLACEMENTS = ("colocated", "disaggregated", "mixed", "first_stage")
 LANGUAGE = "language"
-ENCODER_STAGES = ("vision", "audio")
-STAGE_NAMES = ENCODER_STAGES + (LANGUAGE,)
+# The encoder stages' names come from the model families (families/ `known_encoder_stages`): parsing is
+# given them (parse_config `encoder_stages`); config keeps no list of its own.
 SECTION_KEYS = ("placement", "micro_batches", "stages", "timeout_s", "balance")
 DEFAULT_TIMEOUT_S = 300.0  # a collective waiting longer than this raises instead of hanging
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # process-group timeouts are integer milliseconds: keep them finite and sane
 BALANCES = ("tokens", "position")  # how encoder images go to dp ranks (step/balance.py)
-STAGE_KEYS = ("tp", "cp", "dp", "ranks", "sequence_parallel", "micro_batches", "balance", "pp", "pp_layers",
-              "ep") + OPTION_KEYS
+STAGE_KEYS = AXES + FOLDED_AXES + ("ranks", "sequence_parallel", "micro_batches", "balance", "pp_layers") + OPTION_KEYS
 # DeepSpeed batch keys that ds_hetero derives per stage.
 DERIVED_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 

@@ -79,10 +79,11 @@ def _recompute(value: Any, field: str) -> int:
 def _zero_stage(value: Any, field: str) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or value not in ZERO_STAGES:
+    # 1.0 == 1 in Python: only an int names a stage (as `pp` and `tp` take only ints)
+    if isinstance(value, bool) or not isinstance(value, int) or value not in ZERO_STAGES:
         raise HeteroConfigError(field, f"must be a ZeRO stage 0, 1, 2 or 3 (overrides zero_optimization.stage for "
                                 f"this stage), got {value!r}")
-    return int(value)
+    return value
 
 
 def _freeze(value: Any, field: str) -> bool | tuple[str, ...]:

@@ -4,7 +4,7 @@ An adapter cuts a Hugging Face model into stage modules that share its parameter
 list of per-sample dicts into each stage's inputs. The boundary tensor is always `[T, W]`: one
 row per image placeholder token, samples in order, placeholders in sequence order; W is
 `hidden_size` (the language model's width, or for Qwen3-VL that width times 1 + its DeepStack
-levels, carried side by side: models/qwen3_vl.py).
+levels, carried side by side: families/qwen3_vl/adapter.py).
 
 Samples are dicts with at least `input_ids` (1-D, with image placeholder ids) and `labels`
 (1-D, -100 where no loss is taken); image samples add the model's image fields. A sample may
@@ -14,7 +14,8 @@ have no image.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -77,6 +78,10 @@ class StageAdapter:
     pad_token_id: int = 0
     # The encoder stages this family has, as `stages.<name>` in the config (see encoders()).
     ENCODER_STAGES: tuple[str, ...] = ("vision",)
+    # Which module classes are sharded how over tp: every family's plans merged (a family's model may
+    # hold another family's decoder or tower). Set by the family registry (families/__init__.py
+    # `adapter_for`), which is what builds adapters.
+    tp_plans: Mapping[str, Any] = MappingProxyType({})
 
     model: nn.Module
 
@@ -148,8 +153,8 @@ class StageAdapter:
         language = cfg.stages["language"]
         for name, modules in self.encoder_modules().items():
             for module in modules:
-                validate_tensor_parallel(module, cfg.stages[name].tp, name)
-        validate_tensor_parallel(self.model.get_decoder(), language.tp, "language")
+                validate_tensor_parallel(module, cfg.stages[name].tp, name, plans=self.tp_plans)
+        validate_tensor_parallel(self.model.get_decoder(), language.tp, "language", plans=self.tp_plans)
         if language.tp > 1:
             _check_head(self.model, language.tp, False, "language", PAD_YOURSELF)
         from ..context_parallel import check_context_parallel, is_sharded
@@ -167,13 +172,14 @@ class StageAdapter:
         for name, modules in self.encoder_modules().items():
             if groups[name].is_member and cfg.stages[name].tp > 1:
                 for module in modules:
-                    shard_vision_tower(module, groups[name].tp, name)  # any encoder: the plans are per class
+                    shard_vision_tower(module, groups[name].tp, name, plans=self.tp_plans)  # any encoder: plans are per class
         language = cfg.stages["language"]
         if groups["language"].is_member and language.tp > 1:
             # The language stage embeds only its own sequence chunk (context_parallel.sequence):
             # under sequence parallelism the decoder's input is already split.
             shard_language_model(self.model, groups["language"].tp,
-                                 sequence_parallel=language.sequence_parallel, split_input=False)
+                                 sequence_parallel=language.sequence_parallel, split_input=False,
+                                 plans=self.tp_plans)
         if groups["language"].is_member and is_sharded(language):
             apply_sequence_sharded_attention(self.model.get_decoder(), groups["language"].cp)
 

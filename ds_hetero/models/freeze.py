@@ -27,7 +27,7 @@ from ..errors import HeteroConfigError
 def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
     """The stage's parameters its optimizer takes: those its forward uses that require grad.
 
-    A stage module may leave out parameters its forward never uses (models/llava.py says why).
+    A stage module may leave out parameters its forward never uses (families/llava/adapter.py says why).
     """
     if hasattr(module, "trainable_parameters"):
         return module.trainable_parameters()

@@ -49,6 +49,13 @@ def auto_options(section: Any) -> dict[str, Any]:
     mb = opts.get("micro_batches")
     if mb is not None:
         opts["micro_batches"] = tuple(mb) if isinstance(mb, (list, tuple)) else (mb,)
+        if not opts["micro_batches"] or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
+                                            for v in opts["micro_batches"]):
+            raise HeteroConfigError(f"{SECTION}.micro_batches", f"must be a positive integer or a list of them "
+                                    f"(the candidates the planner tries), got {mb!r}")
+    gb = opts.get("memory_gb")
+    if gb is not None and (isinstance(gb, bool) or not isinstance(gb, (int, float)) or not gb > 0):
+        raise HeteroConfigError(f"{SECTION}.memory_gb", f"must be a positive number of GB per device, got {gb!r}")
     placement = opts.get("placement")
     if placement is not None and placement not in ("colocated", "disaggregated", "mixed"):
         raise HeteroConfigError(f"{SECTION}.placement",

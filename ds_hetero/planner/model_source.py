@@ -10,7 +10,7 @@ import json
 import os
 from typing import Any
 
-from ..models.meta import BUILTIN
+from ..families.meta import BUILTIN
 
 
 def load_hf_config(source: Any):
@@ -20,7 +20,7 @@ def load_hf_config(source: Any):
     if isinstance(source, PretrainedConfig):
         return source
     if source in BUILTIN:
-        from ..models.meta import meta_model as builtin_meta_model
+        from ..families.meta import meta_model as builtin_meta_model
 
         return builtin_meta_model(source).config
     path = os.fspath(source)
@@ -40,7 +40,7 @@ def load_hf_config(source: Any):
 
 def meta_model(config):
     """The Hugging Face model of a config object on the meta device (no memory, no initialisation);
-    models/meta.py builds one from a name or a directory, this from a config already read (any
+    families/meta.py builds one from a name or a directory, this from a config already read (any
     .json file name, as `--model` accepts)."""
     import torch
     from transformers import AutoModelForImageTextToText

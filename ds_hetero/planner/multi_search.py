@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..models import adapter_for
+from ..families import adapter_for
 from .encoders import MultiSpec, multi_spec
 from .enumerate import SearchSpace
 from .machine import MachineProfile

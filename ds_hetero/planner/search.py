@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..config import SECTION
-from ..models import adapter_for
+from ..families import adapter_for
 from .cost import Prediction
 from .enumerate import SearchSpace, enumerate_candidates
 from .modelled import (ModelledSpace, disaggregated_candidates, heterogeneous_candidates, megatron_candidates,

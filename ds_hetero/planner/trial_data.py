@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from ..toy.shapes import LlavaFormat, Qwen2VLFormat, Vocabulary
+from ..families.llava.samples import LlavaFormat
+from ..families.qwen2_vl.samples import Qwen2VLFormat
+from ..toy.shapes import Vocabulary
 
 
 def _llava(cfg, seq_len: int, n: int, gen: torch.Generator) -> list[dict]:

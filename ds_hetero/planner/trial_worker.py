@@ -23,15 +23,15 @@ def build_model(source: str):
     import torch
 
     if source == "tiny-llava":
-        from ds_hetero.models.tiny import tiny_llava
+        from ds_hetero.toy import tiny_llava
 
         return tiny_llava("clip", seed=0), None
     if source == "tiny-qwen2-vl":
-        from ds_hetero.models.tiny import tiny_qwen2_vl
+        from ds_hetero.toy import tiny_qwen2_vl
 
         return tiny_qwen2_vl(seed=0), None
     if os.path.isdir(source):
-        from ds_hetero.models.meta import meta_model
+        from ds_hetero.families.meta import meta_model
 
         return meta_model(source, dtype=torch.float32), source
     from transformers import AutoModelForImageTextToText

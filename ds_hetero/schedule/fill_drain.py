@@ -35,6 +35,10 @@ the same step index, before its commands, cannot deadlock, whatever the stage
   A pass whose exchange is inside but for which a stage has no idle step runs its forward
   before the 1F1B (its backward after it) on that stage.
 
+An encoder that does not train (`frozen`: `freeze: true`, or nothing of it requires grad) has
+no gradient exchange and no backward at all: only its forward and rows exchange are placed, and
+its passes take no idle step for a backward.
+
 The first pass's forward (its rows are the first micro-batch's input) and the last pass's
 backward (its gradients are the last micro-batch's) cannot move into the pipeline. Every
 encoder's exchanges of one step run in config order, gradients before rows.
@@ -46,7 +50,7 @@ the same exchange sequence; the encoders' compute may sit at different steps on 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 Work = tuple[str, str, int]  # (kind, encoder stage, pass index); kind: forward, rows, grads, backward
 
@@ -92,29 +96,31 @@ def compute_steps(steps: Sequence[Sequence]) -> tuple[list[int], list[int], list
 
 
 def fill_drain_order(feeds: Mapping[str, Sequence[range]], micro_batches: int, pp: int,
-                     stage_id: int, fill: bool = True) -> FillDrainOrder:
+                     stage_id: int, fill: bool = True, frozen: Collection[str] = ()) -> FillDrainOrder:
     """The order of every encoder pass's work on a rank of pipeline stage `stage_id`.
 
     `feeds`: per encoder stage, in config order, the language micro-batches each of its passes
     feeds (StepPlan.passes[name][k].feeds). `fill=False`: the phased order instead, every
     forward and rows exchange before the 1F1B and every gradient exchange and backward after
-    it (kept as the benchmark's baseline).
+    it (kept as the benchmark's baseline). `frozen`: the encoder stages that do not train (no
+    gradient exchange, no backward).
     """
     total = len(train_steps(micro_batches, pp, stage_id))
     items = [(n, k) for n, fs in feeds.items() for k in range(len(fs))]  # config order, then pass order
+    trained = [i for i in items if i[0] not in frozen]
     if not fill:
-        return _phased(items, set(), set(), {}, {}, total)
+        return _phased(items, set(), set(), {}, {}, total, trained)
     first, last, _ = compute_steps(train_steps(micro_batches, pp, 0))
     rows_at = {(n, k): first[f.start] for n, fs in feeds.items() for k, f in enumerate(fs)}
     grads_at = {(n, k): last[f.stop - 1] + 1 for n, fs in feeds.items() for k, f in enumerate(fs)}
-    slots = [_slots(items, rows_at, grads_at, compute_steps(train_steps(micro_batches, pp, s))[2])
+    slots = [_slots(items, trained, rows_at, grads_at, compute_steps(train_steps(micro_batches, pp, s))[2])
              for s in range(pp)]
     # an exchange inside the 1F1B is a barrier over every rank, which costs the stages' natural
     # skew in 1F1B: only the passes that some stage moves into an idle step get one
     inside_rows = {i for fwd, _ in slots for i in fwd}
     inside_grads = {i for _, bwd in slots for i in bwd}
     fwd, bwd = slots[stage_id]
-    order = _phased(items, inside_rows, inside_grads, fwd, bwd, total)
+    order = _phased(items, inside_rows, inside_grads, fwd, bwd, total, trained)
     key = lambda t, i: (t, items.index(i))  # noqa: E731 - exchanges of one step: config order, then pass
     for i in sorted(inside_grads, key=lambda i: key(grads_at[i], i)):
         order.before.setdefault(grads_at[i], []).append(("grads", *i))
@@ -127,7 +133,7 @@ def fill_drain_order(feeds: Mapping[str, Sequence[range]], micro_batches: int, p
     return order
 
 
-def _slots(items, rows_at, grads_at, busy):
+def _slots(items, trained, rows_at, grads_at, busy):
     """One stage's idle steps given to encoder work: ({pass: step of its forward},
     {pass: step of its backward}). Forwards take the earliest free idle step before their rows
     exchange, pass after pass; backwards the latest at or after their gradient exchange, from the
@@ -139,7 +145,7 @@ def _slots(items, rows_at, grads_at, busy):
         if slot is not None:
             idle.remove(slot)
             fwd[i] = slot
-    for i in sorted(items, key=lambda i: (-grads_at[i], -items.index(i))):
+    for i in sorted(trained, key=lambda i: (-grads_at[i], -items.index(i))):
         slot = next((t for t in reversed(idle) if t >= grads_at[i]), None)
         if slot is not None:
             idle.remove(slot)
@@ -147,7 +153,7 @@ def _slots(items, rows_at, grads_at, busy):
     return fwd, bwd
 
 
-def _phased(items, inside_rows, inside_grads, fwd, bwd, steps: int) -> FillDrainOrder:
+def _phased(items, inside_rows, inside_grads, fwd, bwd, steps: int, trained) -> FillDrainOrder:
     """Every pass's work that stays outside the 1F1B: before it, the forwards of passes whose
     rows exchange is inside but that this stage has no idle step for, then every other pass's
     forward and rows exchange; after it, the backwards of passes whose gradient exchange was
@@ -155,6 +161,6 @@ def _phased(items, inside_rows, inside_grads, fwd, bwd, steps: int) -> FillDrain
     backward (the last pass's backward last: the accumulation boundary)."""
     head = [("forward", *i) for i in items if i in inside_rows and i not in fwd]
     head += [w for i in items if i not in inside_rows for w in (("forward", *i), ("rows", *i))]
-    tail = [("backward", *i) for i in items if i in inside_grads and i not in bwd]
-    tail += [w for i in items if i not in inside_grads for w in (("grads", *i), ("backward", *i))]
+    tail = [("backward", *i) for i in trained if i in inside_grads and i not in bwd]
+    tail += [w for i in trained if i not in inside_grads for w in (("grads", *i), ("backward", *i))]
     return FillDrainOrder(steps, before={t: w for t, w in ((0, head), (steps, tail)) if w})

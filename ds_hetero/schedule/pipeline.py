@@ -41,14 +41,12 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
-import torch.distributed as dist
 
-from ..loss import token_loss_sum
 from ..stages.tied_embeddings import reduce_tied_gradients
 from ..pipeline_parallel.zero3 import count_backward
 from ..step.step_plan import StepPlan
+from .one_f_one_b import OneFOneB
 from .pipeline_fill import EncodersInPipeline, encoder_work_is_local
-from ..pipeline_parallel.shapes import hidden_shape as shard_shape
 from .stage_work import StageWork
 
 
@@ -104,113 +102,17 @@ class PipelineSchedule(StageWork):
         later = set(language.ranks[language.chunk_size:])
         return not any(later & set(e.layout.ranks) for e in self.stages.encoders)
 
+    def _row_grads(self, rows) -> dict[str, torch.Tensor]:
+        """Pipeline stage 0's gradients of the rows of every encoder that trains (a frozen one
+        gets none back: no gradient exchange, no backward)."""
+        return {e.name: r.grad if r.grad is not None else torch.zeros_like(r)
+                for e, r in zip(self.stages.encoders, rows) if e.trains}
+
     # ------------------------------------------------------------------ 1F1B
     def _pipeline(self, samples, plan: StepPlan, arrived, n_labels: int, step: int, inline=None, fill=None):
-        from deepspeed.runtime.pipe import schedule as ds
-
-        language = self.stages.language
-        coord, pp = language.coord, language.layout.pp
-        neighbours = language.groups.ranks_of["pp"]  # this rank's (tp, cp, dp) in every pipeline stage
-        prev = neighbours[coord.pp - 1] if coord.pp > 0 else None
-        nxt = neighbours[coord.pp + 1] if coord.pp < pp - 1 else None
-        group = language.groups.pp
-        state: dict[int, dict[str, Any]] = {}  # micro-batch -> its batch, input, output, gradients
-        of_buffer: dict[int, int] = {}  # DeepSpeed's pipe buffer -> the micro-batch it holds
-        sends: list[tuple[Any, torch.Tensor]] = []  # isend handles, with their tensors kept alive
-        loss_sum = 0.0
-        row_grads: dict[int, dict[str, torch.Tensor]] = {}
-        next_forward = 0
-
-        def micro_batch(m):
-            if m not in state:
-                mine = [samples[p] for p in plan.language_samples(coord.dp, m)]
-                batch, counts, sharded = self.language_batch(mine)
-                state[m] = {"batch": batch, "counts": counts, "sharded": sharded}
-            return state[m]
-
-        def hidden_shape(m):  # this rank's sequence shard of the hidden states (pipeline_shapes.py)
-            s = micro_batch(m)
-            return shard_shape(language.layout, s["batch"], s["sharded"], self.adapter.language_hidden_size)
-
-        if fill is not None:
-            arrived, row_grads = fill.arrived, fill.row_grads  # filled and emptied by the encoders' work
-        for t, cmds in enumerate(ds.TrainSchedule(micro_batches=plan.micro_batches, stages=pp,
-                                                  stage_id=coord.pp).steps()):
-            if fill is not None:  # collectives every rank enters at the start of step t
-                fill.before(t)
-            for cmd in cmds:
-                if isinstance(cmd, ds.RecvActivation):
-                    m = of_buffer[cmd.buffer_id] = next_forward
-                    x = torch.empty(hidden_shape(m), dtype=self.stages.dtype, device=self.stages.device)
-                    with self._span(f"pipeline.recv_activation[m={m}]", "pipeline", step):
-                        dist.recv(x, prev, group=group)
-                    micro_batch(m)["input"] = x.requires_grad_(True)
-                elif isinstance(cmd, ds.ForwardPass):
-                    m = of_buffer[cmd.buffer_id] = next_forward
-                    next_forward += 1
-                    if inline is not None and coord.pp == 0:
-                        inline.forward(m)
-                    s = micro_batch(m)
-                    batch = s["batch"]
-                    with self._span(f"language.forward[m={m}]", "forward", step):
-                        if coord.pp == 0:
-                            rows = tuple(arrived[m][e.name] for e in self.stages.encoders)
-                            s["rows"] = rows
-                            out = language(batch["input_ids"], rows, batch["attention_mask"], batch["position_ids"],
-                                           n_placeholders=s["counts"])
-                        else:
-                            out = language(s["input"], (), batch["attention_mask"], batch["position_ids"],
-                                           input_ids=batch["input_ids"])
-                        if nxt is None:
-                            out = token_loss_sum(out, batch["labels"], self.lm_head, shifted=s["sharded"])
-                    s["output"] = out
-                elif isinstance(cmd, ds.SendActivation):
-                    m = of_buffer[cmd.buffer_id]
-                    y = state[m]["output"].detach().contiguous()
-                    sends.append((dist.isend(y, nxt, group=group), y))
-                elif isinstance(cmd, ds.RecvGrad):
-                    m = of_buffer[cmd.buffer_id]
-                    g = torch.empty_like(state[m]["output"])
-                    with self._span(f"pipeline.recv_grad[m={m}]", "pipeline", step):
-                        dist.recv(g, nxt, group=group)
-                    state[m]["output_grad"] = g
-                elif isinstance(cmd, ds.BackwardPass):
-                    m = of_buffer[cmd.buffer_id]
-                    s = state[m]
-                    with self._span(f"language.backward[m={m}]", "backward", step):
-                        if nxt is None:
-                            local = s["output"]
-                            language.backward(local / n_labels * plan.language_scale())
-                            loss_sum += local.detach().double()
-                        else:  # the received gradient carries the last stage's scaling already
-                            with language.context():
-                                language.engine.backward((s["output"] * s.pop("output_grad")).sum(),
-                                                         scale_wrt_gas=False)
-                    s.pop("output")
-                    if coord.pp == 0:
-                        row_grads[m] = {e.name: r.grad if r.grad is not None else torch.zeros_like(r)
-                                        for e, r in zip(self.stages.encoders, s.pop("rows"))}
-                        del state[m]
-                    self.micro_step(language, m)
-                    if inline is not None and coord.pp == 0:
-                        inline.backward(m, row_grads.pop(m))
-                elif isinstance(cmd, ds.SendGrad):
-                    m = of_buffer.pop(cmd.buffer_id)
-                    s = state.pop(m)
-                    x = s["input"]
-                    g = (x.grad if x.grad is not None else torch.zeros_like(x)).contiguous()
-                    sends.append((dist.isend(g, prev, group=group), g))
-                # LoadMicroBatch: batches are built where they are used; ReduceTiedGrads,
-                # ReduceGrads, OptimizerStep: the engines reduce at the accumulation boundary
-                # and optimizer_step/global_step.py takes the one clipped step over every stage.
-            if fill is not None:  # encoder work in this stage's idle steps
-                fill.after(t)
-        if fill is not None:
-            fill.before(fill.steps)  # the last passes' gradient exchanges and backwards
-        with self._span("pipeline.drain_sends", "pipeline", step):
-            for handle, _ in sends:
-                handle.wait()
-        return loss_sum, row_grads
+        """This rank's pipeline stage through DeepSpeed's 1F1B instruction stream (one_f_one_b.py);
+        (loss sum, row gradients of pipeline stage 0)."""
+        return OneFOneB(self, samples, plan, arrived, n_labels, step, inline, fill).run()
 
 
 class _Inline:
@@ -230,17 +132,18 @@ class _Inline:
                 continue
             v = plan.pass_feeding(stage.name, m).index
             rows = w.encoder_forward(stage, self.samples, plan, v, self.step) if stage.held else w.empty_rows()
-            if stage.held:
+            if stage.held and stage.trains:  # kept for its backward
                 self.sources[stage.name, v] = rows
             out = w.send_rows(stage.name, rows.detach() if stage.held else rows, plan, v, self.step)
-            self.arrived[m][stage.name] = out.requires_grad_(True)
+            self.arrived[m][stage.name] = out.requires_grad_(stage.trains)
 
     def backward(self, m: int, grads: dict[str, torch.Tensor] | None) -> None:
-        """Every encoder's pass m: its row gradients back, then its backward where held."""
+        """Every encoder's pass m: its row gradients back, then its backward where held (none for
+        an encoder that does not train: no exchange either, on every rank alike)."""
         w, plan = self.work, self.plan
         self.arrived.pop(m, None)
         for stage in w.stages.encoders:
-            if stage.name not in w.boundaries:
+            if stage.name not in w.boundaries or not stage.trains:
                 continue
             v = plan.pass_feeding(stage.name, m).index
             grad = grads[stage.name] if grads is not None else w.empty_rows()

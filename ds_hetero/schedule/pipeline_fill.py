@@ -45,8 +45,10 @@ class EncodersInPipeline:
         # a rank without the language stage (mixed placement: an encoder on ranks of its own)
         # follows pipeline stage 0's order of the exchanges it is in
         stage_id = language.coord.pp if language.held else 0
+        # an encoder that does not train gets no gradient exchange and no backward (the same on every rank)
+        frozen = {s.name for s in work.stages.encoders if not s.trains}
         self.order = fill_drain_order({n: [p.feeds for p in plan.passes[n]] for n in names},
-                                      plan.micro_batches, language.layout.pp, stage_id, fill)
+                                      plan.micro_batches, language.layout.pp, stage_id, fill, frozen)
         self.first = language.held and language.coord.pp == 0  # holds the embeddings: receives rows
         self.arrived: dict[int, dict[str, torch.Tensor]] = {m: {} for m in range(plan.micro_batches)}
         self.row_grads: dict[int, dict[str, torch.Tensor]] = {}  # filled by stage 0's backwards
@@ -80,14 +82,16 @@ class EncodersInPipeline:
             if stage.held:
                 self.sources[name, k] = work.encoder_forward(stage, self.samples, plan, k, self.step)
         elif kind == "rows":
-            rows = self.sources[name, k].detach() if stage.held else work.empty_rows()
+            # a frozen encoder's rows are not kept: it has no backward to take them
+            held = (self.sources[name, k] if stage.trains else self.sources.pop((name, k))) if stage.held else None
+            rows = held.detach() if stage.held else work.empty_rows()
             out = work.send_rows(name, rows, plan, k, self.step)
             if self.first:  # the rows of every language micro-batch the pass feeds, as leaves
                 feeds = plan.encoder_pass(name, k).feeds
                 dp = work.stages.language.coord.dp
                 sizes = [plan.rows_of(name, dp, m) for m in feeds] if len(feeds) > 1 else [out.shape[0]]
                 for m, piece in zip(feeds, out.split(sizes)):
-                    self.arrived[m][name] = piece.detach().requires_grad_(True)
+                    self.arrived[m][name] = piece.detach().requires_grad_(stage.trains)
         elif kind == "grads":
             feeds = plan.encoder_pass(name, k).feeds
             grad = torch.cat([self._take(m, name) for m in feeds]) if self.first else work.empty_rows()

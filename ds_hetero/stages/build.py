@@ -1,7 +1,8 @@
 """Building the StageSet: groups, tensor-parallel shards, stage modules, per-shard weights, engines.
 
 In an order every rank follows identically (group creation and `deepspeed.initialize` are
-collective): process groups of every stage -> shard each stage over its tp group -> cut the
+collective): process groups of every stage -> rank 0's initial weights on every rank
+(equal_replicas.py; not with a checkpoint, which every rank reads alike) -> shard each stage over its tp group -> cut the
 model into stage modules -> read each held stage's weights shard (if a checkpoint was given)
 -> free the modules of stages this rank does not hold -> one `deepspeed.initialize` per held
 stage, each with its own StageMPU and batch keys. With a pipelined language stage (pp > 1) a rank
@@ -31,6 +32,7 @@ from ..tensor_parallel.shard import is_tied
 from ..topology.groups import build_groups
 from ..topology.mpu import StageMPU, stage_context
 from ..weights import load_stages
+from .equal_replicas import equalize_replicas
 from .stage_set import Stage, StageSet
 from .tied_embeddings import param_groups, tied_copy
 from ..pipeline_parallel.zero3 import confine_trace_check
@@ -44,6 +46,8 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
     import deepspeed
 
     groups = build_groups(cfg.stages, rank, timeout=timedelta(seconds=cfg.timeout_s))
+    if checkpoint is None:  # before the split and the tp cut: every rank still holds the whole model
+        start_equal(model, groups)
     apply_freeze(cfg, adapter)  # before sharding: the tp shards copy requires_grad
     adapter.shard(groups, cfg)  # per-stage tensor parallelism (checks first, then shards)
     modules = adapter.split()
@@ -87,3 +91,18 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
     first = next(s for s in stages.values() if s.held)
     param = next(first.engine.module.parameters())
     return StageSet(rank, cfg, groups, stages, param.device, param.dtype), load_report
+
+
+def start_equal(model: torch.nn.Module, groups) -> None:
+    """Rank 0's parameters and buffers on every rank (stages/equal_replicas.py), staged on the
+    device the engines will train on; a warning on a rank that had built other values."""
+    import warnings
+
+    from deepspeed.accelerator import get_accelerator
+
+    src = groups.boundary_ranks[0]
+    differed = equalize_replicas(model, groups.boundary, src, get_accelerator().current_device_name())
+    if differed:
+        warnings.warn(f"ds_hetero: this rank built other initial values than rank {src} for {len(differed)} "
+                      f"parameters and buffers (first: {differed[0]}); every rank now trains rank {src}'s "
+                      "model, as DeepSpeed does (per-rank seeds or freshly initialized modules)", stacklevel=3)

@@ -7,14 +7,14 @@ sequence_parallel.py for the sequence-sharded language stage.
 """
 
 from .layers import ColumnParallelLinear, RowParallelLinear, gather_full, shard_tensor
-from .shard_plans import PLANS, ShardPlan, validate_tensor_parallel
+from .shard_plans import PlanTable, ShardPlan, validate_tensor_parallel
 from .regions import enter_region, exit_region
 from .embedding import VocabParallelEmbedding
 from .shard import is_tied, shard_embeddings, shard_language_model, shard_projector, shard_vision_tower
 from .vocab import VocabParallelCausalLMLoss, VocabParallelLMHead, vocab_parallel_cross_entropy
 
 __all__ = [
-    "PLANS", "ColumnParallelLinear", "RowParallelLinear", "ShardPlan", "VocabParallelCausalLMLoss",
+    "ColumnParallelLinear", "PlanTable", "RowParallelLinear", "ShardPlan", "VocabParallelCausalLMLoss",
     "VocabParallelEmbedding", "VocabParallelLMHead", "enter_region", "exit_region", "gather_full", "is_tied",
     "shard_embeddings", "shard_language_model",
     "shard_projector", "shard_tensor", "shard_vision_tower", "validate_tensor_parallel",

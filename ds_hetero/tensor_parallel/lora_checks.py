@@ -8,19 +8,20 @@ from torch import nn
 
 from ..errors import HeteroConfigError
 from .lora import is_lora_layer
-from .shard_plans import planned_modules
+from .shard_plans import PlanTable, planned_modules
 
 LANGUAGE = "language"
 
 
 def lora_problems(model: nn.Module, encoder_modules: Mapping[str, Sequence[nn.Module]], tp: Mapping[str, int],
-                  sequence_parallel: bool = False) -> list[str]:
+                  sequence_parallel: bool = False, *, plans: PlanTable) -> list[str]:
     """What keeps the model's LoRA layers from training exactly in this layout (pure: no communication).
 
     `encoder_modules`: each encoder stage's modules (the adapter's `encoder_modules()`); a LoRA
     layer inside none of them belongs to the language stage. `tp`: every stage's tp size, by name.
+    `plans`: the tp plans (the adapter's `tp_plans`), which say which linears tp shards.
     """
-    planned = {id(module.get_submodule(child)) for _, module, plan in planned_modules(model)
+    planned = {id(module.get_submodule(child)) for _, module, plan in planned_modules(model, plans)
                for child in (*plan.column, *plan.row)}
     stage_of = {id(m): name for name, modules in encoder_modules.items() for top in modules for m in top.modules()}
     problems = []
@@ -53,7 +54,8 @@ def check_lora(model: nn.Module, adapter, cfg) -> None:
         return
     encoders = adapter.encoder_modules()
     tp = {name: cfg.stages[name].tp for name in (*encoders, LANGUAGE)}
-    problems = lora_problems(model, encoders, tp, bool(getattr(cfg.stages[LANGUAGE], "sequence_parallel", False)))
+    problems = lora_problems(model, encoders, tp, bool(getattr(cfg.stages[LANGUAGE], "sequence_parallel", False)),
+                             plans=adapter.tp_plans)
     if problems:
         more = f"\n  ... and {len(problems) - 8} more" if len(problems) > 8 else ""
         raise HeteroConfigError("hetero_parallel.stages", "LoRA layers that cannot train exactly in this layout:\n  - "

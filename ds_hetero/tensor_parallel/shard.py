@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import HeteroConfigError
-from .shard_plans import apply_plans, validate_tensor_parallel
+from .shard_plans import PlanTable, apply_plans, validate_tensor_parallel
 from .embedding import VocabParallelEmbedding, check_plain_embedding, padded_vocab
 from .sequence_parallel import apply_sequence_parallel
 from .vocab import VocabParallelCausalLMLoss, VocabParallelLMHead
@@ -32,17 +32,18 @@ def _tp(group) -> int:
     return dist.get_world_size(group)
 
 
-def shard_vision_tower(tower: nn.Module, group, stage: str = "vision") -> nn.Module:
-    """Shard a vision tower's attention and MLP blocks (and Qwen2-VL's patch merger) over `group`."""
-    found = validate_tensor_parallel(tower, _tp(group), stage)
+def shard_vision_tower(tower: nn.Module, group, stage: str = "vision", *, plans: PlanTable) -> nn.Module:
+    """Shard a vision tower's attention and MLP blocks (and Qwen2-VL's patch merger) over `group`
+    by the plans of its module classes (`plans`: the family registry's `tp_plans()`)."""
+    found = validate_tensor_parallel(tower, _tp(group), stage, plans=plans)
     if _tp(group) > 1:
         apply_plans(found, group)
     return tower
 
 
-def shard_projector(projector: nn.Module, group, stage: str = "vision") -> nn.Module:
+def shard_projector(projector: nn.Module, group, stage: str = "vision", *, plans: PlanTable) -> nn.Module:
     """Shard the LLaVA projector (linear_1 column, linear_2 row); its output is replicated."""
-    return shard_vision_tower(projector, group, stage)
+    return shard_vision_tower(projector, group, stage, plans=plans)
 
 
 PAD_WITH_ARGUMENT = "pass pad_vocab=True to pad it to {padded}"
@@ -104,7 +105,7 @@ def shard_embeddings(model: nn.Module, group, sequence_parallel: bool = False, p
 
 
 def shard_language_model(model: nn.Module, group, sequence_parallel: bool = False, pad_vocab: bool = False,
-                         stage: str = "language", split_input: bool = True) -> nn.Module:
+                         stage: str = "language", split_input: bool = True, *, plans: PlanTable) -> nn.Module:
     """Shard a causal LM's decoder, input embedding and output head (both on the vocabulary, tied or
     not); `model(..., labels=...)` then gives the exact loss.
 
@@ -117,7 +118,7 @@ def shard_language_model(model: nn.Module, group, sequence_parallel: bool = Fals
     """
     tp = _tp(group)
     decoder = model.get_decoder()
-    found = validate_tensor_parallel(decoder, tp, stage)
+    found = validate_tensor_parallel(decoder, tp, stage, plans=plans)
     if tp == 1:  # nothing to shard
         return model
     _check_head(model, tp, pad_vocab, stage)

@@ -15,24 +15,23 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 import torch.distributed as dist
 from torch import nn
 
 from ..errors import HeteroConfigError
-from .family_plans import family_plans
 from .layers import ColumnParallelLinear, RowParallelLinear
 from .lora import is_lora_layer, shard_lora_column, shard_lora_row
 from .regions import EnterRegionHook
 from .sequence_parallel import SumGradOverGroup, add_grad_hook
 
 
-def _config_heads(m: nn.Module) -> tuple[int, int]:
+def config_heads(m: nn.Module) -> tuple[int, int]:
     return m.config.num_attention_heads, m.config.num_key_value_heads
 
 
-def _attr_heads(m: nn.Module) -> tuple[int, int]:
+def attr_heads(m: nn.Module) -> tuple[int, int]:
     return m.num_heads, m.num_heads
 
 
@@ -49,57 +48,14 @@ class ShardPlan:
     per_head: tuple[str, ...] = ()
 
 
-# k_proj and v_proj hold kv_heads * head_dim rows: kv heads divisible by tp keeps GQA groups whole
-_QKV_O = dict(column=("q_proj", "k_proj", "v_proj"))
-_GATE_UP_DOWN = ShardPlan(column=("gate_proj", "up_proj"), row=("down_proj",))
-_FC1_FC2 = ShardPlan(column=("fc1",), row=("fc2",))
-_HF = "transformers.models."
-
-PLANS: dict[str, ShardPlan] = {
-    # language decoders: q/k/v column (GQA: k and v by kv heads), o row; gate/up column, down row
-    _HF + "llama.modeling_llama:LlamaAttention": ShardPlan(row=("o_proj",), heads=_config_heads, **_QKV_O),
-    _HF + "llama.modeling_llama:LlamaMLP": _GATE_UP_DOWN,
-    _HF + "qwen2.modeling_qwen2:Qwen2Attention": ShardPlan(row=("o_proj",), heads=_config_heads, **_QKV_O),
-    _HF + "qwen2.modeling_qwen2:Qwen2MLP": _GATE_UP_DOWN,
-    _HF + "qwen2_vl.modeling_qwen2_vl:Qwen2VLAttention": ShardPlan(
-        row=("o_proj",), heads=_config_heads, head_attrs=("num_heads", "num_key_value_heads"), **_QKV_O),
-    _HF + "qwen2_vl.modeling_qwen2_vl:Qwen2MLP": _GATE_UP_DOWN,
-    # vision towers: q/k/v column, out row; fc1 column, fc2 row
-    _HF + "clip.modeling_clip:CLIPAttention": ShardPlan(
-        column=("q_proj", "k_proj", "v_proj"), row=("out_proj",), heads=_attr_heads, head_attrs=("num_heads",)),
-    _HF + "clip.modeling_clip:CLIPMLP": _FC1_FC2,
-    _HF + "siglip.modeling_siglip:SiglipAttention": ShardPlan(
-        column=("q_proj", "k_proj", "v_proj"), row=("out_proj",), heads=_attr_heads, head_attrs=("num_heads",)),
-    _HF + "siglip.modeling_siglip:SiglipMLP": _FC1_FC2,
-    # Qwen2-VL vision: fused qkv [3 * heads * head_dim] split per segment, proj row; merger MLP
-    _HF + "qwen2_vl.modeling_qwen2_vl:VisionAttention": ShardPlan(
-        column=("qkv",), row=("proj",), heads=_attr_heads, head_attrs=("num_heads",), stride=3),
-    _HF + "qwen2_vl.modeling_qwen2_vl:VisionMlp": _FC1_FC2,
-    _HF + "qwen2_vl.modeling_qwen2_vl:PatchMerger": ShardPlan(column=("mlp.0",), row=("mlp.2",), entry="mlp"),
-    # Qwen2.5-Omni thinker: its own classes for the Qwen2 decoder, the windowed vision tower
-    # (separate q/k/v; gated MLP; merger) and the audio encoder (Whisper-like: q/k/v column,
-    # out row; the layer's own fc1 column, fc2 row)
-    _HF + "qwen2_5_omni.modeling_qwen2_5_omni:Qwen2_5OmniAttention": ShardPlan(
-        row=("o_proj",), heads=_config_heads, **_QKV_O),
-    _HF + "qwen2_5_omni.modeling_qwen2_5_omni:Qwen2MLP": _GATE_UP_DOWN,
-    _HF + "qwen2_5_omni.modeling_qwen2_5_omni:Qwen2_5OmniVisionAttention": ShardPlan(
-        column=("q", "k", "v"), row=("proj",), heads=_attr_heads, head_attrs=("num_heads",)),
-    _HF + "qwen2_5_omni.modeling_qwen2_5_omni:Qwen2_5OmniMLP": _GATE_UP_DOWN,
-    _HF + "qwen2_5_omni.modeling_qwen2_5_omni:Qwen2_5OmniPatchMerger": ShardPlan(
-        column=("mlp.0",), row=("mlp.2",), entry="mlp"),
-    _HF + "qwen2_5_omni.modeling_qwen2_5_omni:Qwen2_5OmniAudioAttention": ShardPlan(
-        column=("q_proj", "k_proj", "v_proj"), row=("out_proj",), heads=_attr_heads, head_attrs=("num_heads",)),
-    _HF + "qwen2_5_omni.modeling_qwen2_5_omni:Qwen2_5OmniAudioEncoderLayer": ShardPlan(
-        column=("fc1",), row=("fc2",), entry="fc1"),
-    # LLaVA projector: linear_1 column, linear_2 row
-    _HF + "llava.modeling_llava:LlavaMultiModalProjector": ShardPlan(column=("linear_1",), row=("linear_2",)),
-    **family_plans(ShardPlan, _config_heads, _attr_heads),
-}
+# The plans themselves are data of the model families (ds_hetero/families/<family>/plans.py, merged
+# by the family registry's `tp_plans()`): every function here takes the table it applies.
+PlanTable = Mapping[str, ShardPlan]
 
 
-def _resolve_plans() -> dict[type, ShardPlan]:
+def _resolve_plans(plans: PlanTable) -> dict[type, ShardPlan]:
     resolved = {}
-    for key, plan in PLANS.items():
+    for key, plan in plans.items():
         module_name, cls_name = key.split(":")
         try:
             resolved[getattr(importlib.import_module(module_name), cls_name)] = plan
@@ -108,8 +64,9 @@ def _resolve_plans() -> dict[type, ShardPlan]:
     return resolved
 
 
-def planned_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module, ShardPlan]]:
-    plans = _resolve_plans()
+def planned_modules(root: nn.Module, plans: PlanTable) -> Iterator[tuple[str, nn.Module, ShardPlan]]:
+    """Every module of `root` whose class has a plan in `plans`, with that plan."""
+    plans = _resolve_plans(plans)
     for name, module in root.named_modules():
         plan = plans.get(type(module))
         if plan is not None:
@@ -129,13 +86,14 @@ def _require(count: int, what: str, tp: int, cls: str, name: str, stage: str) ->
         )
 
 
-def validate_tensor_parallel(root: nn.Module, tp: int, stage: str = "stage") -> list[tuple[str, nn.Module, ShardPlan]]:
+def validate_tensor_parallel(root: nn.Module, tp: int, stage: str = "stage", *,
+                             plans: PlanTable) -> list[tuple[str, nn.Module, ShardPlan]]:
     """Every planned module of `root` and its plan; HeteroConfigError if tp does not fit one of them."""
-    found = list(planned_modules(root))
+    found = list(planned_modules(root, plans))
     if not found:
         raise HeteroConfigError(
             f"hetero_parallel.stages.{stage}", f"no tensor-parallel plan matches any module of {type(root).__name__}; "
-            f"supported: {sorted(k.split(':')[1] for k in PLANS)}")
+            f"supported: {sorted(k.split(':')[1] for k in plans)}")
     for name, module, plan in found:
         cls = type(module).__name__
         if plan.heads is not None:

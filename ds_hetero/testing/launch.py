@@ -140,36 +140,8 @@ def run_distributed(
         ]
         for p in procs:
             p.start()
-        outcome: dict[int, tuple[str, Any]] = {}
-        deadline = time.monotonic() + timeout
-        first_error_at = None
         try:
-            while len(outcome) < world_size:
-                now = time.monotonic()
-                if now > deadline:
-                    break
-                # After one rank fails, give the others a moment to report their own error,
-                # then stop: they are likely blocked in a collective with the dead rank.
-                if first_error_at is not None and now - first_error_at > grace_s:
-                    break
-                try:
-                    rank, status, value = results.get(timeout=0.2)
-                    outcome[rank] = (status, value)
-                    if status == "error" and first_error_at is None:
-                        first_error_at = time.monotonic()
-                    continue
-                except queue.Empty:
-                    pass
-                for rank, p in enumerate(procs):
-                    if rank not in outcome and not p.is_alive() and p.exitcode not in (0, None):
-                        # Died without reporting (signal, os._exit): drain once more, then record.
-                        try:
-                            r, status, value = results.get(timeout=0.5)
-                            outcome[r] = (status, value)
-                        except queue.Empty:
-                            outcome[rank] = ("error", f"rank {rank} died with exit code {p.exitcode}")
-                        if first_error_at is None:
-                            first_error_at = time.monotonic()
+            outcome = _collect(procs, results, world_size, timeout, grace_s)
         finally:
             for p in procs:
                 if p.is_alive():
@@ -190,3 +162,36 @@ def run_distributed(
             msg += f"\nranks {missing} did not finish within {timeout:.0f}s (killed)"
         raise AssertionError(f"distributed run of {fn.__name__} on {world_size} ranks failed:\n{msg}")
     return [outcome[r][1] for r in range(world_size)]
+
+
+def _collect(procs, results, world_size: int, timeout: float, grace_s: float) -> dict[int, tuple[str, Any]]:
+    """Each rank's (status, value) as it reports; after the first failure the others get `grace_s`
+    to report their own error (they are likely blocked in a collective with the failed rank)."""
+    outcome: dict[int, tuple[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    first_error_at = None
+    while len(outcome) < world_size:
+        now = time.monotonic()
+        if now > deadline:
+            break
+        if first_error_at is not None and now - first_error_at > grace_s:
+            break
+        try:
+            rank, status, value = results.get(timeout=0.2)
+            outcome[rank] = (status, value)
+            if status == "error" and first_error_at is None:
+                first_error_at = time.monotonic()
+            continue
+        except queue.Empty:
+            pass
+        for rank, p in enumerate(procs):
+            if rank not in outcome and not p.is_alive() and p.exitcode not in (0, None):
+                # Died without reporting (signal, os._exit): drain once more, then record.
+                try:
+                    r, status, value = results.get(timeout=0.5)
+                    outcome[r] = (status, value)
+                except queue.Empty:
+                    outcome[rank] = ("error", f"rank {rank} died with exit code {p.exitcode}")
+                if first_error_at is None:
+                    first_error_at = time.monotonic()
+    return outcome

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ds_hetero.models.qwen2_5_omni import audio_output_length
+from ds_hetero.families.qwen2_5_omni.adapter import audio_output_length
 
 IGNORE = -100
 

@@ -18,7 +18,7 @@ LLAVA_TP4 = dict(text_heads=4, text_kv_heads=4)  # kv heads divisible by tp 4
 
 
 def build_model(family, seed, **kw):
-    from ds_hetero.models.tiny import tiny_llava, tiny_qwen2_5_omni, tiny_qwen2_vl
+    from ds_hetero.toy import tiny_llava, tiny_qwen2_5_omni, tiny_qwen2_vl
 
     if family == "omni":
         return tiny_qwen2_5_omni(seed=seed, **kw)
@@ -88,7 +88,7 @@ def reference_forward(family, model, adapter, samples):
 
 def hf_inputs(family, model, samples):
     """The padded batch the single-process model takes, labels included."""
-    from ds_hetero.models import adapter_for
+    from ds_hetero.families import adapter_for
 
     adapter = adapter_for(model)
     batch, vision = adapter.language_inputs(samples), adapter.vision_inputs(samples)
@@ -104,7 +104,7 @@ def hf_inputs(family, model, samples):
 def reference_train(family, model, batches, make_optimizer, clip, per_stage_clip=False, per_micro_batch_mean=0):
     """Single-process training; the two flags build deliberately wrong variants (negative controls)."""
     from ds_hetero.loss import label_token_count, token_loss_sum
-    from ds_hetero.models import adapter_for
+    from ds_hetero.families import adapter_for
 
     adapter = adapter_for(model)
     opt = make_optimizer(list(model.parameters()))
@@ -202,13 +202,15 @@ def max_rel_err(got, want):
 
 def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimizer="adamw", model_kw=None,
                micro_batches=2, batch_size=8, controls=False, placement="colocated", hetero=None,
-               make_data=None, inspect=None, prepare=None, freeze_reference=None, after=None):
+               make_data=None, inspect=None, prepare=None, freeze_reference=None, after=None, rank_model=None):
     """hetero: more `hetero_parallel` keys; make_data(family, model, steps, batch_size) -> batches
     instead of make_batches; inspect(engine, batches) -> more result entries (may patch the engine
     before training: it runs first and its dict is read after); prepare(model): on the model before
     the reference is copied (e.g. the user's own requires_grad_(False)); freeze_reference(reference):
     freeze in the reference what the config freezes; after(engine, initial, got, results) -> more
-    entries, after training (`initial`: the parameters before training, `got`: after, by name)."""
+    entries, after training (`initial`: the parameters before training, `got`: after, by name);
+    rank_model(model, rank): on this rank's model after the reference was copied (e.g. per-rank
+    initial weights: the reference stays rank 0's model, which the engine must train)."""
     from ds_hetero.entry import initialize
 
     model_kw = model_kw or {}
@@ -241,6 +243,8 @@ def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimi
         freeze_reference(reference)
     initial = {n: p.detach().clone() for n, p in reference.named_parameters()} if after is not None else None
     batches = (make_data or make_batches)(family, model, steps, batch_size)
+    if rank_model is not None:
+        rank_model(model, rank)
 
     engine = initialize(model, config, optimizer=make_optimizer)
     extra = inspect(engine, batches) if inspect is not None else {}

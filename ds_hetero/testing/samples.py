@@ -7,7 +7,7 @@ IGNORE = -100
 
 def llava_samples(model, n, text_len=8, seed=0):
     """`n` samples: image placeholders then text; labels are the text ids (placeholders ignored)."""
-    from ds_hetero.models.tiny import llava_tokens_per_image
+    from ds_hetero.toy import llava_tokens_per_image
 
     cfg = model.config
     t = llava_tokens_per_image(model)

@@ -20,7 +20,7 @@ def rotate(xs, step):
 
 
 def llava_uneven(model, images_per_sample, text_len=6, seed=0):
-    from ds_hetero.models.tiny import llava_tokens_per_image
+    from ds_hetero.toy import llava_tokens_per_image
 
     cfg = model.config
     t = llava_tokens_per_image(model)

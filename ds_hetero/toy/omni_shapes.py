@@ -8,7 +8,7 @@ task is learnable from either modality.
 A clip is a mel spectrogram `[n_mel, frames]`: one segment of `SEGMENT` frames per shape, in
 reading order; in its segment a shape sounds as a band of energy whose mel bin encodes its
 colour and kind and whose onset encodes its cell, plus noise. Its placeholder count is the audio
-tower's output length for its frames (models/qwen2_5_omni.py `audio_output_length`).
+tower's output length for its frames (families/qwen2_5_omni/adapter.py `audio_output_length`).
 
 Layout: [bos] [audio_start, audio x n, audio_end] [vision_start, image x n, vision_end] caption [eos];
 labels on the caption and eos only.
@@ -21,7 +21,8 @@ from typing import Sequence
 import torch
 
 from ..loss import IGNORE_INDEX
-from .shapes import COLOURS, SHAPES, Qwen2VLFormat, Shape, ShapesCaptionDataset, Vocabulary
+from ..families.qwen2_vl.samples import Qwen2VLFormat
+from .shapes import COLOURS, SHAPES, Shape, ShapesCaptionDataset, Vocabulary
 
 SEGMENT = 12  # mel frames per shape
 

@@ -1,4 +1,4 @@
-"""Processors for the tiny models (models/tiny.py), built locally: a word-level tokenizer over the shapes
+"""Processors for the tiny models (families/<family>/tiny.py), built locally: a word-level tokenizer over the shapes
 captions, a chat template and the family's image processor, so TRL-style scripts run with no download.
 
     processor = tiny_processor(model)      # LlavaProcessor or Qwen2VLProcessor
@@ -14,7 +14,7 @@ from .shapes import WORDS
 TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }} : {% if m['content'] is string %}{{ m['content'] }} {% else %}"
     "{% for c in m['content'] %}{% if c['type'] == 'image' %}IMAGE {% else %}{{ c['text'] }} {% endif %}"
-    "{% endfor %}{% endif %}</s> {% endfor %}"
+    "{% endfor %}{% endif %}</s> {% endfor %}{% if add_generation_prompt %}assistant : {% endif %}"
 )
 PROMPT_WORDS = ("user", "assistant", "what", "is", "here", "?", ":")
 

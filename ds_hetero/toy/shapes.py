@@ -9,7 +9,7 @@ Everything is a pure function of (seed, index): every item draws from its own `t
 so any rank, worker or process rebuilds the same sample without shared state, and the scene (hence
 the caption and the image-token count) can be drawn without rendering the image (`input_ids(i)`).
 
-Sample formats (see ds_hetero/models): LLaVA puts `tokens_per_image` placeholders and the image as
+Sample formats live in each model family's home (ds_hetero/families/<family>/samples.py): LLaVA puts `tokens_per_image` placeholders and the image as
 `pixel_values` [1, 3, H, W]; Qwen2-VL puts <vision_start> placeholders <vision_end>, the image as
 flattened patches [h*w, C*T*p*p] and `image_grid_thw` [[1, h, w]] (h, w in patches).
 """
@@ -22,7 +22,8 @@ from typing import Any, Sequence
 import torch
 from torch.utils.data import Dataset
 
-IGNORE_INDEX = -100
+from ..models.labels import text_labels
+
 
 # RGB in [0, 1]; far apart in RGB so a colour is recoverable from a cell's mean.
 COLOURS = {
@@ -183,93 +184,14 @@ class RawFormat:
         return {"image": image, "input_ids": ids, "labels": text_labels(ids, 1)}
 
 
-def text_labels(ids: torch.Tensor, prefix: int) -> torch.Tensor:
-    """Loss on the caption and eos only: bos and image/special tokens (the first `prefix`) get -100."""
-    labels = ids.clone()
-    labels[:prefix] = IGNORE_INDEX
-    return labels
-
-
-class LlavaFormat:
-    """[bos] + tokens_per_image x <image> + caption + [eos]; `pixel_values` [1, 3, H, W]."""
-
-    def __init__(self, tokens_per_image: int, image_size: int):
-        self.tokens_per_image, self.image_size = tokens_per_image, image_size
-
-    def check_size(self, hw: tuple[int, int]) -> None:
-        if hw != (self.image_size, self.image_size):
-            raise ValueError(f"LLaVA's tower takes {self.image_size}x{self.image_size} images, got {hw}")
-
-    def image_tokens(self, hw: tuple[int, int] | None) -> int:
-        return 0 if hw is None else self.tokens_per_image
-
-    def input_ids(self, vocab: Vocabulary, caption_ids: list[int], hw: tuple[int, int] | None) -> torch.Tensor:
-        image = [vocab.image_token_id] * self.image_tokens(hw)
-        return torch.tensor([vocab.bos_id, *image, *caption_ids, vocab.eos_id])
-
-    def sample(self, vocab, caption_ids, image):
-        hw = None if image is None else tuple(image.shape[-2:])
-        ids = self.input_ids(vocab, caption_ids, hw)
-        out = {"input_ids": ids, "labels": text_labels(ids, 1 + self.image_tokens(hw))}
-        if image is not None:
-            out["pixel_values"] = image.unsqueeze(0)
-        return out
-
-
-class Qwen2VLFormat:
-    """[bos] + <vision_start> + (h*w / merge^2) x <image> + <vision_end> + caption + [eos]."""
-
-    def __init__(
-        self, patch_size: int, merge_size: int, temporal_patch_size: int, vision_start_id: int, vision_end_id: int
-    ):
-        self.patch, self.merge, self.temporal = patch_size, merge_size, temporal_patch_size
-        self.start_id, self.end_id = vision_start_id, vision_end_id
-
-    def check_size(self, hw: tuple[int, int]) -> None:
-        side = self.patch * self.merge
-        if hw[0] % side or hw[1] % side:
-            raise ValueError(
-                f"Qwen2-VL image size {hw} must be a multiple of patch_size * merge_size = {side} on both sides"
-            )
-
-    def image_tokens(self, hw: tuple[int, int] | None) -> int:
-        return 0 if hw is None else (hw[0] // self.patch) * (hw[1] // self.patch) // self.merge**2
-
-    def input_ids(self, vocab: Vocabulary, caption_ids: list[int], hw: tuple[int, int] | None) -> torch.Tensor:
-        image = [] if hw is None else [self.start_id, *[vocab.image_token_id] * self.image_tokens(hw), self.end_id]
-        return torch.tensor([vocab.bos_id, *image, *caption_ids, vocab.eos_id])
-
-    def patches(self, image: torch.Tensor) -> torch.Tensor:
-        """[h*w, C*T*p*p] rows in the order of transformers' Qwen2VLImageProcessor.patchify.
-
-        Rows go merge block by merge block (the vision tower merges m x m consecutive rows into one
-        token); each row is (channel, time, py, px) with the still image repeated T times in time.
-        """
-        c, height, width = image.shape
-        p, m, t = self.patch, self.merge, self.temporal
-        gh, gw = height // p, width // p
-        x = image.reshape(c, gh // m, m, p, gw // m, m, p).permute(1, 4, 2, 5, 0, 3, 6)  # (gh/m, gw/m, m, m, c, p, p)
-        x = x.unsqueeze(5).expand(-1, -1, -1, -1, -1, t, -1, -1)
-        return x.reshape(gh * gw, c * t * p * p)
-
-    def sample(self, vocab, caption_ids, image):
-        hw = None if image is None else tuple(image.shape[-2:])
-        ids = self.input_ids(vocab, caption_ids, hw)
-        if image is None:
-            return {"input_ids": ids, "labels": text_labels(ids, 1)}
-        out = {"input_ids": ids, "labels": text_labels(ids, 3 + self.image_tokens(hw))}
-        out["pixel_values"] = self.patches(image)
-        out["image_grid_thw"] = torch.tensor([[1, hw[0] // self.patch, hw[1] // self.patch]])
-        return out
-
-
 class ShapesCaptionDataset(Dataset):
     """Map-style dataset of `size` captioned shape images, deterministic in (seed, index).
 
     image_sizes: (height, width) per sample, cycled by index (image i has image_sizes[i % n]);
         defaults to one square `image_size`. Different sizes give different image-token counts.
     text_only_every: k > 0 makes samples k-1, 2k-1, ... text only (no image, same caption).
-    sample_format: RawFormat (default), LlavaFormat or Qwen2VLFormat; see for_llava / for_qwen2_vl.
+    sample_format: RawFormat (default) or a model family's format (families/<family>/samples.py); see
+        for_model (for_llava / for_qwen2_vl).
     """
 
     def __init__(
@@ -300,31 +222,24 @@ class ShapesCaptionDataset(Dataset):
             self.format.check_size(hw)
 
     @classmethod
-    def for_llava(cls, model_config, size: int, seed: int = 0, **kwargs) -> "ShapesCaptionDataset":
-        """Samples for LlavaAdapter: the tower's image size, its token count (CLS kept only by "full")."""
-        v = model_config.vision_config
-        keeps_cls = v.model_type.startswith("clip") and model_config.vision_feature_select_strategy == "full"
-        tokens = (v.image_size // v.patch_size) ** 2 + int(keeps_cls)
-        vocab = Vocabulary(model_config.text_config.vocab_size, model_config.image_token_id)
-        fmt = LlavaFormat(tokens, v.image_size)
-        return cls(size, image_size=v.image_size, seed=seed, vocab=vocab, sample_format=fmt, **kwargs)
+    def for_model(cls, model_config, size: int, seed: int = 0, **kwargs) -> "ShapesCaptionDataset":
+        """Samples in the format of the model family of `model_config` (its home's `shapes_samples`)."""
+        from ..families import family_of_config
+
+        spec = family_of_config(model_config).shapes_samples(model_config, **kwargs)
+        vocab = Vocabulary(**spec.pop("vocab"))
+        return cls(size, seed=seed, vocab=vocab, **spec)
 
     @classmethod
-    def for_qwen2_vl(
-        cls,
-        model_config,
-        size: int,
-        seed: int = 0,
-        image_sizes: Sequence[tuple[int, int]] = ((16, 16), (32, 16), (16, 32), (32, 32)),
-        **kwargs,
-    ) -> "ShapesCaptionDataset":
-        """Samples for Qwen2VLAdapter; each (height, width) must be a multiple of patch * merge pixels."""
-        c, v = model_config, model_config.vision_config
-        vocab = Vocabulary(c.text_config.vocab_size, c.image_token_id,
-                           reserved_ids=(c.video_token_id, c.vision_start_token_id, c.vision_end_token_id))
-        fmt = Qwen2VLFormat(v.patch_size, v.spatial_merge_size, v.temporal_patch_size,
-                            c.vision_start_token_id, c.vision_end_token_id)
-        return cls(size, seed=seed, image_sizes=image_sizes, vocab=vocab, sample_format=fmt, **kwargs)
+    def for_llava(cls, model_config, size: int, seed: int = 0, **kwargs) -> "ShapesCaptionDataset":
+        """Samples for LlavaAdapter: the tower's image size, its token count (CLS kept only by "full")."""
+        return cls.for_model(model_config, size, seed, **kwargs)
+
+    @classmethod
+    def for_qwen2_vl(cls, model_config, size: int, seed: int = 0, **kwargs) -> "ShapesCaptionDataset":
+        """Samples for Qwen2VLAdapter (and Qwen2.5-VL, Qwen3-VL); each (height, width) must be a multiple of
+        patch * merge pixels (default sizes: families/qwen2_vl/samples.py)."""
+        return cls.for_model(model_config, size, seed, **kwargs)
 
     def __len__(self) -> int:
         return self.size

@@ -10,7 +10,7 @@ materialize.py fills the modules). `engine.load_report` says, per stage, what wa
 
 from __future__ import annotations
 
-from ..models.meta import meta_model
+from ..families.meta import meta_model
 from .safetensors_files import SafetensorsCheckpoint, WeightsError
 from .materialize import StageLoad, load_stages, loading_device, open_weights
 from .shard_slices import ShardSlices, shard_slices

@@ -31,7 +31,7 @@ def _swap_two_images(inputs):
 def _balance_figures(family, corrupt):
     def inspect(engine, batches):
         from ds_hetero.step.balance import encoder_assignment
-        from ds_hetero.models import adapter_for
+        from ds_hetero.families import adapter_for
         from ds_hetero.testing.parity import build_model, reference_forward
 
         from ds_hetero.step.step_plan import StepPlan

@@ -63,7 +63,7 @@ def reference(batches, rows_of, save_after_first=None):
     """ds_hetero.initialize on explicit global batches (full samples on every rank); optionally the
     weights after step 1 saved as an HF checkpoint."""
     import ds_hetero
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     engine = ds_hetero.initialize(tiny_llava("clip", seed=0), CONFIG, optimizer=_adamw, seed=0)
     losses = []
@@ -79,7 +79,7 @@ def hf_token_metrics(samples, weights=None):
     import torch
     from transformers import LlavaForConditionalGeneration
 
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
     from tests.helpers.collate import _collate
 
     model = tiny_llava("clip", seed=0) if weights is None else LlavaForConditionalGeneration.from_pretrained(weights)
@@ -101,7 +101,7 @@ def sft_run(out, data, processor):
     import ds_hetero
     from trl import SFTConfig, SFTTrainer
 
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     args = _args(SFTConfig, f"{out}/sft", report_to="tensorboard", bf16=False,
                  gradient_checkpointing=False, max_length=None)
@@ -120,7 +120,7 @@ def trainer_run(out, data, processor, inline=False):
     from transformers import TrainingArguments
     from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
 
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     config = CONFIG
     if inline:
@@ -152,7 +152,7 @@ def factory_run(out):
 
     import ds_hetero
     from ds_hetero.toy import ShapesCaptionDataset
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     calls = []
 
@@ -193,7 +193,7 @@ def errors_run(out, data, processor):
     from trl import SFTConfig, SFTTrainer
 
     import ds_hetero
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     found = {}
 
@@ -221,8 +221,8 @@ def main(out):
 
     from ds_hetero.data import split_collated
     from ds_hetero.data.loader import GlobalBatchLoader
-    from ds_hetero.models import adapter_for
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.families import adapter_for
+    from ds_hetero.toy import tiny_llava
     from tests.helpers.trl_data import messages_dataset, tiny_llava_processor
 
     report = {}

@@ -50,7 +50,7 @@ def lr_schedule_run(out, config):
     from transformers import TrainerCallback, TrainingArguments
 
     from ds_hetero.toy import ShapesCaptionDataset
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     seen = []
 
@@ -79,7 +79,7 @@ def conflicts(out, config_path):
     from transformers import Trainer, TrainingArguments
 
     from ds_hetero.toy import ShapesCaptionDataset
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     with open(config_path) as f:
         base = json.load(f)

@@ -25,7 +25,7 @@ QWEN = ("qwen2_5_vl", "qwen3_vl")  # Qwen2-VL's sample format
 
 
 def build_model(family, seed, **model_kw):
-    from ds_hetero.models import tiny_families
+    from ds_hetero import toy as tiny_families
 
     return getattr(tiny_families, f"tiny_{family}")(seed=seed, **model_kw)
 
@@ -80,7 +80,7 @@ def reference_loss(family, model, adapter, samples, wrong=False):
 
 
 def reference_train(family, model, batches, make_optimizer, clip, wrong=False):
-    from ds_hetero.models import adapter_for
+    from ds_hetero.families import adapter_for
 
     if wrong and family == "qwen2_5_vl":  # every block full attention: the window mask dropped
         model.model.visual.fullatt_block_indexes = list(range(model.config.vision_config.depth))

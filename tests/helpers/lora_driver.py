@@ -39,7 +39,7 @@ def lora_model(seed=7):
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     base = tiny_llava("clip", seed=seed, text_heads=4, text_kv_heads=4)  # kv heads divisible by tp 4
     torch.manual_seed(11)
@@ -94,7 +94,7 @@ def run_layout(out, name, placement, stages):
 
 
 def _fresh_base():
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     return tiny_llava("clip", seed=7, text_heads=4, text_kv_heads=4)
 

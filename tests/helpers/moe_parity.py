@@ -69,7 +69,7 @@ def reference_loss(model, adapter, samples, micro_batches):
 
 
 def reference_train(model, batches, make_optimizer, clip, micro_batches):
-    from ds_hetero.models import adapter_for
+    from ds_hetero.families import adapter_for
 
     adapter = adapter_for(model)
     opt = make_optimizer(list(model.parameters()))
@@ -140,7 +140,7 @@ def train_moe(rank, world_size, layout, micro_batches=1, steps=5, batch_size=8, 
     def make_optimizer(params):  # eps 1e-4: see ds_hetero/testing/parity.py
         return torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.99), eps=1e-4, weight_decay=0.01)
 
-    from ds_hetero.models.qwen3_vl_moe import tiny_qwen3_vl_moe
+    from ds_hetero.families.qwen3_vl_moe import tiny_qwen3_vl_moe
 
     model = tiny_qwen3_vl_moe(seed=7, **(model_kw or {}))
     reference = copy.deepcopy(model)
@@ -221,7 +221,7 @@ def save_and_load(rank, world_size, tmp, layout):
     import torch.distributed as dist
 
     import ds_hetero
-    from ds_hetero.models.qwen3_vl_moe import tiny_qwen3_vl_moe
+    from ds_hetero.families.qwen3_vl_moe import tiny_qwen3_vl_moe
 
     def config(lay):
         return {"train_batch_size": 8, "zero_optimization": {"stage": 0}, "gradient_clipping": CLIP,

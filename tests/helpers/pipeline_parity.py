@@ -19,7 +19,7 @@ def drop_pipeline_gradient(engine, batches):
         def zero_isend(tensor, dst, group=None, **kw):
             return isend(tensor * 0, dst, group=group, **kw)
 
-        schedule_dist = __import__("ds_hetero.schedule.pipeline", fromlist=["dist"])
+        schedule_dist = __import__("ds_hetero.schedule.one_f_one_b", fromlist=["dist"])
         schedule_dist.dist = _Patched(dist, isend=zero_isend)
     return {}
 
@@ -36,7 +36,7 @@ def run_layouts(rank, world_size, runs):
     """{name: train_both(...)} for every run (one launch for several layouts)."""
     import torch.distributed as dist
 
-    from ds_hetero.schedule import pipeline
+    from ds_hetero.schedule import one_f_one_b as pipeline
 
     out = {}
     for name, kw in runs.items():

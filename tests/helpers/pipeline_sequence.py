@@ -12,7 +12,7 @@ def unshifted_shard_labels(engine, batches):
     """Negative control: the last pipeline stage shifts the labels inside its cp shard instead of
     taking the ones shifted on the full sequence, so the last token of every shard but the last
     loses its target and the losses differ from the reference's."""
-    from ds_hetero.schedule import pipeline
+    from ds_hetero.schedule import one_f_one_b as pipeline
 
     real = pipeline.token_loss_sum
 
@@ -27,7 +27,7 @@ def sequence_layouts(rank, world_size):
     """Language pp2 cp2 (vision dp4) with eval_batch, pp2 tp2 with sequence parallelism and
     eval_batch, Qwen2-VL pp2 cp2 (M-RoPE positions, variable image tokens, text-only samples), and
     the negative control (one launch)."""
-    from ds_hetero.schedule import pipeline
+    from ds_hetero.schedule import one_f_one_b as pipeline
 
     real = pipeline.token_loss_sum
     try:

@@ -53,7 +53,7 @@ def llava_projector():
 
 
 def llava(vision="clip"):
-    from ds_hetero.models.tiny import tiny_llava
+    from ds_hetero.toy import tiny_llava
 
     return tiny_llava(vision, text_heads=8, text_kv_heads=4, vision_heads=4)
 

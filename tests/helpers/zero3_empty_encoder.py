@@ -45,7 +45,7 @@ def nested_dummy_pass(rank, world_size):
         return rows[:0] + 0 * rows.sum()
 
     stages.empty_rows = nested
-    import ds_hetero.models.qwen2_vl as qwen2_vl
+    import ds_hetero.families.qwen2_vl.adapter as qwen2_vl
 
     saved, qwen2_vl.empty_rows = qwen2_vl.empty_rows, nested
     try:

@@ -14,7 +14,7 @@ in a heterogeneous Trainer it does nothing. Without the callback, a stock Traine
 `hetero_parallel` config is stopped by the `deepspeed.initialize` guard (integrations/guard.py)
 when `train()` builds its engine, as soon as the script has imported ds_hetero.
 
-What the overrides do: trainer_mixin.py. Checkpoints (`save_steps`, `save_total_limit`,
+What the overrides do: mixin.py. Checkpoints (`save_steps`, `save_total_limit`,
 `resume_from_checkpoint`) go through the Trainer's own DeepSpeed branch: `HeteroModel.save_checkpoint /
 load_checkpoint` write and read ds_hetero's per-stage checkpoint in `checkpoint-N/global_stepN`.
 

@@ -48,7 +48,7 @@ def defining_class(trainer, method: str):
 def _engine_adds_aux_loss(model) -> bool:
     """Whether the engine's loss pass adds the model's router load-balancing loss (TRL set
     `output_router_logits` and `router_aux_loss_coef` on its config: expert_parallel/aux_loss.py)."""
-    from ...models import adapter_for
+    from ...families import adapter_for
 
     base = getattr(model, "get_base_model", lambda: model)()  # a PEFT model: its base
     try:

@@ -142,8 +142,8 @@ class HeteroTrainerMixin:
     # ------------------------------------------------------------------ step
     def training_step(self, model, inputs, num_items_in_batch=None):
         if isinstance(inputs, GlobalBatch):  # dataset indices: this rank reads and collates its share
-            if self._hetero_rows is None or self._hetero_rows.engine is not model.engine:
-                self._hetero_rows = RankBatch(model.engine, self._hetero_dataset(self.train_dataset, "training"),
+            if self._hetero_rows is None or self._hetero_rows.path is not model.engine.data_path:
+                self._hetero_rows = RankBatch(model.engine.data_path, self._hetero_dataset(self.train_dataset, "training"),
                                               self._hetero_collate)
             inputs = self._hetero_rows.build(inputs)
         r = model.engine.train_batch(inputs)
@@ -215,7 +215,7 @@ class HeteroTrainerMixin:
                 metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
         engine = self._ensure_engine().engine
-        rows = RankBatch(engine, self._hetero_dataset(dataset, "evaluation"), self._hetero_collate)
+        rows = RankBatch(engine.data_path, self._hetero_dataset(dataset, "evaluation"), self._hetero_collate)
         start = time.time()
         size = engine.config.global_batch_size
         loss_sum, n_labels, n_batches = 0.0, 0, 0

@@ -1,0 +1,52 @@
+"""What one model family's home declares: everything ds_hetero needs to know about the family, in one record.
+
+A family's home is its folder, ds_hetero/families/<family>/:
+
+    adapter.py   the StageAdapter that cuts the Hugging Face model into stages, and its stage modules
+    plans.py     its tensor-parallel plans (which module classes are sharded how)
+    tiny.py      a tiny seeded model built from config (`tiny-<name>` for validate, tests and demos)
+    samples.py   the shapes-captioning data in its sample format (toy/shapes.py), where it has one
+    __init__.py  the `FAMILY` record below, which the registry (families/__init__.py) lists in one line
+
+The planner's shapes of a family come from its Hugging Face config (planner/model_spec.py reads them by
+`model_types`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family.
+
+    name           the user-facing name: `--model-family NAME` in the recipes, `tiny-NAME` as a built-in model
+    model_classes  the Hugging Face model classes the adapter takes (matched by name along the model's MRO)
+    model_types    the `model_type` values of their configs
+    adapter        the StageAdapter subclass
+    tiny           seed -> a tiny model of the family with seeded random weights (keyword sizes optional)
+    tp_plans       module class ("transformers.models.x.modeling_x:Class") -> ShardPlan
+    shapes_samples model config -> keyword arguments of toy/shapes.py ShapesCaptionDataset in this family's
+                   sample format (None: the family has a dataset of its own in toy/)
+    """
+
+    name: str
+    model_classes: tuple[str, ...]
+    model_types: tuple[str, ...]
+    adapter: type
+    tiny: Callable[..., nn.Module]
+    tp_plans: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    shapes_samples: Callable[..., dict] | None = None
+
+    @property
+    def tiny_name(self) -> str:
+        return f"tiny-{self.name}"
+
+    @property
+    def encoder_stages(self) -> tuple[str, ...]:
+        return tuple(self.adapter.ENCODER_STAGES)

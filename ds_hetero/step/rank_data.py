@@ -1,0 +1,65 @@
+"""What a data path needs to know of this rank: which samples of a global batch it reads in full, and the
+step's plan. The engine's loader and the Trainer's data path (integrations/trainer/rank_batch.py) both take
+this object, not the engine.
+
+A rank needs in full only the samples of its stage shares (every language dp rank its micro-batches'
+samples, every encoder dp rank the items it encodes); of every other sample only the token ids (the plan
+reads each sample's item rows from them). Shares by position are known before the batch; an encoder
+balanced by "tokens" takes items that depend on the batch's token ids, known once the plan is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ..config import HeteroConfig
+from ..data.samples import split_collated
+from .shares import stage_samples
+from .step_plan import StepPlan
+
+
+@dataclass(frozen=True)
+class HeldShare:
+    """One stage this rank holds, as the data path sees it: its name, dp coordinate and passes per step."""
+
+    stage: str
+    dp: int
+    passes: int
+
+
+class RankDataPath:
+    """This rank's view of each global batch; `boundary_group` spans every stage (the batch's agreement)."""
+
+    def __init__(self, config: HeteroConfig, adapter, held: Sequence[HeldShare], boundary_group):
+        self.config, self.adapter, self.held, self.boundary_group = config, adapter, tuple(held), boundary_group
+
+    def needed_positions(self) -> set[int]:
+        """Global-batch positions whose full sample this rank reads, known before the batch is:
+        its language shares, and its encoders' shares where they go by position. With balance
+        "tokens" an encoder's share depends on the batch's token ids (`balanced_positions`)."""
+        needed: set[int] = set()
+        for share in self.held:
+            if share.stage != self.config.language.name and self.config.balance_of(share.stage) == "tokens":
+                continue
+            for m in range(share.passes):
+                needed.update(stage_samples(self.config, share.stage, share.dp, m))
+        return needed
+
+    def balanced_positions(self, plan: StepPlan) -> set[int]:
+        """Positions of the samples whose items this rank's token-balanced encoder stages encode
+        this step: known only once the batch's token ids are (the rest of `needed_positions`)."""
+        return {p for share in self.held
+                if share.stage != self.config.language.name and self.config.balance_of(share.stage) == "tokens"
+                for p in plan.encoder_positions(share.stage, share.dp)}
+
+    def plan_of(self, samples: Sequence[dict[str, Any]]) -> StepPlan | None:
+        """The step's plan; None for a malformed batch (the batch agreement then refuses it on every rank)."""
+        try:
+            return StepPlan(self.config, self.adapter.encoders(), samples)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def split(self, batch) -> list[dict[str, Any]]:
+        """A collated batch -> per-sample dicts (data/samples.py split_collated, by this model's items)."""
+        return split_collated(batch, self.adapter)
