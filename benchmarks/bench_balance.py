@@ -18,7 +18,7 @@ and, with --disaggregated, vision dp2 on ranks 0-1 + language dp2 on 2-3 (positi
 All rows' engines live in ONE set of 4 gloo processes and step round-robin on the same batches
 (A B C D, D C B A, ...), so the drift of a shared machine hits every row alike. Reported per row
 and distribution: the vision stage's max/mean image tokens per rank and max/mean cost
-(models/cost.py transformer_cost; worst micro-batch), the slowest vision rank's forward time and its
+(models/item_cost.py transformer_cost; worst micro-batch), the slowest vision rank's forward time and its
 forward + backward time (the backward includes waiting in the boundary's backward exchange),
 the step time (slowest rank), boundary bytes per step (== the lower bound of the row's
 placement, checked) and the ratios to the "position" row. Medians over the timed rounds.

@@ -41,7 +41,7 @@ def rank_map(cfg: HeteroConfig) -> str:
         [name, f"tp{l.tp} cp{l.cp} dp{l.dp}" + (f" pp{l.pp}" if l.pp > 1 else ""), _ranges(l.ranks), "yes" if l.sequence_parallel else "no",
          str(cfg.micro_batches_of(name)),
          str(cfg.micro_batch_size(name)) + (" (items by cost)" if name != "language" and cfg.balance_of(name) == "tokens"
-                                            else ""),
+                                            else " (packed by tokens)" if name == "language" and cfg.packed else ""),
          str(0 if cfg.options_of(name).frozen else cfg.zero_stage_of(name)), _options(cfg.options_of(name))]
         for name, l in cfg.stages.items()
     ]
@@ -137,8 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_checkpoint_parser(sub)
     from .planner.cli import add_plan_parser
+    from .trial_runner import launch_one
 
-    add_plan_parser(sub)
+    add_plan_parser(sub, launch=launch_one)  # the planner measures trials through the runtime's launcher
     return parser
 
 

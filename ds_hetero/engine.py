@@ -60,7 +60,8 @@ class HeteroEngine:
     optimizer   optional factory `params -> torch.optim.Optimizer` used for every stage (as
                 `deepspeed.initialize(optimizer=callable)`); otherwise the DeepSpeed config's
                 "optimizer" section builds each stage's optimizer
-    seed        order of the training data (the same on every rank)
+    seed        order of the training data and the stages' model-parallel dropout streams
+                (tensor_parallel/rng.py); the same on every rank
     weights     a Hugging Face safetensors checkpoint directory: `model` may then be built on the
                 meta device (`ds_hetero.meta_model(DIR)`), and each rank reads and allocates only
                 its own stages' tp shards (ds_hetero/weights/); `load_report` says what it read
@@ -91,7 +92,8 @@ class HeteroEngine:
         self.model, self.config = model, config
         self.adapter = adapter if adapter is not None else adapter_for(model)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.stages, self.load_report = build_stage_set(model, config, self.adapter, self.rank, optimizer, checkpoint)
+        self.stages, self.load_report = build_stage_set(model, config, self.adapter, self.rank, optimizer, checkpoint,
+                                                        seed)
         global_step.check_clippable(self.stages)
         self.boundaries = boundaries(self.stages, self.adapter.hidden_size)
         # what a data path (the loader below, the Trainer's) needs of this rank: its shares, the step's plan
@@ -147,7 +149,7 @@ class HeteroEngine:
             self.loader.fill(self.global_steps, batch, self.data_path.balanced_positions(plan))
         return batch, plan
 
-    def _agree_on_batch(self, samples: Sequence[dict[str, Any]]) -> int:
+    def _agree_on_batch(self, samples: Sequence[dict[str, Any]], plan: StepPlan | None = None) -> int:
         """The global label-token count, after every rank of every stage accepted the batch.
 
         With samples passed in, every rank holds the same full list; from the loader a rank reads
@@ -156,6 +158,8 @@ class HeteroEngine:
         the language shares (one tp x cp rank per language dp replica counts its share).
         """
         problem = agreement.local_problem(samples, self.config.global_batch_size, self.adapter.check_sample)
+        if problem is None and plan is None and self.config.packed:
+            problem = "the batch could not be planned (language_batching \"packed\" reads every sample's input_ids)"
         mine, inputs = 0, 0
         language = self.stages.language
         if problem is None:
@@ -168,9 +172,13 @@ class HeteroEngine:
                 problem = str(exc)
             # one pipeline stage counts (every pipeline stage of a dp replica reads the same samples)
             if language.held and language.coord.tp == 0 and language.coord.cp == 0 and language.coord.pp == 0:
-                for m in range(self.config.micro_batches):
-                    for p in stage_samples(self.config, language.name, language.coord.dp, m):
-                        mine += label_token_count(samples[p]["labels"])
+                # any partition of the batch over the dp replicas sums to the global count: the
+                # samples cut's shares, or (loader, packed) the shares whose samples this rank read
+                shares = (plan.language_positions(language.coord.dp) if plan is not None and self.config.packed
+                          else [p for m in range(self.config.micro_batches)
+                                for p in stage_samples(self.config, language.name, language.coord.dp, m)])
+                for p in shares:
+                    mine += label_token_count(samples[p]["labels"])
         return agreement.agree(problem, mine, self.stages.boundary_group, self.device, inputs)
 
     def train_batch(self, samples: Sequence[dict[str, Any]] | None = None) -> StepResult:
@@ -180,16 +188,20 @@ class HeteroEngine:
         # lists / numpy converted; a collated dict or raw dataset rows refused by name (data/samples.py)
         samples, plan = self._next_samples() if samples is None else (as_sample_list(samples), None)
 
+        if plan is None and self.config.packed:  # its language shares say who counts which labels
+            plan = self.data_path.plan_of(samples)  # None for a malformed batch: the agreement refuses it
         try:  # the batch agreement: a refused batch raises ValueError on every rank alike, engine usable
-            n_labels = self._agree_on_batch(samples)
+            n_labels = self._agree_on_batch(samples, plan)
         except Exception as exc:
             if is_collective_failure(exc):
                 raise self._peer_failure(exc, step) from exc
             raise
         try:  # every other collective and this rank's own work of the step report through one error
-            plan = plan or StepPlan(self.config, self.adapter.encoders(), samples)
+            plan = plan or StepPlan(self.config, self.adapter.encoders(), samples,
+                                    language_cost=self.adapter.language_cost)
             self.schedule.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0}
             self.schedule.aux_sum = 0.0  # a MoE language stage's aux-loss shares (stage_work.py)
+            self.stages.start_step(step)  # the dropout streams restart from (seed, step): resumes draw the same
             loss_sum = self.schedule.run(samples, plan, n_labels, step)
             with self.timeline.span("optimizer.norm", "optimizer", step):
                 norms = global_step.stage_norms(self.stages)
@@ -228,6 +240,7 @@ class HeteroEngine:
             bubble_fraction=bubble_fraction(busy, step_time),
             skipped=not all(applied),  # as the stage engines counted it (a non-finite norm skips all)
             aux_loss=aux if self.adapter.has_aux_loss else None,
+            language_tokens=plan.language_load(),  # O(samples) on the host, no communication
         )
 
     def _held_names(self) -> str:

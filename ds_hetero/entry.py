@@ -7,7 +7,8 @@ read once, an "auto" section planned (rank 0 plans and broadcasts: planner/auto.
 `hetero_parallel` section parsed for the world size and checked with the checks `ds-hetero
 validate` runs (validation.py), all before the first collective of the engine; then the
 default process group with the config's timeout, then the engine (engine.py). The engine takes
-the parsed config and never imports the planner.
+the parsed config and never imports the planner; the planner never imports the engine: entry
+hands it the trial runner (trial_runner.py) for `"trial"`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .planner.auto import resolve_auto
 from .validation import check_all
 from .tensor_parallel.lora_checks import check_lora
 from .topology.distributed import ensure_distributed
+from .trial_runner import trials_in_process
 from .weights import open_weights
 
 
@@ -41,7 +43,7 @@ def prepare_config(model: torch.nn.Module, config: str | os.PathLike | Mapping[s
     The world size comes from the launcher's environment when no process group exists yet, so
     a bad config raises on every rank before any rendezvous or collective.
     """
-    ds = resolve_auto(model, read_ds_config(config), adapter, has_client_optimizer)
+    ds = resolve_auto(model, read_ds_config(config), adapter, has_client_optimizer, run_trials=trials_in_process)
     if dist.is_initialized():
         world = dist.get_world_size()
     else:

@@ -30,6 +30,9 @@ class StepResult:
                     single process's aux loss on the global batch. `loss` includes
                     `router_aux_loss_coef * aux_loss`; its lm part stays the mean over the global
                     batch's label tokens (docs/expert-parallel.md)
+    language_tokens the language stage's tokens of the step, from its plan (the same on every rank):
+                    `real`, `computed` (every dp rank's rows padded, all ranks together) and
+                    `max_mean` (the slowest language dp rank's cost over the mean); docs/packing.md
     """
 
     loss: float
@@ -46,6 +49,7 @@ class StepResult:
     bubble_fraction: float = 0.0
     skipped: bool = False
     aux_loss: float | None = None
+    language_tokens: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -47,6 +47,7 @@ def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) 
             f"hetero_parallel.stages.{extra[0]}",
             f"no model adapter has an {extra[0]!r} encoder stage yet (they have {', '.join(known)}); remove it")
     check_sequence_shards(cfg, cfg.zero_stage_of(cfg.language.name))
+    check_language_batching(cfg)
     if "optimizer" not in ds and not has_client_optimizer:
         raise HeteroConfigError(
             "optimizer", 'missing; every stage engine builds its optimizer from it, e.g. '
@@ -98,6 +99,12 @@ def check_sequence_shards(cfg: HeteroConfig, zero: int) -> None:
             "differ; remove the key (default true)")
 
 
+def check_language_batching(cfg: HeteroConfig) -> None:
+    """Packed language micro-batches (step/packing.py) run with tp, sequence parallelism, cp, pp,
+    every ZeRO stage and every placement; what a model family cannot pack its check_model says."""
+    return
+
+
 def check_pipeline_model(cfg: HeteroConfig, model) -> None:
     """The layer cut fits the decoder, and no weight is shared between the first and last chunk."""
     from .pipeline_parallel.cut import layer_cut
@@ -144,6 +151,10 @@ def check_model(cfg: HeteroConfig, model, adapter=None) -> None:
         except TypeError as exc:
             raise HeteroConfigError("model", str(exc)) from None
     adapter.check_layouts(cfg)
+    if cfg.packed and adapter.PACKING_REFUSED:
+        raise HeteroConfigError("hetero_parallel.language_batching",
+                                f"\"packed\" is not supported for {type(model).__name__}: {adapter.PACKING_REFUSED}; "
+                                "use \"samples\"")
     check_freeze(cfg, adapter)
     check_recompute(cfg, adapter)
     check_pipeline_model(cfg, model)

@@ -245,6 +245,11 @@ def summarize(engine, history, wall: float, trace: str | None = None) -> dict:
         "stages_per_rank": [cfg.stages_of_rank(r) for r in range(engine.world_size)],
         "stage_memory_options": {n: _memory_options(engine, n) for n in cfg.stages},
         "boundary_backward_bytes_per_step_rank0": sum(r.boundary_bytes_backward for r in history) / len(history),
+        # the language stage's real / computed tokens and its slowest dp rank's load over the mean
+        # (hetero_parallel.language_batching, docs/packing.md)
+        "language_real_token_fraction": sum(r.language_tokens["real"] for r in history)
+        / max(1, sum(r.language_tokens["computed"] for r in history)),
+        "language_max_mean_load": sum(r.language_tokens["max_mean"] for r in history) / len(history),
     }
     if g["pipeline"] is not None:
         summary["pipeline_last_step_per_rank"] = g["pipeline"]

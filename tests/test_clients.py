@@ -10,41 +10,24 @@ LLaMA-Factory-like run's sequential order gives other losses than the seeded ord
 """
 
 import glob
-import json
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
+
+from tests.helpers.driver_report import launch_driver
 
 pytestmark = pytest.mark.distributed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.dirname(sys.executable)
 REL = 1e-5
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("clients")
-    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([f"{BIN}/deepspeed", "--num_gpus", "4", "--master_port", _port(),
-                           "tests/helpers/clients_driver.py", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=900)
-    ranks = []
-    for r in range(4):
-        path = out / f"rank{r}.json"
-        assert path.exists(), proc.stdout[-3000:] + proc.stderr[-6000:]
-        ranks.append(json.loads(path.read_text()))
-    assert not any("crash" in r for r in ranks), [r.get("crash") for r in ranks]
-    assert proc.returncode == 0, proc.stderr[-6000:]
+    ranks = launch_driver(ROOT, "clients_driver.py", out, timeout=900)
     return {"out": out, "ranks": ranks}
 
 

@@ -48,7 +48,7 @@ def _die_mid_step(rank, world_size, tmp):
 
     import ds_hetero
     from ds_hetero.toy import tiny_llava
-    from ds_hetero.testing.samples import llava_samples
+    from ds_hetero.testing.batches import llava_samples
 
     model = tiny_llava("clip", seed=1)
     config = {

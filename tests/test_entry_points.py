@@ -14,11 +14,12 @@ Negative control: the cosine-schedule run (same data, other learning rates) diff
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+
+from tests.helpers.driver_report import free_port
 
 pytestmark = pytest.mark.distributed
 
@@ -27,10 +28,6 @@ BIN = os.path.dirname(sys.executable)
 REL = 1e-6
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
 
 
 def _run(cmd, timeout=600):
@@ -40,7 +37,7 @@ def _run(cmd, timeout=600):
 
 def _accelerate(yaml, *args, procs=None):
     extra = ["--num_processes", str(procs)] if procs else []
-    return _run([f"{BIN}/accelerate", "launch", "--config_file", yaml, *extra, "--main_process_port", _port(),
+    return _run([f"{BIN}/accelerate", "launch", "--config_file", yaml, *extra, "--main_process_port", free_port(),
                  "recipes/accelerate_llava.py", "--samples", "64", *args])
 
 
@@ -57,7 +54,7 @@ def runs(tmp_path_factory):
     from ds_hetero.toy import tiny_llava
 
     tiny_llava("clip", seed=0).save_pretrained(out / "model")
-    driver = _run([f"{BIN}/deepspeed", "--num_gpus", "4", "--master_port", _port(),
+    driver = _run([f"{BIN}/deepspeed", "--num_gpus", "4", "--master_port", free_port(),
                    "tests/helpers/entry_points_driver.py", str(out)], timeout=900)
     ranks = []
     for r in range(4):

@@ -1,4 +1,4 @@
-"""Qwen2.5-VL, Gemma 3, Qwen3-VL, InternVL and LLaVA-OneVision: per-shard loading and save_pretrained.
+"""Qwen2.5-VL, Gemma 3, Qwen3-VL, InternVL, LLaVA-OneVision and Qwen3.5: per-shard loading and save_pretrained.
 
 A model built on the meta device and filled per stage and tp shard from a safetensors checkpoint
 (`initialize(meta_model(DIR), cfg, weights=DIR)`) trains exactly like the same model fully built
@@ -12,7 +12,7 @@ import pytest
 
 from ds_hetero.testing.launch import run_distributed
 from ds_hetero.testing.parity import full_named_parameters
-from tests.helpers.family_parity import build_model, make_batches
+from tests.helpers.family_parity import FAMILIES, build_model, make_batches
 
 pytestmark = pytest.mark.distributed
 
@@ -66,7 +66,7 @@ def _suite(rank, world_size, checkpoints, out_dirs):
 
 def test_families_load_per_shard_and_save_pretrained(tmp_path):
     checkpoints, out_dirs = {}, {}
-    for family in ("qwen2_5_vl", "gemma3", "qwen3_vl", "internvl", "llava_onevision"):
+    for family in FAMILIES:
         checkpoints[family] = str(tmp_path / family)
         build_model(family, seed=7).save_pretrained(checkpoints[family], max_shard_size="200KB")
         out_dirs[family] = str(tmp_path / f"{family}_saved")

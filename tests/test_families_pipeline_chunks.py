@@ -80,7 +80,8 @@ def _run_chunks(whole, batch, rows, counts, n_layers):
 
 
 CUTS = [("gemma3", (1, 2)), ("gemma3", (2, 1)), ("gemma3", (1, 1, 1)), ("qwen3_vl", (2, 1)),
-        ("omni", (1, 1)), ("internvl", (1, 1)), ("internvl_sliding", (1, 1)), ("llava_onevision", (1, 1)), ("qwen2_5_vl", (1, 1))]
+        ("omni", (1, 1)), ("internvl", (1, 1)), ("internvl_sliding", (1, 1)), ("llava_onevision", (1, 1)), ("qwen2_5_vl", (1, 1)),
+        ("qwen3_5", (1, 3)), ("qwen3_5", (3, 1)), ("qwen3_5", (2, 1, 1))]
 
 
 @pytest.mark.parametrize("family,counts", CUTS)

@@ -12,7 +12,7 @@ from ds_hetero import load_config
 from ds_hetero.errors import HeteroConfigError
 from ds_hetero.families import FAMILIES, Family, adapter_for, family_of, family_of_config, known_encoder_stages
 from ds_hetero.families.llava.adapter import LlavaAdapter
-from ds_hetero.families.llava.samples import shapes_samples as llava_samples
+from ds_hetero.families.llava.sample_format import shapes_samples as llava_samples
 from ds_hetero.tensor_parallel.shard_plans import ShardPlan
 from ds_hetero.toy import ShapesCaptionDataset, Vocabulary, tiny_llava
 from ds_hetero.validation import check_all

@@ -16,7 +16,7 @@ from ds_hetero.families.qwen2_5_vl.adapter import Qwen2_5_VLAdapter
 from ds_hetero.models.language_stage import LanguageStage
 from ds_hetero.toy import tiny_gemma3, tiny_qwen2_5_vl
 from tests.helpers.family_data import QWEN25_GRIDS, gemma3_samples, qwen_multi_samples
-from ds_hetero.testing.samples import qwen_samples, token_loss_sum
+from ds_hetero.testing.batches import qwen_samples, token_loss_sum
 
 
 def _qwen_fused(model, adapter, samples):
@@ -142,6 +142,16 @@ def test_qwen3_vl_moe_has_an_adapter_now():
     assert isinstance(adapter_for(tiny_qwen3_vl_moe()), Qwen3VLMoeAdapter)
 
 
+def test_gemma4_is_refused_with_what_it_needs():
+    """No Gemma 4 adapter yet (dense or MoE): `adapter_for` says what is missing, MoE's expert parallelism included."""
+    from ds_hetero.families import adapter_for
+
+    gemma4 = type("Gemma4ForConditionalGeneration", (torch.nn.Module,), {})()
+    with pytest.raises(TypeError, match="Gemma 4 adapter") as exc:
+        adapter_for(gemma4)
+    assert "enable_moe_block" in str(exc.value) and "expert parallelism" in str(exc.value)
+
+
 def test_the_families_own_processor_output_is_accepted_as_samples():
     """Samples cut from transformers' own processors (built locally) pass check_sample and the
     split still equals the fused model on them."""
@@ -191,6 +201,22 @@ def test_planner_spec_counts_the_families_parameters_and_sees_windows_and_poolin
     windowed = vision_work(model_spec(tiny_qwen2_5_vl().config), wl, samples=1, tp=1)
     full = vision_work(model_spec(tiny_qwen2_5_vl(fullatt_block_indexes=(0, 1, 2)).config), wl, samples=1, tp=1)
     assert windowed.flops < full.flops
+
+
+def test_qwen3_5_split_equals_fused_with_linear_attention_layers_and_several_images():
+    """Qwen3.5 (3 Gated DeltaNet layers, 1 full-attention layer): the split equals the fused model,
+    with padding (the linear-attention layers zero the padded positions) and 0, 1 or 2 images."""
+    from ds_hetero.families.qwen3_5.adapter import Qwen3_5Adapter
+    from ds_hetero.toy import tiny_qwen3_5
+
+    model = tiny_qwen3_5(seed=2).double()
+    adapter = adapter_for(model)
+    assert isinstance(adapter, Qwen3_5Adapter)
+    samples = qwen_samples(model, QWEN25_GRIDS[:3]) + qwen_multi_samples(model, [[(1, 8, 8), (1, 4, 4)], []], seed=1)
+    for i, s in enumerate(samples):
+        adapter.check_sample(s, i)
+    logit_err, grad_err = _compare(model, adapter, samples, _qwen_fused)
+    assert logit_err < 1e-12 and grad_err < 1e-12, (logit_err, grad_err)
 
 
 def test_qwen3_vl_split_equals_fused_with_deepstack_levels():
@@ -278,10 +304,10 @@ def test_internvl_negative_control_without_pixel_shuffle_order():
 
 def test_shapes_dataset_in_each_family_format_is_accepted():
     from ds_hetero.toy.family_formats import shapes_dataset_for
-    from ds_hetero.toy import tiny_internvl, tiny_llava_onevision, tiny_qwen3_vl
+    from ds_hetero.toy import tiny_internvl, tiny_llava_onevision, tiny_qwen3_5, tiny_qwen3_vl
 
     onevision = tiny_llava_onevision(seed=1).double()
-    for model in (tiny_qwen2_5_vl(), tiny_qwen3_vl(), tiny_gemma3(), onevision, tiny_internvl()):
+    for model in (tiny_qwen2_5_vl(), tiny_qwen3_vl(), tiny_qwen3_5(), tiny_gemma3(), onevision, tiny_internvl()):
         adapter = adapter_for(model)
         data = shapes_dataset_for(model.config, size=6, seed=1, text_only_every=3)
         samples = [data[i] for i in range(6)]

@@ -5,7 +5,7 @@ import torch
 
 from ds_hetero.families.llava.adapter import split_llava
 from ds_hetero.toy import tiny_llava
-from ds_hetero.testing.samples import collate, llava_samples, token_loss_sum
+from ds_hetero.testing.batches import collate, llava_samples, token_loss_sum
 
 
 @pytest.mark.parametrize("vision", ["clip", "siglip"])

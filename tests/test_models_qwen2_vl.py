@@ -5,7 +5,7 @@ import torch
 
 from ds_hetero.families.qwen2_vl.adapter import Qwen2VLAdapter
 from ds_hetero.toy import tiny_qwen2_vl
-from ds_hetero.testing.samples import qwen_samples, token_loss_sum
+from ds_hetero.testing.batches import qwen_samples, token_loss_sum
 
 GRIDS = [(1, 4, 4), None, (1, 4, 8), (1, 8, 4)]  # 4, 0, 8, 8 image tokens
 

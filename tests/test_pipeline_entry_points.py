@@ -14,11 +14,12 @@ weights: its step-3 loss would differ (checked against the main job's).
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+
+from tests.helpers.driver_report import free_port
 
 pytestmark = pytest.mark.distributed
 
@@ -28,10 +29,6 @@ REL = 1e-6
 DRIVER = "tests/helpers/pipeline_entry_driver.py"
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
 
 
 def _run(cmd, timeout=900):
@@ -53,7 +50,7 @@ def _ranks(proc, out, mode):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("pipeline_entry_points")
-    trainer = _run([f"{BIN}/deepspeed", "--num_gpus", "4", "--master_port", _port(), DRIVER, "trainer", str(out)])
+    trainer = _run([f"{BIN}/deepspeed", "--num_gpus", "4", "--master_port", free_port(), DRIVER, "trainer", str(out)])
     yaml = out / "pipeline.yaml"
     yaml.write_text(open(os.path.join(ROOT, "ds_configs/accelerate_disaggregated.yaml")).read()
                     .replace("ds_configs/llava_disaggregated.json", os.path.join(ROOT, "ds_configs/llava_pipeline.json")))
@@ -61,7 +58,7 @@ def runs(tmp_path_factory):
     acc = {}
     for name, args in (("first", ["--steps", "2", "--save-state-every", "2", "--state-dir", str(state)]),
                        ("resumed", ["--steps", "4", "--resume-from", str(state / "step2")])):
-        proc = _run([f"{BIN}/accelerate", "launch", "--config_file", str(yaml), "--main_process_port", _port(),
+        proc = _run([f"{BIN}/accelerate", "launch", "--config_file", str(yaml), "--main_process_port", free_port(),
                      "recipes/accelerate_llava.py", "--samples", "64", *args,
                      "--summary-json", str(out / f"acc_{name}.json")])
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

@@ -5,14 +5,14 @@ fp32, 5 steps of 4 micro-batches, gradient clipping active: losses within 1e-5 r
 Hugging Face model's own loss too), all-stage gradient norms 1e-4, every weight tensor a rank
 holds 1e-5 relative; `eval_batch` before training gives the model's first loss. Every pipeline
 stage holds the same (tp, cp, dp) coordinates and sends its own sequence shard of the hidden
-states (pipeline_parallel/shapes.py); ZeRO 3 runs per chunk engine (pipeline_parallel/zero3.py).
+states (pipeline_parallel/hidden_shape.py); ZeRO 3 runs per chunk engine (pipeline_parallel/zero3.py).
 Each launch carries a negative control that must fail the same comparison.
 """
 
 import pytest
 
 from ds_hetero.config import load_config
-from ds_hetero.pipeline_parallel.shapes import hidden_length
+from ds_hetero.pipeline_parallel.hidden_shape import hidden_length
 from ds_hetero.validation import check_all
 from ds_hetero.testing.cases import launch_cases
 from ds_hetero.layout import StageLayout

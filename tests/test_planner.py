@@ -295,13 +295,13 @@ def test_boundary_rows_come_from_the_plan():
     from ds_hetero.planner import boundary_cost
 
     full = boundary_rows(cfg({"tp": 1, "dp": 4}, {"tp": 1, "dp": 4}), 2048, 4096)
-    boundary_cost._rows.cache_clear()
+    boundary_cost.exchange_rows.cache_clear()
     old, boundary_cost.MAX_ROWS = boundary_cost.MAX_ROWS, 10**9
     try:
         assert boundary_rows(cfg({"tp": 1, "dp": 4}, {"tp": 1, "dp": 4}), 2048, 4096) == full
     finally:
         boundary_cost.MAX_ROWS = old
-        boundary_cost._rows.cache_clear()
+        boundary_cost.exchange_rows.cache_clear()
 
 
 def test_validate_accepts_auto_and_rejects_bad_auto_keys(tmp_path, capsys):

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from ds_hetero.planner.candidate import StageChoice
-from ds_hetero.planner.encoders import audio_rows, multi_spec
+from ds_hetero.families.qwen2_5_omni.shapes import audio_rows
+from ds_hetero.planner.model_spec import model_spec
 from ds_hetero.planner.flops import vision_work
 from ds_hetero.planner.workload import Workload
 
@@ -29,7 +30,7 @@ def omni():
 
 @pytest.fixture(scope="module")
 def spec(omni):
-    return multi_spec(omni.config)
+    return model_spec(omni.config)
 
 
 def test_audio_rows_hand_count(omni):
@@ -83,13 +84,13 @@ def test_audio_flops_hand_count(spec):
 def test_enumeration_gives_each_encoder_its_own_layout_and_placement(omni):
     from ds_hetero.families import adapter_for
     from ds_hetero.planner.enumerate import SearchSpace
-    from ds_hetero.planner.multi_candidate import enumerate_multi
+    from ds_hetero.planner.enumerate import enumerate_candidates
     from ds_hetero.planner.validity import check_candidate
 
     adapter = adapter_for(omni)
     space = SearchSpace(world_size=4, global_batch=8, max_tp=4, placements=("colocated", "disaggregated", "mixed"),
                         micro_batches=(1, 2))
-    cands, stats = enumerate_multi(space, BASE, adapter, ("vision", "audio"))
+    cands, stats = enumerate_candidates(space, BASE, adapter, names=("vision", "audio"))
     assert stats["generated"] == len(cands) + stats["rejected"] and stats["rejected"] > 0
     by = {}
     for c in cands:
@@ -108,9 +109,10 @@ def test_enumeration_gives_each_encoder_its_own_layout_and_placement(omni):
 
 def test_ranking_and_the_homogeneous_baseline(omni):
     from ds_hetero.planner.calibrate import machine_profile
-    from ds_hetero.planner.multi_search import plan_encoders, ranked_table_multi
+    from ds_hetero.planner.report import ranked_table
+    from ds_hetero.planner.search import plan
 
-    result = plan_encoders(omni, 4, 96, {"vision": 16, "audio": 12}, 8, machine_profile("cpu"), base=BASE)
+    result = plan(omni, 4, 96, None, 8, machine_profile("cpu"), base=BASE, rows={"vision": 16, "audio": 12})
     preds = result.predictions
     assert preds and preds == sorted(preds, key=lambda p: (not p.fits, -p.tokens_per_s))
     homog = result.best_homogeneous()
@@ -119,12 +121,12 @@ def test_ranking_and_the_homogeneous_baseline(omni):
     assert homog.boundary_bytes == 0
     apart = [p for p in preds if p.candidate.placement == "disaggregated"]
     assert apart and all(p.boundary_bytes > 0 for p in apart)
-    table = ranked_table_multi(result, 5)
+    table = ranked_table(result, 5)
     assert "audio" in table and "vision" in table and "baseline (every encoder in the language's layout)" in table
     with pytest.raises(ValueError, match="--rows audio=N"):
-        plan_encoders(omni, 4, 96, {"vision": 16}, 8, machine_profile("cpu"), base=BASE)
+        plan(omni, 4, 96, None, 8, machine_profile("cpu"), base=BASE, rows={"vision": 16})
     with pytest.raises(ValueError, match="exceed --seq-len"):
-        plan_encoders(omni, 4, 16, {"vision": 16, "audio": 12}, 8, machine_profile("cpu"), base=BASE)
+        plan(omni, 4, 16, None, 8, machine_profile("cpu"), base=BASE, rows={"vision": 16, "audio": 12})
 
 
 def test_plan_write_then_validate(tmp_path, capsys):
@@ -149,7 +151,7 @@ def test_plan_write_then_validate(tmp_path, capsys):
 def test_single_encoder_models_keep_their_spec():
     from ds_hetero.planner.model_source import load_hf_config
 
-    assert multi_spec(load_hf_config("tiny-qwen2-vl")) is None
+    assert model_spec(load_hf_config("tiny-qwen2-vl")).names == ("vision",)  # one encoder
 
 
 def test_auto_options_for_several_encoders():

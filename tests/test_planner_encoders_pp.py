@@ -11,8 +11,7 @@ import json
 import pytest
 
 from ds_hetero.planner.candidate import StageChoice
-from ds_hetero.planner.pipeline import StageTimes, colocated_step
-from ds_hetero.planner.pipeline_pp import colocated_encoders_step, colocated_pipeline_step
+from ds_hetero.planner.step_time import StageTimes, colocated_encoders_step, colocated_pipeline_step, colocated_step
 
 BASE = {"train_batch_size": 8, "zero_optimization": {"stage": 1},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
@@ -61,9 +60,9 @@ def omni():
 
 
 def _cand(placement, vision, audio, language, m, passes=()):
-    from ds_hetero.planner.multi_candidate import MultiCandidate
+    from ds_hetero.planner.candidate import Candidate
 
-    return MultiCandidate(placement, (("vision", vision), ("audio", audio)), language, m, passes)
+    return Candidate(placement, (("vision", vision), ("audio", audio)), language, m, passes)
 
 
 def test_encoder_passes_held_per_encoder_hand_count():
@@ -90,17 +89,17 @@ def test_encoder_passes_held_per_encoder_hand_count():
 
 def test_memory_per_rank_holds_each_encoders_passes_and_the_pipelines_micro_batches(omni):
     from ds_hetero.planner.activations import vision_activation_bytes
-    from ds_hetero.planner.encoders import multi_spec
+    from ds_hetero.planner.model_spec import model_spec
     from ds_hetero.planner.memory import language_memory, vision_memory
-    from ds_hetero.planner.multi_predict import encoder_workloads, multi_memory
+    from ds_hetero.planner.memory import peak_memory
     from ds_hetero.planner.workload import Workload
 
-    spec = multi_spec(omni.config)
-    wl = Workload(seq_len=96, image_tokens=28, global_batch=8, dtype_bytes=4)
-    wls = encoder_workloads(spec, wl, ROWS)
+    spec = model_spec(omni.config)
+    wl = Workload(seq_len=96, image_tokens=28, global_batch=8, dtype_bytes=4, rows=tuple(ROWS.items()))
+    wls = {n: wl.of(n) for n in spec.names}
     lang = StageChoice(1, 2, pp=2)
     c = _cand("colocated", StageChoice(1, 4), StageChoice(2, 2), lang, 4, (("vision", 2), ("audio", 1)))
-    got = multi_memory(c, spec, wls, wl, True)["all"]
+    got = peak_memory(spec, wl, c, True)["all"]
     # vision: 2 passes held (hand count above), audio 1; stage 0 holds 2 micro-batches, stage 1 one
     vision = vision_memory(spec.view("vision"), wls["vision"], c.view("vision"), True, 2).total
     audio = vision_memory(spec.view("audio"), wls["audio"], c.view("audio"), True, 1).total
@@ -112,13 +111,13 @@ def test_memory_per_rank_holds_each_encoders_passes_and_the_pipelines_micro_batc
     one = _cand("colocated", StageChoice(1, 4), StageChoice(1, 2), flat, 4, (("audio", 1),))
     four = _cand("colocated", StageChoice(1, 4), StageChoice(1, 2), flat, 4)
     per_sample = vision_activation_bytes(spec.view("audio"), wls["audio"], 1, 1, True)
-    diff = multi_memory(one, spec, wls, wl, True)["all"] - multi_memory(four, spec, wls, wl, True)["all"]
+    diff = peak_memory(spec, wl, one, True)["all"] - peak_memory(spec, wl, four, True)["all"]
     assert per_sample > 0 and diff == pytest.approx(3 * per_sample)
     # a plan's cache: the same layout of two encoders is two encoders' memory, not one remembered
     same = _cand("colocated", StageChoice(1, 4), StageChoice(1, 4), flat, 4)
     cache = {}
-    assert [multi_memory(same, spec, wls, wl, True, cache)["all"] for _ in range(2)] == \
-        [multi_memory(same, spec, wls, wl, True)["all"]] * 2
+    assert [peak_memory(spec, wl, same, True, cache)["all"] for _ in range(2)] == \
+        [peak_memory(spec, wl, same, True)["all"]] * 2
 
 
 def test_first_stage_cuts():
@@ -132,16 +131,16 @@ def test_first_stage_cuts():
 @pytest.fixture(scope="module")
 def plans(omni):
     from ds_hetero.planner.calibrate import machine_profile
-    from ds_hetero.planner.multi_search import plan_encoders
+    from ds_hetero.planner.search import plan
 
     cpu = machine_profile("cpu")
-    return (plan_encoders(omni, 4, 96, ROWS, 8, cpu, base=BASE),
-            plan_encoders(omni, 4, 96, ROWS, 8, cpu, base=BASE, memory_gb=0.0065))
+    return (plan(omni, 4, 96, None, 8, cpu, base=BASE, rows=ROWS),
+            plan(omni, 4, 96, None, 8, cpu, base=BASE, memory_gb=0.0065, rows=ROWS))
 
 
 def test_search_covers_pipelines_first_stage_passes_and_features(omni, plans):
     from ds_hetero.families import adapter_for
-    from ds_hetero.planner.multi_candidate import lighter_siblings
+    from ds_hetero.planner.dominance import lighter_siblings
     from ds_hetero.planner.validity import check_candidate
 
     roomy, tight = plans

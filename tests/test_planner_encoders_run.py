@@ -29,11 +29,11 @@ def _suite(rank, world_size):
     from ds_hetero.toy.omni_shapes import OmniShapesDataset
     from ds_hetero.toy import tiny_qwen2_5_omni
     from ds_hetero.planner.calibrate import machine_profile
-    from ds_hetero.planner.multi_search import plan_encoders
+    from ds_hetero.planner.search import plan
 
     out = {}
     # 1. the written pick (the same on every rank: planning is deterministic and needs no processes)
-    result = plan_encoders("tiny-qwen2.5-omni", world_size, 96, ROWS, 8, machine_profile("cpu"), base=BASE)
+    result = plan("tiny-qwen2.5-omni", world_size, 96, None, 8, machine_profile("cpu"), base=BASE, rows=ROWS)
     section = result.ds_config()["hetero_parallel"]
     out["pick"] = section
     out["parity"] = train_both(rank, world_size, "omni", layout=section["stages"], zero_stage=1, steps=3, clip=CLIP,

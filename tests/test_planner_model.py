@@ -8,8 +8,7 @@ from ds_hetero.planner.activations import language_activation_bytes, language_la
 from ds_hetero.planner.candidate import Candidate, StageChoice
 from ds_hetero.planner.machine import PROFILES
 from ds_hetero.planner.model_spec import model_spec
-from ds_hetero.planner.pipeline import StageTimes
-from ds_hetero.planner.pipeline_pp import colocated_pipeline_step, first_stage_step, one_f_one_b
+from ds_hetero.planner.step_time import StageTimes, colocated_pipeline_step, first_stage_step, one_f_one_b
 from ds_hetero.planner.workload import Workload, image_tokens_of
 
 LLAMA70 = {"hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64, "num_key_value_heads": 8,

@@ -115,7 +115,7 @@ def test_pp_and_first_stage_picks_validate_and_train_on_two_ranks(tmp_path):
     """ds_config of a pp pick and of a first_stage pick: `ds-hetero validate` accepts them and a
     3-step 2-rank launch (the --trial launcher) trains with each."""
     from ds_hetero.cli import main
-    from ds_hetero.planner.trials import launch_one
+    from ds_hetero.trial_runner import launch_one
 
     p = _plan(world=2)
     pp = next(x for x in p.runnable if x.candidate.placement == "colocated" and x.candidate.language.pp == 2)

@@ -17,17 +17,16 @@ def _auto_trial(rank, world_size):
 
     import ds_hetero
     from ds_hetero.toy import tiny_llava
-    from ds_hetero.planner import trials
+    from ds_hetero import trial_runner
 
     recorded = []
-    real = trials.trials_in_process
+    real = trial_runner.trials_in_process
 
     def recording(*args, **kwargs):
         out = real(*args, **kwargs)
         recorded.append(out)
         return out
 
-    trials.trials_in_process = recording
     model = tiny_llava("clip", seed=3)
     before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
     cfg = {
@@ -41,7 +40,7 @@ def _auto_trial(rank, world_size):
     }
     from ds_hetero.planner.auto import resolve_auto
 
-    chosen = resolve_auto(model, cfg)
+    chosen = resolve_auto(model, cfg, run_trials=recording)
     after = torch.cat([p.detach().flatten() for p in model.parameters()])
     from ds_hetero.planner.trial_data import workload_samples
 
@@ -73,7 +72,7 @@ def test_auto_trial_picks_the_fastest_measured_on_every_rank():
     assert results[0]["chosen"] == fastest
 
 
-def test_launch_trials_reranks_by_measured_time(monkeypatch):
+def test_launch_trials_reranks_by_measured_time():
     from ds_hetero.planner import machine_profile, plan, trials
 
     p = plan("tiny-llava", 2, 40, 16, 4, machine_profile("cpu"), placements=("colocated",), micro_batches=(1,),
@@ -87,8 +86,7 @@ def test_launch_trials_reranks_by_measured_time(monkeypatch):
         t = fake[i][min(r, len(fake[i]) - 1)]
         return (t, "") if t != float("inf") else (t, "launch failed (exit 1): boom")
 
-    monkeypatch.setattr(trials, "launch_one", launch)
-    out = trials.launch_trials("tiny-llava", p, 3, 2, steps=2, rounds=2, log=lambda m: None)
+    out = trials.launch_trials("tiny-llava", p, 3, 2, launch, steps=2, rounds=2, log=lambda m: None)
     assert [t.prediction for t in out] == [p.runnable[1], p.runnable[0], p.runnable[2]]
     assert out[0].measured_s == pytest.approx(0.25) and out[2].measured_s == float("inf") and out[2].error
     # round-robin: A B C A B (the failed one is not retried)

@@ -66,7 +66,7 @@ def _one_layout(rank, zero, placement, bf16=False):
 
     import ds_hetero
     from ds_hetero.toy import tiny_llava
-    from ds_hetero.testing.samples import llava_samples
+    from ds_hetero.testing.batches import llava_samples
 
     model = tiny_llava("clip", seed=3)
     engine = ds_hetero.initialize(model, _config(zero, placement, bf16))

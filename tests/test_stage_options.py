@@ -130,7 +130,7 @@ def test_validate_shows_and_checks_the_options(tmp_path, capsys):
 
 
 def _llava_batch(model, n, seed=0):
-    from ds_hetero.testing.samples import llava_samples
+    from ds_hetero.testing.batches import llava_samples
 
     samples = llava_samples(model, n, seed=seed)
     for i, s in enumerate(samples):  # lengths differ: padding differs per micro-batch

@@ -53,7 +53,7 @@ def _suite(rank, world_size, tmp):
     import ds_hetero
     from ds_hetero.toy import ShapesCaptionDataset
     from ds_hetero.toy import tiny_llava
-    from ds_hetero.testing.samples import llava_samples
+    from ds_hetero.testing.batches import llava_samples
 
     def refused(engine, samples, words):
         before = _weights(engine)

@@ -19,7 +19,7 @@ from ds_hetero.testing.launch import RankFailure, run_distributed
 def _raise_in_step_1(rank, world_size, raising):
     import ds_hetero
     from ds_hetero.toy import tiny_llava
-    from ds_hetero.testing.samples import llava_samples
+    from ds_hetero.testing.batches import llava_samples
 
     model = tiny_llava("clip", seed=1)
     config = {"train_batch_size": 4, "zero_optimization": {"stage": 1}, "steps_per_print": 10**6,

@@ -13,7 +13,7 @@ import torch
 from ds_hetero.boundary import build_plan
 from ds_hetero.config import load_config
 from ds_hetero.models.adapter import EncoderPort, StageAdapter
-from ds_hetero.models.cost import transformer_cost
+from ds_hetero.models.item_cost import transformer_cost
 from ds_hetero.step.step_plan import StepPlan
 from ds_hetero.step.shares import stage_samples
 

@@ -71,7 +71,7 @@ def _stage_checks(rank, world_size):
     from ds_hetero.topology.groups import build_groups
     from ds_hetero.layout import StageLayout
     from tests.helpers import tp_checks as m
-    from ds_hetero.testing.samples import collate, llava_samples
+    from ds_hetero.testing.batches import collate, llava_samples
 
     ranks = (0, 1, 2, 3)
     groups = build_groups({"v4": StageLayout("v4", 4, 1, 1, ranks), "l2": StageLayout("l2", 2, 1, 2, ranks),

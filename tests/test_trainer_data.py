@@ -102,7 +102,7 @@ def test_loss_options_refused_by_name():
     from trl import SFTTrainer
 
     import ds_hetero
-    from ds_hetero.integrations.trainer.loss import loss_problems
+    from ds_hetero.integrations.trainer.loss_options import loss_problems
 
     for base in (Trainer, Seq2SeqTrainer, SFTTrainer):
         assert loss_problems(_trainer_stub(ds_hetero.hetero(base))) == []
@@ -128,7 +128,7 @@ def test_loss_options_refused_by_name():
 
 
 def test_subclass_optimizer_rebuilt_per_stage():
-    from ds_hetero.integrations.trainer.loss import per_stage_optimizer
+    from ds_hetero.integrations.trainer.loss_options import per_stage_optimizer
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
     opt = torch.optim.AdamW([{"params": model[0].parameters(), "lr": 1e-2},

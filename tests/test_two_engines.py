@@ -55,7 +55,7 @@ def _train_reference(reference, batches):
     """The single-process reference: the whole model, the whole global batch, one SGD step per batch."""
     import torch
 
-    from ds_hetero.testing.samples import collate, label_count, token_loss_sum
+    from ds_hetero.testing.batches import collate, label_count, token_loss_sum
 
     opt = torch.optim.SGD(reference.parameters(), lr=LR)
     for samples in batches:
@@ -108,7 +108,7 @@ def _train_and_compare(rank, world_size, zero_stage, use_stage_context, batches)
     from ds_hetero.families.llava.adapter import split_llava
     from ds_hetero.topology.mpu import StageMPU, stage_context
     from ds_hetero.toy import tiny_llava
-    from ds_hetero.testing.samples import collate, label_count, token_loss_sum
+    from ds_hetero.testing.batches import collate, label_count, token_loss_sum
 
     cfg = load_config(_config(zero_stage), world_size)
     groups = build_groups(cfg.stages, rank)
@@ -182,7 +182,7 @@ def _suite(rank, world_size, batches):
 
 def test_two_engines_match_single_process_reference_zero_0_to_3():
     from ds_hetero.toy import tiny_llava
-    from ds_hetero.testing.samples import llava_samples
+    from ds_hetero.testing.batches import llava_samples
 
     model = tiny_llava("clip", seed=SEED)
     batches = [llava_samples(model, 8, seed=10 + step) for step in range(STEPS)]

@@ -13,7 +13,8 @@ from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from ..errors import HeteroConfigError
-from .pipeline import parse_pipeline
+from .batching import parse_language_batching
+from .pipeline_keys import parse_pipeline
 from .ranks import assign_ranks
 from .read import read_ds_config
 from .stage_options import parse_stage_options
@@ -85,6 +86,7 @@ def parse_config(ds: Mapping[str, Any], world_size: int, encoder_stages: Sequenc
         raise HeteroConfigError(f"{SECTION}.balance", f"got {balance!r}; valid values are {' or '.join(BALANCES)}")
     encoder_mbs = _encoder_micro_batches(specs, micro_batches, placement)
     encoder_balance = _encoder_balance(specs, balance)
+    language_batching, max_tokens = parse_language_batching(section)
 
     for name, layout in layouts.items():
         mbs = encoder_mbs.get(name, micro_batches)
@@ -113,6 +115,8 @@ def parse_config(ds: Mapping[str, Any], world_size: int, encoder_stages: Sequenc
         encoder_balance=MappingProxyType(encoder_balance),
         options=MappingProxyType({name: spec["options"] for name, spec in specs.items()}),
         pp_layers=specs[LANGUAGE]["pp_layers"],
+        language_batching=language_batching,
+        max_tokens_per_micro_batch=max_tokens,
     )
 
 

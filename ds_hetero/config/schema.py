@@ -9,11 +9,13 @@ rejects unknown keys inside its own sections), so the plugin owns one top-level 
         "micro_batches": 2,                      # gradient accumulation steps of every stage
         "timeout_s": 300,                        # a collective that waits longer raises
         "balance": "tokens",                     # encoder images to dp ranks by cost, or "position"
+        "language_batching": "samples",          # or "packed": token-balanced packed rows (docs/packing.md)
+        "max_tokens_per_micro_batch": null,      # packed: the longest packed row (config/batching.py)
         "stages": {
             "vision":   {"tp": 1, "dp": 4, "micro_batches": 1},   # encoder passes per step
             "audio":    {"tp": 2, "dp": 2, "balance": "position"}, # per-encoder balance (docs/multi-encoder.md)
             "language": {"tp": 2, "cp": 1, "dp": 2, "sequence_parallel": false,
-                         "pp": 1, "pp_layers": null,          # pipeline stages (config/pipeline.py)
+                         "pp": 1, "pp_layers": null,          # pipeline stages (config/pipeline_keys.py)
                          "ep": 1}                             # expert parallelism (docs/expert-parallel.md)
         }                                        # + recompute, zero_stage, freeze (stage_options.py)
     }
@@ -42,10 +44,12 @@ PLACEMENTS = ("colocated", "disaggregated", "mixed", "first_stage")
 LANGUAGE = "language"
 # The encoder stages' names come from the model families (families/ `known_encoder_stages`): parsing is
 # given them (parse_config `encoder_stages`); config keeps no list of its own.
-SECTION_KEYS = ("placement", "micro_batches", "stages", "timeout_s", "balance")
+SECTION_KEYS = ("placement", "micro_batches", "stages", "timeout_s", "balance", "language_batching",
+                "max_tokens_per_micro_batch")
 DEFAULT_TIMEOUT_S = 300.0  # a collective waiting longer than this raises instead of hanging
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # process-group timeouts are integer milliseconds: keep them finite and sane
 BALANCES = ("tokens", "position")  # how encoder images go to dp ranks (step/balance.py)
+LANGUAGE_BATCHINGS = ("samples", "packed")  # how the language stage cuts its micro-batches (step/packing.py)
 STAGE_KEYS = AXES + FOLDED_AXES + ("ranks", "sequence_parallel", "micro_batches", "balance", "pp_layers") + OPTION_KEYS
 # DeepSpeed batch keys that ds_hetero derives per stage.
 DERIVED_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -85,6 +89,14 @@ class HeteroConfig:
         return int(section.get("stage", 0)) if isinstance(section, Mapping) else 0
 
     pp_layers: tuple[int, ...] | None = None  # the language's layers per pipeline stage (None: even cut)
+    # "samples": each language dp rank takes a contiguous share, padded; "packed": samples go to dp
+    # ranks by token cost and are packed into rows (step/packing.py, docs/packing.md)
+    language_batching: str = "samples"
+    max_tokens_per_micro_batch: int | None = None  # packed: the longest packed row (None: one row per rank)
+
+    @property
+    def packed(self) -> bool:
+        return self.language_batching == "packed"
 
     def micro_batches_of(self, stage: str) -> int:
         """Forward/backward passes of `stage` per step (its DeepSpeed gradient_accumulation_steps)."""

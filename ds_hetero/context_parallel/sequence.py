@@ -10,7 +10,8 @@ first and then sliced, so every shard sees exactly what the single process sees 
                  token of a chunk predicts the first token of the next chunk
     positions    the full sequence's position ids (Qwen2-VL: M-RoPE from the full sequence), sliced
     mask         the full sequence's causal + padding mask [b, 1, S, S] (attention.py uses it
-                 after the all-to-all has gathered the sequence)
+                 after the all-to-all has gathered the sequence); for packed rows the causal
+                 mask inside each sample (`packed_attention_mask`)
     input ids    sliced to the cp chunk: embeddings are computed for the chunk only, and the
                  boundary delivers the image rows of the rank's shard only
 
@@ -52,6 +53,20 @@ def full_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return causal[None, None] & attention_mask.bool()[:, None, None, :]
 
 
+def packed_attention_mask(sequence_ids: torch.Tensor) -> torch.Tensor:
+    """Causal mask inside each sample of packed rows, [b, 1, S, S] bool (True = attend).
+
+    `sequence_ids` [b, S]: the sample of every token in its row (models/packing.py). The mask
+    transformers builds from packed `position_ids` (`masking_utils.packed_sequence_mask_function`
+    and the causal function): query i sees key j iff j <= i and both lie in the same sample. The
+    decoder would build it for the shard alone, so under sequence shards it is built here, full.
+    """
+    s = sequence_ids.shape[-1]
+    causal = torch.ones(s, s, dtype=torch.bool, device=sequence_ids.device).tril_()
+    same = sequence_ids[:, :, None] == sequence_ids[:, None, :]
+    return causal[None, None] & same[:, None]
+
+
 def _cp_bounds(layout: StageLayout, rank: int, length: int) -> tuple[int, int]:
     """[start, stop) of the cp chunk that holds `rank`'s shard."""
     size = length // layout.cp
@@ -85,7 +100,8 @@ def shard_language_batch(batch: dict[str, Any], layout: StageLayout, rank: int) 
         "input_ids": ids[..., c0:c1],
         "labels": shifted_labels(batch["labels"])[..., c0:c1],
         "position_ids": positions[..., c0:c1],
-        "attention_mask": full_attention_mask(batch["attention_mask"]),
+        "attention_mask": (packed_attention_mask(batch["sequence_ids"]) if batch.get("attention_mask") is None
+                           else full_attention_mask(batch["attention_mask"])),
     }
 
 
@@ -108,5 +124,5 @@ def padded_lengths(samples: Sequence[dict[str, Any]], dst_dp: Sequence[int], lay
     return [padded_length(longest[d], layout) for d in dst_dp]
 
 
-__all__ = ["full_attention_mask", "image_positions", "is_sharded", "padded_length", "padded_lengths",
+__all__ = ["full_attention_mask", "image_positions", "is_sharded", "packed_attention_mask", "padded_length", "padded_lengths",
            "shard_input_ids", "shard_language_batch"]

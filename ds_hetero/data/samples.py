@@ -6,7 +6,8 @@ fields): it pads each stage's share itself, in each stage's layout. Clients hand
     a list of dicts whose values are Python lists or numpy arrays   converted to tensors
     a collated batch (one dict of [B, S] tensors, as a data_collator  split per sample by
     returns it: padding, LLaVA pixel_values [N, 3, H, W] for all the    `split_collated`
-    batch's images, Qwen2-VL patches [P, D] + image_grid_thw [N, 3])
+    batch's images, Qwen2-VL patches [P, D] + image_grid_thw [N, 3],
+    the Omni thinker's clips [N, mel, frames] + feature_attention_mask)
     a dict where a list is expected, raw dataset rows                 a ValueError saying what to do
     (messages, images, text) that no collator turned into tokens
 
@@ -103,6 +104,9 @@ def split_collated(batch: Mapping[str, Any], adapter) -> list[dict[str, Any]]:
     counts = [images_per_sample(sample["input_ids"]) for sample in samples]
     _split_images(fields, samples, counts)
     known = {"input_ids", "labels", "pixel_values", "image_grid_thw", *REBUILT_PER_TOKEN}
+    if hasattr(adapter, "audio_rows"):  # an audio encoder (the Qwen2.5-Omni thinker): clips in order too
+        _split_audio(fields, samples, [len(adapter.audio_rows(sample)) for sample in samples])
+        known.update(AUDIO_FIELDS)
     unknown = [k for k in fields if k not in known]
     if unknown:
         raise ValueError(
@@ -110,6 +114,44 @@ def split_collated(batch: Mapping[str, Any], adapter) -> list[dict[str, Any]]:
             f"sample (it splits input_ids, labels, pixel_values and image_grid_thw, and rebuilds "
             f"{', '.join(REBUILT_PER_TOKEN)}); drop them in the collator")
     return samples
+
+
+AUDIO_FIELDS = ("input_features", "feature_attention_mask", "audio_feature_lengths")
+
+
+def _split_audio(fields: dict[str, Any], samples: list[dict[str, Any]], counts: list[int]) -> None:
+    """Clips to samples in order, each sample its `counts[i]` clips: padded [clips, mel, frames] rows with
+    their feature_attention_mask rows (the processor's form), or flattened [mel, frames] cut by
+    audio_feature_lengths."""
+    features, mask, lengths = (fields.get(k) for k in AUDIO_FIELDS)
+    total = sum(counts)
+    if features is None:
+        if total:
+            raise ValueError(f"the collated batch has {total} audio clip(s) in its input_ids but no input_features")
+        return
+    if mask is not None:
+        if features.dim() != 3 or mask.shape[0] != features.shape[0] or features.shape[0] != total:
+            raise ValueError(f"input_features {tuple(features.shape)} / feature_attention_mask "
+                             f"{tuple(mask.shape)}: expected one [mel, frames] row and one mask row per clip, "
+                             f"{total} clips in the input_ids")
+        clip = 0
+        for sample, n in zip(samples, counts):
+            if n:
+                sample["input_features"] = features[clip:clip + n]
+                sample["feature_attention_mask"] = mask[clip:clip + n]
+                clip += n
+        return
+    if lengths is None or lengths.reshape(-1).shape[0] != total or features.dim() != 2:
+        raise ValueError(f"input_features {tuple(features.shape)} needs feature_attention_mask (one row per clip) "
+                         f"or audio_feature_lengths (one entry per clip, {total} clips in the input_ids)")
+    lengths = lengths.reshape(-1)
+    clip, frame = 0, 0
+    for sample, n in zip(samples, counts):
+        if n:
+            f = int(lengths[clip:clip + n].sum())
+            sample["input_features"] = features[:, frame:frame + f]
+            sample["audio_feature_lengths"] = lengths[clip:clip + n]
+            clip, frame = clip + n, frame + f
 
 
 def _split_images(fields: dict[str, Any], samples: list[dict[str, Any]], counts: list[int]) -> None:

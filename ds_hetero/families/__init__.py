@@ -20,6 +20,7 @@ from .llava_onevision import FAMILY as LLAVA_ONEVISION
 from .qwen2_5_omni import FAMILY as QWEN2_5_OMNI
 from .qwen2_5_vl import FAMILY as QWEN2_5_VL
 from .qwen2_vl import FAMILY as QWEN2_VL
+from .qwen3_5 import FAMILY as QWEN3_5
 from .qwen3_vl import FAMILY as QWEN3_VL
 from .qwen3_vl_moe import FAMILY as QWEN3_VL_MOE
 from .refused import REFUSED, refusal
@@ -35,6 +36,7 @@ FAMILIES: tuple[Family, ...] = (
     INTERNVL,
     LLAVA_ONEVISION,
     QWEN2_5_OMNI,
+    QWEN3_5,
 )
 
 

@@ -5,11 +5,10 @@ A family's home is its folder, ds_hetero/families/<family>/:
     adapter.py   the StageAdapter that cuts the Hugging Face model into stages, and its stage modules
     plans.py     its tensor-parallel plans (which module classes are sharded how)
     tiny.py      a tiny seeded model built from config (`tiny-<name>` for validate, tests and demos)
-    samples.py   the shapes-captioning data in its sample format (toy/shapes.py), where it has one
+    sample_format.py  the shapes-captioning data in its sample format (toy/shapes.py), where it has one
+    shapes.py    the planner's shapes of the model (models/shapes.py's records) read from its Hugging Face
+                 config, one reader per HF `model_type` (`SHAPES`; planner/model_spec.py looks them up)
     __init__.py  the `FAMILY` record below, which the registry (families/__init__.py) lists in one line
-
-The planner's shapes of a family come from its Hugging Face config (planner/model_spec.py reads them by
-`model_types`).
 """
 
 from __future__ import annotations
@@ -33,6 +32,8 @@ class Family:
     tp_plans       module class ("transformers.models.x.modeling_x:Class") -> ShardPlan
     shapes_samples model config -> keyword arguments of toy/shapes.py ShapesCaptionDataset in this family's
                    sample format (None: the family has a dataset of its own in toy/)
+    shapes         HF model_type -> the reader of the planner's shapes (HF config or its dict ->
+                   models/shapes.py ModelSpec); empty: the planner does not plan the family
     """
 
     name: str
@@ -42,6 +43,7 @@ class Family:
     tiny: Callable[..., nn.Module]
     tp_plans: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     shapes_samples: Callable[..., dict] | None = None
+    shapes: Mapping[str, Callable[[Any], Any]] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def tiny_name(self) -> str:

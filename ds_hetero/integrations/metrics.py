@@ -10,6 +10,8 @@ and `reduce()` (collective over the boundary group, once per log, not per step) 
     hetero/boundary_bytes              forward bytes all ranks sent per step
     hetero/boundary_lower_bound_bytes  the forward lower bound per step (see BoundaryPlan)
     hetero/bubble_fraction             max over ranks of the mean idle share of a step
+    hetero/language_real_token_fraction  real / computed language tokens (1.0: no padding; docs/packing.md)
+    hetero/language_max_mean           the slowest language dp rank's cost over the mean (1.0: balanced)
 
 Ranks hold different keys (a vision rank has no language phases), so the window travels as
 a small dict through all_gather_object rather than as a fixed-size tensor.
@@ -40,6 +42,10 @@ class StepMetrics:
         self.sums["bubble_fraction"] += r.bubble_fraction
         self.sums["boundary_bytes"] += r.boundary_bytes_total
         self.sums["boundary_lower_bound_bytes"] += r.boundary_bytes_lower_bound
+        load = r.language_tokens
+        if load.get("computed"):  # the plan's figures: the same on every rank
+            self.sums["language_real_token_fraction"] += load["real"] / load["computed"]
+            self.sums["language_max_mean"] += load["max_mean"]
         for stage, phases in r.stage_time.items():
             for phase, seconds in phases.items():
                 self.sums[f"{stage}/{phase}_s"] += seconds

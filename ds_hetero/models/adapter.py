@@ -21,6 +21,18 @@ import torch
 from torch import nn
 
 from ..loss import IGNORE_INDEX
+from .item_cost import transformer_cost
+
+
+# Media fields the families' processors emit (and their HF forwards take). A sample carrying one its
+# family's adapter does not read (SAMPLE_FIELDS) is refused by name instead of silently training
+# without it (e.g. a video's fields given to an image-only family). Per-token fields the processors
+# also emit (attention_mask, token_type_ids, mm_token_type_ids) are rebuilt by the engine.
+MEDIA_FIELDS = frozenset({
+    "pixel_values", "image_grid_thw", "image_sizes", "batch_num_images", "num_crops", "image_num_patches",
+    "pixel_attention_mask", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "video_second_per_grid",
+    "batch_num_videos", "input_features", "feature_attention_mask", "audio_feature_lengths", "input_features_mask",
+})
 
 
 @dataclass(frozen=True)
@@ -78,10 +90,14 @@ class StageAdapter:
     pad_token_id: int = 0
     # The encoder stages this family has, as `stages.<name>` in the config (see encoders()).
     ENCODER_STAGES: tuple[str, ...] = ("vision",)
+    # Why language_batching "packed" cannot run this family (None: it can; models/packing.py).
+    PACKING_REFUSED: str | None = None
     # Which module classes are sharded how over tp: every family's plans merged (a family's model may
     # hold another family's decoder or tower). Set by the family registry (families/__init__.py
     # `adapter_for`), which is what builds adapters.
     tp_plans: Mapping[str, Any] = MappingProxyType({})
+    # The media fields (MEDIA_FIELDS) its samples take; any other is refused by name in check_sample.
+    SAMPLE_FIELDS: tuple[str, ...] = ("pixel_values",)
 
     model: nn.Module
 
@@ -147,7 +163,7 @@ class StageAdapter:
         and raises the same HeteroConfigError on every rank.
         """
         from ..tensor_parallel import validate_tensor_parallel
-        from ..tensor_parallel.shard import PAD_YOURSELF, _check_head
+        from ..tensor_parallel.shard import PAD_YOURSELF, check_head
 
         self.check_stages(cfg)
         language = cfg.stages["language"]
@@ -156,7 +172,7 @@ class StageAdapter:
                 validate_tensor_parallel(module, cfg.stages[name].tp, name, plans=self.tp_plans)
         validate_tensor_parallel(self.model.get_decoder(), language.tp, "language", plans=self.tp_plans)
         if language.tp > 1:
-            _check_head(self.model, language.tp, False, "language", PAD_YOURSELF)
+            check_head(self.model, language.tp, False, "language", PAD_YOURSELF)
         from ..context_parallel import check_context_parallel, is_sharded
 
         check_context_parallel(self.model.config.text_config, language.tp, language.cp, is_sharded(language))
@@ -183,6 +199,15 @@ class StageAdapter:
         if groups["language"].is_member and is_sharded(language):
             apply_sequence_sharded_attention(self.model.get_decoder(), groups["language"].cp)
 
+    def language_cost(self, tokens: int) -> int:
+        """One decoder layer's work on a sample of `tokens` tokens (packed batching balances it,
+        step/packing.py): linear layers and attention over the sample itself."""
+        width = getattr(self, "_language_width", None)
+        if width is None:  # read once: config attribute reads are slow, and the plan calls this per sample
+            text = getattr(self.model.config, "text_config", self.model.config)
+            width = self._language_width = (text.hidden_size, text.intermediate_size)
+        return transformer_cost(tokens, tokens, *width)
+
     def vision_inputs(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Keyword arguments of the vision stage's forward for these samples' images."""
         raise NotImplementedError
@@ -201,7 +226,7 @@ class StageAdapter:
         raise NotImplementedError
 
     def image_cost(self, rows: int) -> int:
-        """The encoder's work for an image of `rows` boundary rows (models/cost.py transformer_cost)."""
+        """The encoder's work for an image of `rows` boundary rows (models/item_cost.py transformer_cost)."""
         raise NotImplementedError
 
     def select_images(self, sample: dict[str, Any], images: Sequence[int]) -> dict[str, Any]:
@@ -228,10 +253,23 @@ class StageAdapter:
         return batch
 
     def check_sample(self, sample: dict[str, Any], index: int) -> None:
-        """Reject a sample whose image fields disagree with its placeholders (before any collective)."""
+        """Reject a sample whose image fields disagree with its placeholders (before any collective),
+        a media field this family does not take (MEDIA_FIELDS), and padding inside a sample."""
         for key in ("input_ids", "labels"):
             if key not in sample:
                 raise ValueError(f"sample {index}: missing '{key}'")
+        for key in sample:
+            if key in MEDIA_FIELDS and key not in self.SAMPLE_FIELDS:
+                raise ValueError(
+                    f"sample {index}: '{key}' is not a field {type(self.model).__name__} takes here (its samples take "
+                    f"{', '.join(self.SAMPLE_FIELDS)}, as its processor emits them); drop it, or use a family that "
+                    f"encodes it")
+        mask = sample.get("attention_mask")
+        if torch.is_tensor(mask) and not bool(mask.bool().all()):
+            raise ValueError(
+                f"sample {index}: attention_mask marks {int((~mask.bool()).sum())} padding token(s) inside the sample; "
+                f"hand samples without padding (the engine pads each stage's share itself), or a collated batch "
+                f"through ds_hetero.data.split_collated")
         if sample["input_ids"].shape != sample["labels"].shape:
             raise ValueError(
                 f"sample {index}: input_ids {tuple(sample['input_ids'].shape)} and labels "

@@ -58,9 +58,11 @@ class LanguageStage(nn.Module):
         `n_placeholders`: each encoder's placeholder count, when the caller counted it on the
         host (the engine does); otherwise it is read from `input_ids` (a device sync on a GPU)."""
         embeds, extra = self.embed_inputs(input_ids, rows, n_placeholders)
+        # use_cache False: training keeps no cache, and with one the decoder's mask code would not
+        # look for packed sequences in `position_ids` (masking_utils, models/packing.py)
         hidden = self.language_model(
             inputs_embeds=embeds, attention_mask=self.decoder_mask(input_ids, embeds, attention_mask, position_ids),
-            position_ids=position_ids, **extra,
+            position_ids=position_ids, use_cache=False, **extra,
         ).last_hidden_state
         return self.lm_head(hidden)
 

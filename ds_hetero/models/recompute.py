@@ -19,7 +19,9 @@ bit for bit. DeepSpeed's `deepspeed.checkpointing` instead keeps a model-paralle
 configured once per process from one mpu (`deepspeed.checkpointing.configure(mpu)`), which
 cannot serve two stages with different tp groups in one process (colocated placement), and
 only layers that fork that tracker (Megatron-style) would use it; the Hugging Face layers here
-draw from the default generator, which is what torch preserves.
+draw from the default generator, which is what torch preserves. LoRA dropout on tp-sharded layers
+draws from its stage's own streams instead (tensor_parallel/rng.py): those are snapshotted in the
+checkpoint's forward and restored for its recompute (`context_fn`), so it too replays its masks.
 
 Hugging Face checkpoints a layer only in training mode (`self.training`), as the stage modules
 are when training.
@@ -40,12 +42,15 @@ def checkpoint_layers(module: nn.Module) -> list[nn.Module]:
     return [m for m in module.modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
-def enable_recompute(module: nn.Module, layers: int, preserve_rng_state: bool = True) -> int:
-    """Recompute the first `layers` layers of `module` (-1: all); returns how many."""
+def enable_recompute(module: nn.Module, layers: int, preserve_rng_state: bool = True, rng=None) -> int:
+    """Recompute the first `layers` layers of `module` (-1: all); returns how many. `rng`: the stage's
+    model-parallel dropout streams (tensor_parallel/rng.py), restored for the recompute as torch
+    restores its default generator."""
     found = checkpoint_layers(module)
     chosen = found if layers < 0 else found[:layers]
+    extra = {} if rng is None or not preserve_rng_state else {"context_fn": rng.checkpoint_contexts}
     fn = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False,
-                           preserve_rng_state=preserve_rng_state)
+                           preserve_rng_state=preserve_rng_state, **extra)
     for layer in chosen:
         layer.gradient_checkpointing = True
         layer._gradient_checkpointing_func = fn

@@ -1,5 +1,5 @@
 """Which decoder layers each pipeline stage holds: the counts of `stages.language.pp` / `pp_layers`
-(parsed in config/pipeline.py) checked against the model's layers."""
+(parsed in config/pipeline_keys.py) checked against the model's layers."""
 
 from __future__ import annotations
 

@@ -5,15 +5,19 @@
              machine=machine_profile("cpu"))
     p.best.candidate, p.ds_config()
 
-Pieces, one concept per file: model_spec (shapes from the HF config), workload, flops (GEMMs
-per stage and rank), collectives (bytes of every collective per layout), machine (profiles and
-the alpha-beta model), calibrate (measure this machine), boundary_cost (the boundary's own
-plan), activations (per micro-batch), memory (per rank, ZeRO stage, micro-batches in flight),
-pipeline / pipeline_pp (colocated, 1F1B, first_stage steps), cost (a stage's times), step_model
-(a candidate's prediction), candidate, validity (the checks of validate/initialize), enumerate
-(candidates without a pipeline), modelled (pipeline, first_stage and the Megatron baseline,
-recompute, per-stage ZeRO), verdicts (which of those the engine runs),
-search (rank), report (tables), trials (measured re-ranking), auto (`"hetero_parallel": "auto"`).
+A model with one encoder is the case of several with one (`plan(..., rows={"vision": 64, "audio": 50})`
+for several). Pieces, one concept per file: model_spec (a model's shapes: models/shapes.py's
+records, from its family's reader, families/<family>/shapes.py), workload, flops (GEMMs per
+stage and rank), collectives (bytes of every collective per layout), machine (profiles and the
+alpha-beta model), calibrate (measure this machine), boundary_cost (the boundary's own plan),
+activations (per micro-batch), memory (per rank, ZeRO stage, micro-batches in flight), step_time
+(a step from stage times per placement: colocated, 1F1B, first_stage), cost (a stage's times),
+step_model (a candidate's prediction, every encoder through a view), candidate, validity (the
+checks of validate/initialize), enumerate (candidates without a pipeline), modelled and extended
+(pipeline, first_stage and the Megatron baseline, fewer passes, recompute, per-stage ZeRO),
+verdicts and dominance (which of those the engine runs; which a lighter one beats), search
+(rank), report (tables), trials (measured re-ranking through the runner the runtime hands in),
+auto (`"hetero_parallel": "auto"`), cli (`ds-hetero plan`).
 """
 
 from .calibrate import machine_profile

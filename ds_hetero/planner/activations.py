@@ -36,7 +36,7 @@ forward without autograd: only its output rows are held (until the language stag
 
 from __future__ import annotations
 
-from .model_spec import ModelSpec
+from ..models.shapes import ModelSpec
 from .workload import Workload
 
 

@@ -6,8 +6,9 @@
                         "max_tp": 8, "timeout_s": 300}
 
 `"trial": K` runs the top K runnable candidates for `trial_steps` steps (default 3) inside these
-processes before training and trains with the fastest measured (planner/trials.py); the ranks
-agree on the pick from the max-reduced times, so it needs no further broadcast.
+processes before training and trains with the fastest measured: `run_trials`, which the runtime
+hands in (entry.py: trial_runner.trials_in_process; the planner never imports the engine). The
+ranks agree on the pick from the max-reduced times, so it needs no further broadcast.
 
 Every key but "auto" is optional: seq_len defaults to the model's longest position
 (max_position_embeddings capped at 4096), image_tokens to one image (LLaVA; Qwen2-VL needs it),
@@ -24,6 +25,7 @@ from typing import Any, Mapping
 
 from ..config import SECTION, read_ds_config
 from ..errors import HeteroConfigError
+from .trials import RunTrials
 
 AUTO_KEYS = ("auto", "seq_len", "image_tokens", "rows", "machine", "memory_gb", "placement", "micro_batches",
              "max_tp", "timeout_s", "trial", "trial_steps")
@@ -80,6 +82,7 @@ def default_machine() -> str:
 def plan_config(model, ds: Mapping[str, Any], world_size: int, adapter=None, has_client_optimizer: bool = False):
     """(the DeepSpeed config with a concrete hetero_parallel section, the plan) for an auto config."""
     from .calibrate import machine_profile
+    from .model_spec import model_spec
     from .search import plan
 
     opts = auto_options(ds[SECTION])
@@ -88,58 +91,26 @@ def plan_config(model, ds: Mapping[str, Any], world_size: int, adapter=None, has
     text = model.config.text_config if hasattr(model.config, "text_config") else model.config
     seq_len = opts.get("seq_len") or min(4096, int(getattr(text, "max_position_embeddings", 4096)))
     image_tokens = opts.get("image_tokens")
-    from .encoders import multi_spec
-
-    if image_tokens is None and multi_spec(model.config) is None:
-        from .model_spec import model_spec
-
+    several = len(model_spec(model.config).encoders) > 1
+    if image_tokens is None and not several:
         image_tokens = model_spec(model.config).vision.tokens_per_image
         if not image_tokens:
             raise HeteroConfigError(f"{SECTION}.image_tokens", "missing; this model's image tokens vary, give them")
+    if several and opts.get("trial"):
+        raise HeteroConfigError(f"{SECTION}.trial", "trials do not run models with several encoders yet: remove trial")
     machine = machine_profile(opts.get("machine") or default_machine())
     base = {k: v for k, v in ds.items() if k != SECTION}
-    from .encoders import multi_spec
-
-    if multi_spec(model.config) is not None:  # several encoders: planner/multi_search.py
-        return _plan_multi(model, ds, world_size, adapter, has_client_optimizer, opts, seq_len, machine, base)
     try:
         result = plan(model, world_size, seq_len, image_tokens, int(ds["train_batch_size"]), machine, base=base,
                       memory_gb=opts.get("memory_gb"), max_tp=opts.get("max_tp"),
-                      placements=(opts["placement"],) if opts.get("placement") else ("colocated", "disaggregated"),
+                      placements=(opts["placement"],) if opts.get("placement") else None,
                       micro_batches=opts.get("micro_batches"), adapter=adapter,
-                      has_client_optimizer=has_client_optimizer)
+                      has_client_optimizer=has_client_optimizer, rows=opts.get("rows") if several else None)
     except ValueError as exc:
         if isinstance(exc, HeteroConfigError):
             raise
-        raise HeteroConfigError(SECTION, f"auto: {exc}") from None
-    if not result.predictions:
-        raise HeteroConfigError(SECTION, f"auto: no valid layout for {world_size} ranks "
-                                         f"(rejections by field: {result.stats['reasons']})")
-    extra = {"timeout_s": opts["timeout_s"]} if "timeout_s" in opts else None
-    return result.ds_config(extra_section=extra), result
-
-
-def _plan_multi(model, ds, world_size, adapter, has_client_optimizer, opts, seq_len, machine, base):
-    """plan_config for a model with several encoders: each encoder's rows from `rows` (and
-    `image_tokens` for the vision stage)."""
-    from .multi_search import plan_encoders
-
-    if opts.get("trial"):
-        raise HeteroConfigError(f"{SECTION}.trial", "trials do not run models with several encoders yet: remove trial")
-    rows = dict(opts.get("rows") or {})
-    if opts.get("image_tokens") is not None:
-        rows.setdefault("vision", opts["image_tokens"])
-    try:
-        result = plan_encoders(model, world_size, seq_len, rows, int(ds["train_batch_size"]), machine, base=base,
-                               memory_gb=opts.get("memory_gb"), max_tp=opts.get("max_tp"),
-                               placements=(opts["placement"],) if opts.get("placement")
-                               else ("colocated", "disaggregated", "mixed"),
-                               micro_batches=opts.get("micro_batches"), adapter=adapter,
-                               has_client_optimizer=has_client_optimizer)
-    except ValueError as exc:
-        if isinstance(exc, HeteroConfigError):
-            raise
-        raise HeteroConfigError(f"{SECTION}.rows" if "rows" in str(exc) else SECTION, f"auto: {exc}") from None
+        field = f"{SECTION}.rows" if several and "rows" in str(exc) else SECTION
+        raise HeteroConfigError(field, f"auto: {exc}") from None
     if not result.predictions:
         raise HeteroConfigError(SECTION, f"auto: no valid layout for {world_size} ranks "
                                          f"(rejections by field: {result.stats['reasons']})")
@@ -154,10 +125,9 @@ def _trial_payload(result, opts: Mapping[str, Any]) -> list[tuple[dict, str]]:
     return [(result.ds_config(p, extra), p.candidate.label()) for p in top_runnable(result, opts["trial"])]
 
 
-def _run_trials(model, payload, opts, rank: int) -> tuple[dict, str]:
+def _run_trials(model, payload, opts, rank: int, run_trials) -> tuple[dict, str]:
     """Every rank: the trials of rank 0's candidates; the fastest measured (the same on every rank)."""
     from .trial_data import workload_samples
-    from .trials import trials_in_process
 
     configs = [c for c, _ in payload["trials"]]
     samples = workload_samples(model.config, payload["seq_len"], payload["image_tokens"],
@@ -165,7 +135,7 @@ def _run_trials(model, payload, opts, rank: int) -> tuple[dict, str]:
     if next(model.parameters()).is_meta:
         raise HeteroConfigError(f"{SECTION}.trial", "in-process trials need the model's weights; this model is on "
                                                     "the meta device (weights=...): remove trial")
-    times = trials_in_process(model, configs, samples, opts.get("trial_steps", 3))
+    times = run_trials(model, configs, samples, opts.get("trial_steps", 3))
     best = min(range(len(times)), key=lambda i: times[i])
     if rank == 0:
         from deepspeed.utils import logger
@@ -176,10 +146,12 @@ def _run_trials(model, payload, opts, rank: int) -> tuple[dict, str]:
     return configs[best], f"{label} (fastest of {len(times)} trials: {times[best]:.4g} s/step)"
 
 
-def resolve_auto(model, config, adapter=None, has_client_optimizer: bool = False, timeout_s: float | None = None):
+def resolve_auto(model, config, adapter=None, has_client_optimizer: bool = False, timeout_s: float | None = None,
+                 run_trials: RunTrials | None = None):
     """`config` unchanged unless its hetero_parallel section is auto; else the planned DeepSpeed config.
 
-    Joins the default process group (it must broadcast), plans on rank 0, broadcasts.
+    Joins the default process group (it must broadcast), plans on rank 0, broadcasts. `run_trials`:
+    how to measure candidates in these processes (`"trial": K`), handed in by the runtime.
     """
     if isinstance(config, Mapping):
         ds = dict(config)
@@ -193,6 +165,8 @@ def resolve_auto(model, config, adapter=None, has_client_optimizer: bool = False
     from ..topology.distributed import ensure_distributed
 
     opts = auto_options(ds[SECTION])  # a bad key raises on every rank before any collective
+    if opts.get("trial") and run_trials is None:
+        raise HeteroConfigError(f"{SECTION}.trial", "this entry point runs no trials (no trial runner): remove trial")
     rank, world = ensure_distributed(timeout_s or opts.get("timeout_s", DEFAULT_TIMEOUT_S))
     payload: list[Any] = [None]
     if rank == 0:
@@ -218,7 +192,7 @@ def resolve_auto(model, config, adapter=None, has_client_optimizer: bool = False
     if status == "error":
         raise HeteroConfigError(a, b)
     if status == "trial":
-        a, b = _run_trials(model, a, opts, rank)
+        a, b = _run_trials(model, a, opts, rank, run_trials)
     if rank == 0:
         from deepspeed.utils import logger
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from .candidate import StageChoice
 from .cost import stage_times
 from .machine import MachineProfile
-from .model_spec import ModelSpec
-from .pipeline import colocated_step
+from ..models.shapes import ModelSpec
+from .step_time import colocated_step
 from .workload import Workload
 
 

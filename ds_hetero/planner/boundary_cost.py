@@ -31,7 +31,7 @@ def boundary_rows(cfg: HeteroConfig, image_tokens: int, seq_len: int) -> tuple[i
     its samples go to the language dp rank of their position inside their micro-batch."""
     src, dst = cfg.stages["vision"], cfg.language
     passes = cfg.micro_batches_of("vision")
-    return _rows(src, dst, cfg.placement, cfg.global_batch_size // passes, cfg.micro_batch_size("vision"),
+    return exchange_rows(src, dst, cfg.placement, cfg.global_batch_size // passes, cfg.micro_batch_size("vision"),
                  cfg.global_batch_size // cfg.micro_batches, cfg.micro_batch_size("language"), image_tokens, seq_len)
 
 
@@ -49,7 +49,7 @@ def modelled_rows(cand, samples: int, image_tokens: int) -> tuple[int, int]:
 
 
 @lru_cache(maxsize=4096)
-def _rows(src, dst, placement, samples, v_size, l_mb, l_size, k, seq_len):
+def exchange_rows(src, dst, placement, samples, v_size, l_mb, l_size, k, seq_len):
     if k == 0 or samples == 0:
         return 0, 0
     shards = num_shards(dst)

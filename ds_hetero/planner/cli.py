@@ -9,7 +9,9 @@ from dataclasses import replace
 from ..errors import HeteroConfigError
 
 
-def add_plan_parser(sub) -> None:
+def add_plan_parser(sub, launch=None) -> None:
+    """`launch`: how `--trial` measures one candidate (planner/trials.py `Launch`), handed in by the runtime
+    (ds_hetero/cli.py: trial_runner.launch_one); None: `--trial` is refused."""
     p = sub.add_parser("plan", help="rank every valid layout and placement of a model by predicted step time")
     p.add_argument("--model", required=True,
                    help="an HF config.json, a checkpoint directory, or tiny-llava / tiny-qwen2-vl")
@@ -47,14 +49,13 @@ def add_plan_parser(sub) -> None:
                         "machine and re-rank them by measured step time (tiny-* models or a checkpoint)")
     p.add_argument("--trial-steps", type=int, default=3, help="steps per trial (the first is not timed)")
     p.add_argument("--write", help="write the top pick as a DeepSpeed JSON here")
-    p.set_defaults(func=run_plan)
+    p.set_defaults(func=run_plan, launch=launch)
 
 
 def run_plan(args: argparse.Namespace) -> int:
     from ..config import read_ds_config
     from .calibrate import machine_profile
     from .report import breakdown_table, ranked_table
-    from .multi_search import plan_multi_from_args, ranked_table_multi
     from .search import base_config, plan, write_config
 
     try:
@@ -65,13 +66,12 @@ def run_plan(args: argparse.Namespace) -> int:
             base = base_config(None, args.global_batch, args.zero, machine.dtype_bytes == 2)
         elif args.zero is not None:
             base = base_config(base, args.global_batch, args.zero, False)
-        multi = plan_multi_from_args(args, base, machine)
-        result = multi or plan(args.model, args.world_size, args.seq_len, args.image_tokens, args.global_batch, machine,
+        result = plan(args.model, args.world_size, args.seq_len, args.image_tokens, args.global_batch, machine,
                       base=base, memory_gb=args.memory_gb, max_tp=args.max_tp,
-                      placements=(args.placement,) if args.placement else ("colocated", "disaggregated"),
+                      placements=(args.placement,) if args.placement else None,
                       micro_batches=tuple(args.micro_batches) if args.micro_batches else None,
                       modelled=not args.no_modelled, batch_slack=args.batch_slack,
-                      encoder_tokens=args.encoder_tokens)
+                      encoder_tokens=args.encoder_tokens, rows=parse_rows(args.rows))
     except (HeteroConfigError, ValueError) as exc:
         print(f"plan: {exc}", file=sys.stderr)
         return 1
@@ -81,21 +81,24 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"plan: no valid configuration{f' with language pp {args.pp}' if args.pp else ''} "
               f"({result.stats['reasons']})", file=sys.stderr)
         return 1
-    print(ranked_table_multi(result, args.top) if multi else ranked_table(result, args.top))
+    print(ranked_table(result, args.top))
     print()
     print(breakdown_table(result, args.breakdown))
     if not result.runnable:
         print("plan: no configuration the engine runs today (the rows above are modelled only)", file=sys.stderr)
         return 1 if (args.trial or args.write) else 0
     chosen = result.best
-    if args.trial and multi:
+    if args.trial and len(result.spec.encoders) > 1:
         print("plan: --trial does not run models with several encoders yet", file=sys.stderr)
+        return 1
+    if args.trial and getattr(args, "launch", None) is None:
+        print("plan: --trial needs a trial launcher (run it as ds-hetero plan)", file=sys.stderr)
         return 1
     if args.trial:
         from .trials import launch_trials, trial_table
 
         try:
-            trials = launch_trials(args.model, result, args.trial, args.world_size, steps=args.trial_steps,
+            trials = launch_trials(args.model, result, args.trial, args.world_size, args.launch, steps=args.trial_steps,
                                    log=lambda m: print(m, file=sys.stderr, flush=True))
         except (HeteroConfigError, ValueError, RuntimeError) as exc:
             print(f"plan: trials failed: {exc}", file=sys.stderr)
@@ -108,3 +111,14 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"\nwrote {args.write}: {chosen.candidate.label()} "
               f"(check: ds-hetero validate {args.write} --world-size {args.world_size})")
     return 0
+
+
+def parse_rows(items) -> dict[str, int]:
+    """`--rows STAGE=N` (repeated) as {stage: rows}."""
+    rows = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not value.strip().isdigit():
+            raise ValueError(f"--rows {item!r}: give STAGE=N, e.g. --rows audio=50")
+        rows[name.strip()] = int(value)
+    return rows

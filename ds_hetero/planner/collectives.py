@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .candidate import StageChoice
-from .model_spec import ModelSpec
+from ..models.shapes import ModelSpec
 from .workload import Workload
 
 

@@ -6,8 +6,7 @@ collectives (collectives.py over the machine's alpha-beta model); per step the d
 reduction and the optimizer (Adam reads and writes ~36 bytes per parameter of the partition:
 fp32 master, moments, parameter and gradient). The boundary costs one all-to-all per direction
 over the union of both stages (bytes from the boundary's own plan); `engine_syncs` adds the
-engine's per-step agreement and norm all-reduces. step_model.py combines them (pipeline.py,
-pipeline_pp.py).
+engine's per-step agreement and norm all-reduces. step_model.py combines them (step_time.py).
 
 Devices that share compute units (CPU ranks on fewer cores than ranks) cannot all compute at
 once: the step is then at least the busy seconds of all ranks over the compute units.
@@ -23,8 +22,8 @@ from .collectives import Collective, language_collectives, vision_collectives
 from .flops import StageWork, language_work, vision_work
 from .machine import MachineProfile
 from .memory import state_elements
-from .model_spec import ModelSpec, chunk_params_per_rank
-from .pipeline import StageTimes
+from ..models.shapes import ModelSpec, chunk_params_per_rank
+from .step_time import StageTimes
 from .workload import Workload, samples_per_rank
 
 ADAM_BYTES_PER_PARAM = 36  # read + write of fp32 master, two moments, parameter, gradient (approximately)
@@ -127,6 +126,8 @@ def engine_syncs(cand: Candidate, machine: MachineProfile, world: int) -> float:
     norm of each stage with tp > 1 (its tp group)."""
     tiny = 64
     t = 2 * machine.collective_time("all_reduce", tiny, world)
-    for layout in (cand.vision, cand.language):
-        t += machine.collective_time("all_reduce", tiny, layout.tp)
-    return t
+    encoders = [machine.collective_time("all_reduce", tiny, e.tp) for _, e in cand.encoders]
+    language = machine.collective_time("all_reduce", tiny, cand.language.tp)
+    # the sums in the order the planner has always added them (one encoder: encoder, language;
+    # several: language, encoders), so that rows of equal predicted time keep their order
+    return t + encoders[0] + language if len(encoders) == 1 else t + language + sum(encoders)

@@ -19,28 +19,31 @@ from .candidate import Candidate
 
 
 def lighter_siblings(cand: Candidate) -> list[Candidate]:
-    """The candidate with one memory feature turned off, for each feature it uses."""
-    out = []
-    for attr in ("vision", "language"):
-        stage = getattr(cand, attr)
-        if stage.recompute:
-            out.append(replace(cand, **{attr: replace(stage, recompute=False)}))
-    if cand.vision.recompute and cand.language.recompute:  # Megatron's candidates switch both together
-        out.append(replace(cand, vision=replace(cand.vision, recompute=False),
-                           language=replace(cand.language, recompute=False)))
-    if cand.language.zero is not None:  # a per-stage ZeRO: both stages back on the config's stage
-        out.append(replace(cand, vision=replace(cand.vision, zero=None), language=replace(cand.language, zero=None)))
+    """The candidate with one memory feature turned off, for each feature it uses: a stage's
+    recompute; every stage's at once when several recompute (Megatron's candidates switch them
+    together); a per-stage ZeRO (every stage back on the config's)."""
+    def with_stages(encoders, language):
+        return replace(cand, encoders=tuple(encoders), language=language)
+
+    out, lang = [], cand.language
+    for name, s in cand.encoders:
+        if s.recompute:
+            out.append(with_stages(((n, replace(e, recompute=False) if n == name else e) for n, e in cand.encoders),
+                                   lang))
+    if lang.recompute:
+        out.append(replace(cand, language=replace(lang, recompute=False)))
+    if sum(s.recompute for s in (*dict(cand.encoders).values(), lang)) > 1:
+        out.append(with_stages(((n, replace(e, recompute=False)) for n, e in cand.encoders),
+                               replace(lang, recompute=False)))
+    if lang.zero is not None or any(s.zero is not None for _, s in cand.encoders):
+        out.append(with_stages(((n, replace(e, zero=None)) for n, e in cand.encoders), replace(lang, zero=None)))
     return out
 
 
 class Dominance:
-    """Remembers which priced candidates fit and run; `dominated(c)` when a lighter sibling did.
+    """Remembers which priced candidates fit and run; `dominated(c)` when a lighter sibling did."""
 
-    siblings   the candidate's lighter siblings (`lighter_siblings`; multi_candidate.py's for several encoders)
-    """
-
-    def __init__(self, siblings=lighter_siblings):
-        self.siblings = siblings
+    def __init__(self):
         self.fits_and_runs: set = set()
 
     def record(self, pred) -> None:
@@ -48,7 +51,7 @@ class Dominance:
             self.fits_and_runs.add(pred.candidate)
 
     def dominated(self, cand: Candidate) -> bool:
-        return any(s in self.fits_and_runs for s in self.siblings(cand))
+        return any(s in self.fits_and_runs for s in lighter_siblings(cand))
 
     def skip(self, cand) -> bool:
         """`dominated(c)`, remembering a dominated candidate as covered so that its own heavier

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .model_spec import ModelSpec
+from ..models.shapes import ModelSpec
 from .workload import Workload
 
 

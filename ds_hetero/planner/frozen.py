@@ -86,6 +86,11 @@ class Freeze:
     def describe(self) -> str:
         return "; ".join(f"{name} {f.describe()}" for name, f in self.stages if f.describe())
 
+    def view(self, encoder: str) -> "Freeze":
+        """Encoder `encoder`'s and the language's, the encoder's as the stage "vision" (`ModelSpec.view`)."""
+        return Freeze(tuple(("vision" if name == encoder else name, f) for name, f in self.stages
+                            if name in (encoder, "language")))
+
 
 def freeze_values(section: Any) -> dict[str, Any]:
     """Stage -> its `freeze` value in a hetero_parallel section (checked as the parser checks it)."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from .activations import language_activation_bytes, vision_activation_bytes
 from .candidate import Candidate, StageChoice
-from .model_spec import ModelSpec, chunk_params_per_rank
+from ..models.shapes import ModelSpec, chunk_params_per_rank
 from .workload import Workload, samples_per_rank
 
 
@@ -118,22 +118,29 @@ def language_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool,
 
 def peak_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, cache: dict | None = None
                 ) -> dict[str, float]:
-    """Peak bytes per rank set: {"all": ...} colocated, {"vision": ..., "language": ...} disaggregated.
+    """Peak bytes per rank set: {"all": ...} when every encoder runs on the language's ranks (a first
+    stage's rank in first_stage), else the language's ranks and each apart encoder's, in rank order.
 
-    Language stage s of a 1F1B pipeline holds min(pp - s, micro_batches) micro-batches; a colocated
-    rank also holds the encoder passes in flight (all ranks, or the first stage's in first_stage);
-    a disaggregated encoder is one more pipeline stage ahead of the language's (pp + 1 in flight).
+    Language stage s of a 1F1B pipeline holds min(pp - s, micro_batches) micro-batches; a language
+    rank also holds every encoder it runs, each with its own passes in flight (`encoder_in_flight`:
+    all ranks, or the first stage's in first_stage); an apart encoder is one more pipeline stage
+    ahead of the language's (pp + 1 in flight).
     """
-    lang = language_peaks(spec, wl, cand, flash, cache)
-    vision = encoder_peak(spec, wl, cand, flash, cache)
-    if cand.disaggregated:
-        return {"vision": vision, "language": max(lang)}
-    if cand.megatron:  # the encoder runs inside each micro-batch of the first stage: pp in flight
-        return {"all": max([lang[0] + vision] + lang[1:])}
-    return {"all": vision + max(lang)}
+    first = spec.names[0]
+    lang = language_peaks(spec.view(first), wl, cand.view(first), flash, cache)
+    own = (lambda n: None if cache is None else cache.setdefault(("encoder cache", n), {}))
+    enc = {n: encoder_peak(spec.view(n), wl.of(n), cand.view(n), flash, own(n)) for n in spec.names}
+    if cand.megatron:  # every encoder inside each micro-batch of the first stage: pp in flight
+        return {"all": max([lang[0] + sum(enc.values())] + lang[1:])}
+    apart = [n for n in spec.names if cand.apart(n)]
+    here = sum(enc[n] for n in spec.names if n not in apart) + max(lang)
+    if not apart:
+        return {"all": here}
+    sets = [("language", here, min(cand.language.ranks))] + [(n, enc[n], min(cand.encoder(n).ranks)) for n in apart]
+    return {name: peak for name, peak, _ in sorted(sets, key=lambda s: s[2])}
 
 
-def _memo(cache: dict | None, key, fn):
+def memo(cache: dict | None, key, fn):
     """fn() once per key while planning (one Plan's search shares a cache: the stage times and
     memory of a layout repeat across thousands of candidates)."""
     if cache is None:
@@ -148,7 +155,7 @@ def language_peaks(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, 
     """Peak bytes of a rank of each language pipeline stage (its states, its 1F1B micro-batches in flight)."""
     pp, m = cand.language.pp, cand.micro_batches
     lkey = ("memory", replace(cand.language, ranks=()), m, cand.pp_layers)
-    return [_memo(cache, lkey + (s,), lambda: language_memory(spec, wl, cand, flash, s, min(pp - s, m)).total)
+    return [memo(cache, lkey + (s,), lambda: language_memory(spec, wl, cand, flash, s, min(pp - s, m)).total)
             for s in range(pp)]
 
 
@@ -165,8 +172,8 @@ def encoder_in_flight(cand: Candidate) -> int:
 
 def encoder_peak(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, cache: dict | None = None) -> float:
     """Peak bytes of the encoder's share of a rank (states and its passes in flight). `cache` keys
-    do not name the encoder: one cache per encoder (multi_predict.py)."""
+    do not name the encoder: one cache per encoder (peak_memory)."""
     in_flight = encoder_in_flight(cand)
     passes = cand.micro_batches if cand.megatron else cand.passes
-    return _memo(cache, ("memory", replace(cand.vision, ranks=()), passes, in_flight),
+    return memo(cache, ("memory", replace(cand.vision, ranks=()), passes, in_flight),
                  lambda: vision_memory(spec, wl, cand, flash, in_flight).total)

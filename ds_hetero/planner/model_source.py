@@ -41,9 +41,27 @@ def load_hf_config(source: Any):
 def meta_model(config):
     """The Hugging Face model of a config object on the meta device (no memory, no initialisation);
     families/meta.py builds one from a name or a directory, this from a config already read (any
-    .json file name, as `--model` accepts)."""
+    .json file name, as `--model` accepts). A Qwen2.5-Omni config gives its thinker (the part the
+    engine trains)."""
     import torch
+
+    if str(getattr(config, "model_type", "")) in ("qwen2_5_omni", "qwen2_5_omni_thinker"):
+        from transformers import Qwen2_5OmniThinkerForConditionalGeneration
+
+        from ..families.qwen2_5_omni.shapes import thinker
+
+        with torch.device("meta"):
+            return Qwen2_5OmniThinkerForConditionalGeneration._from_config(thinker(config))
     from transformers import AutoModelForImageTextToText
 
     with torch.device("meta"):
         return AutoModelForImageTextToText.from_config(config)
+
+
+def load_model(model: Any, build: bool = True):
+    """(HF config, a model for the adapter's checks) of `--model` or a model instance: the instance
+    itself, else built on the meta device (None when not `build`)."""
+    if hasattr(model, "config") and hasattr(model, "parameters"):
+        return model.config, model
+    cfg = load_hf_config(model)
+    return cfg, meta_model(cfg) if build else None

@@ -1,5 +1,6 @@
-"""The extended candidates: a language pipeline, first_stage (with the Megatron baseline), recompute,
-per-stage ZeRO.
+"""The extended candidates' generators: a language pipeline, first_stage (with the Megatron baseline),
+recompute, per-stage ZeRO. The candidates below are one encoder's; their language layouts,
+micro-batch policy, features and first-stage cuts are every model's (extended.py searches them).
 
 Megatron's single layout (placement first_stage): one (tp, cp, pp, dp) for the whole model; the
 encoder at the language's tp on the first pipeline stage's ranks, replicated over cp (every cp
@@ -16,7 +17,7 @@ own ranks (disaggregated) with a language pipeline or recompute.
 Validity: the model's shapes are checked here by the engine's checks (`validity.check_shapes`: tp
 dividing heads, kv heads, MLP width, vocabulary, for these tp / cp sizes); a candidate whose shapes
 pass is priced, and it is runnable exactly when the engine's checks accept its whole config
-(search.py, verdicts.py); the others (e.g. cp with a pipeline, Megatron's encoder replicated over
+(extended.py, verdicts.py); the others (e.g. cp with a pipeline, Megatron's encoder replicated over
 cp, which the engine's first_stage cannot express) are labelled modelled. Search policy, not
 validity: at least pp micro-batches for a pipeline of pp stages (fewer leaves stages idle for the
 whole step), pp <= 16.
@@ -35,6 +36,7 @@ from .memory import even_cut
 from .validity import check_shapes
 
 MAX_PP = 16
+TUNE_TOP = 8  # first_stage candidates whose first stage's layers are tuned (the best even-cut ones)
 
 
 @dataclass(frozen=True)
@@ -59,13 +61,13 @@ def _ok(base, adapter, cache: dict, vtp: int, ltp: int, cp: int, sp: bool) -> bo
     return cache[key]
 
 
-def _micro_batches(space: ModelledSpace, dp: int, pp: int) -> list[int]:
+def pipeline_micro_batches(space: ModelledSpace, dp: int, pp: int) -> list[int]:
     per_dp = space.global_batch // dp
     wanted = space.micro_batches or divisors(per_dp)
     return [m for m in wanted if per_dp % m == 0 and m <= space.max_micro_batches and m >= pp]
 
 
-def _language_layouts(space: ModelledSpace, n: int) -> Iterator[tuple[int, int, int, int, bool]]:
+def language_layouts(space: ModelledSpace, n: int) -> Iterator[tuple[int, int, int, int, bool]]:
     """(tp, cp, pp, dp, sequence parallel) on n ranks."""
     for pp in divisors(n):
         if pp > min(space.layers, MAX_PP):
@@ -84,10 +86,10 @@ def _language_layouts(space: ModelledSpace, n: int) -> Iterator[tuple[int, int, 
 def megatron_candidates(space: ModelledSpace, base: Mapping[str, Any], adapter, cache: dict) -> list[Candidate]:
     """Megatron's single layouts, even cut (tune_cut varies the first stage's layers)."""
     out = []
-    for tp, cp, pp, dp, sp in _language_layouts(space, space.world_size):
+    for tp, cp, pp, dp, sp in language_layouts(space, space.world_size):
         if not _ok(base, adapter, cache, tp, tp, cp, sp):
             continue
-        for m in _micro_batches(space, dp, pp):
+        for m in pipeline_micro_batches(space, dp, pp):
             for rc in (False, True):
                 lang = StageChoice(tp, dp, cp, sp, pp=pp, recompute=rc)
                 out.append(Candidate("first_stage", StageChoice(tp, dp, cp, recompute=rc), lang, m))
@@ -115,16 +117,16 @@ def heterogeneous_candidates(space: ModelledSpace, base: Mapping[str, Any], adap
     """Colocated heterogeneous candidates with a language pipeline, recompute or per-stage ZeRO."""
     n, out = space.world_size, []
     vision_tps = [t for t in divisors(n) if t <= space.max_tp]
-    for tp, cp, pp, dp, sp in _language_layouts(space, n):
+    for tp, cp, pp, dp, sp in language_layouts(space, n):
         for vtp in vision_tps:
             vdp = n // vtp
             if not _ok(base, adapter, cache, vtp, tp, cp, sp):
                 continue
-            for m in _micro_batches(space, dp, pp):
+            for m in pipeline_micro_batches(space, dp, pp):
                 for passes in divisors(m):
                     if space.global_batch % (vdp * passes):
                         continue
-                    for (rc, lz), vrc in itertools.product(_features(space, pp), (False, True)):
+                    for (rc, lz), vrc in itertools.product(features(space, pp), (False, True)):
                         lang = StageChoice(tp, dp, cp, sp, pp=pp, recompute=rc, zero=lz)
                         vz = space.zero if lz is not None else None
                         cand = Candidate("colocated", StageChoice(vtp, vdp, zero=vz, recompute=vrc), lang, m,
@@ -134,7 +136,7 @@ def heterogeneous_candidates(space: ModelledSpace, base: Mapping[str, Any], adap
     return out
 
 
-def _features(space: ModelledSpace, pp: int) -> Iterator[tuple[bool, int | None]]:
+def features(space: ModelledSpace, pp: int) -> Iterator[tuple[bool, int | None]]:
     """(language recompute, language ZeRO stage when it differs from the encoder's)."""
     for rc in (False, True):
         yield rc, None
@@ -153,12 +155,12 @@ def disaggregated_candidates(space: ModelledSpace, base: Mapping[str, Any], adap
     for nv in splits:
         sub = ModelledSpace(n - nv, space.global_batch, space.layers, space.max_tp, space.zero, space.micro_batches,
                             space.max_micro_batches)
-        for tp, cp, pp, dp, sp in _language_layouts(sub, n - nv):
+        for tp, cp, pp, dp, sp in language_layouts(sub, n - nv):
             for vtp in (t for t in divisors(nv) if t <= space.max_tp):
                 vdp = nv // vtp
                 if not _ok(base, adapter, cache, vtp, tp, cp, sp):
                     continue
-                for m in _micro_batches(sub, dp, pp):
+                for m in pipeline_micro_batches(sub, dp, pp):
                     if space.global_batch % (vdp * m):
                         continue
                     for rc, vrc in itertools.product((False, True), (False, True)):

@@ -17,6 +17,8 @@ def _time(s: float) -> str:
 
 
 def ranked_table(plan: Plan, top: int = 10) -> str:
+    if len(plan.spec.encoders) > 1:
+        return _ranked_table_several(plan, top)
     wl, spec = plan.workload, plan.spec
     st = plan.stats
     lines = [
@@ -40,6 +42,51 @@ def ranked_table(plan: Plan, top: int = 10) -> str:
         lines.append(_row(i, p))
     lines.append("")
     lines += baseline_lines(plan)
+    return "\n".join(lines)
+
+
+def _ranked_table_several(plan: Plan, top: int = 10) -> str:
+    """The table of a model with several encoders: each encoder's layout, every row runnable."""
+    spec, wl, st = plan.spec, plan.workload, plan.stats
+    encoders = ", ".join(f"{n} {e.params() / 1e6:.3g}M params ({e.kind}, {st['rows'][n]} rows per sample)"
+                         for n, e in spec.encoders)
+    lines = [
+        f"model {spec.family}: {encoders}; language {spec.language.params() / 1e6:.3g}M params; seq {wl.seq_len}, "
+        f"global batch {wl.global_batch}, ZeRO {wl.zero}, {wl.dtype_bytes}-byte dtype",
+        f"machine {plan.machine.name}: {plan.machine.source}",
+        f"{st['generated']} configurations generated, {st['runnable']} accepted by the engine's checks (cp > 1 "
+        f"{'on' if st['cp'] else 'off'}, sequence parallelism {'on' if st['sequence_parallel'] else 'off'}; "
+        f"language pipelines, first_stage, fewer encoder passes, recompute, per-stage ZeRO "
+        f"{'on' if st.get('extended') else 'off'}), {st.get('pruned', 0)} with recompute or a per-stage ZeRO "
+        "skipped (the same without it fits and runs)",
+        "",
+    ]
+    head = (f"{'#':>3} {'placement':<13} {'layout (each encoder, L = language)':<60} {'step':>10} {'tokens/s':>10} "
+            f"{'TFLOPS/dev':>10} {'peak GB/rank set':>16} {'boundary MB':>11} {'bubble':>6} {'fits':>4}")
+    lines += [head, "-" * len(head)]
+    for i, p in enumerate(plan.predictions[:top], 1):
+        c = p.candidate
+        lines.append(f"{i:>3} {c.placement:<13} {c.label():<60} {_time(p.step_s):>10} {p.tokens_per_s:>10.0f} "
+                     f"{p.tflops_per_device:>10.3f} {'/'.join(_gb(v) for v in p.peak_memory.values()):>16} "
+                     f"{p.boundary_bytes / 2**20:>11.2f} {100 * p.bubble:>5.0f}% {'yes' if p.fits else 'NO':>4}")
+    lines.append("")
+    best = plan.best if plan.predictions else None
+    homog = plan.best_homogeneous()
+    if best is not None:
+        lines.append(f"pick: {best.candidate.label()} ({_time(best.step_s)})")
+    if homog is not None:
+        lines.append(f"baseline (every encoder in the language's layout): {homog.candidate.label()} "
+                     f"({_time(homog.step_s)})")
+    meg, meg_even = plan.best_megatron(), plan.best_megatron(even=True)
+    if meg is not None:
+        even = f"; with the even cut: {meg_even.candidate.label()} ({_time(meg_even.step_s)})" \
+            if meg_even is not None and meg_even is not meg else ""
+        lines.append(f"Megatron baseline, tuned (every encoder at the language's tp and dp on its first pipeline "
+                     f"stage): {meg.candidate.label()} ({_time(meg.step_s)}){even}")
+    gains = [f"{_gain(best, b)} vs {what}" for b, what in ((homog, "the baseline"), (meg, "the tuned Megatron baseline"))
+             if b is not None]
+    if best is not None and best.fits and gains:
+        lines.append("pick: predicted tokens/s " + ", ".join(gains))
     return "\n".join(lines)
 
 

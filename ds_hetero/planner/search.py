@@ -1,10 +1,16 @@
 """Plan: enumerate every valid candidate, predict each, rank by tokens/s (fitting ones first).
 
-Candidates come from enumerate.py (layouts without a pipeline, recompute or per-stage ZeRO, each
-checked by the engine's checks) and, with `modelled=True`, from modelled.py (a language pipeline,
-first_stage and the Megatron baseline, recompute, per-stage ZeRO), each runnable when the engine's
-checks accept its config and modelled (priced only) when they refuse it. `Plan.best` is the best
-runnable candidate (what `--write`, `auto` and `--trial` use); `best_overall` may be modelled only.
+    result = plan(model, world_size, seq_len, image_tokens, global_batch, machine, base=...)
+    result = plan(omni, world_size, seq_len, None, global_batch, machine, rows={"vision": 64, "audio": 50})
+
+A model with several encoders gives each encoder's boundary rows per sample (`rows`; the
+language's sequence includes them; `image_tokens`, when given, is the vision stage's). Candidates
+come from the enumeration (layouts without a pipeline, recompute or per-stage ZeRO, each checked
+by the engine's checks) and, with `modelled=True`, the extended search (a language pipeline,
+first_stage and the Megatron baseline, fewer encoder passes, recompute, per-stage ZeRO). For one
+encoder the extended rows are runnable when the engine's checks accept their config and modelled
+(priced only) when they refuse it; for several only accepted ones are listed. `Plan.best` is the
+best runnable candidate (what `--write`, `auto` and `--trial` use); `best_overall` may be modelled only.
 """
 
 from __future__ import annotations
@@ -18,15 +24,13 @@ from ..config import SECTION
 from ..families import adapter_for
 from .cost import Prediction
 from .enumerate import SearchSpace, enumerate_candidates
-from .modelled import (ModelledSpace, disaggregated_candidates, heterogeneous_candidates, megatron_candidates,
-                       tune_cut)
+from .extended import extended_one, extended_several
 from .step_model import predict
-from .verdicts import EngineVerdicts
-from .dominance import Dominance
 from .frozen import kept_section, resolve_freeze
 from .machine import MachineProfile
-from .model_source import load_hf_config, meta_model
-from .model_spec import ModelSpec, model_spec
+from .model_source import load_model
+from .model_spec import model_spec
+from ..models.shapes import ModelSpec
 from .workload import Workload, image_tokens_of
 
 DEFAULT_OPTIMIZER = {"type": "AdamW", "params": {"lr": 1e-4}}
@@ -103,85 +107,102 @@ def dtype_bytes(cfg: Mapping[str, Any]) -> int:
     return 4
 
 
-def plan(model: Any, world_size: int, seq_len: int, image_tokens: int, global_batch: int,
+def plan(model: Any, world_size: int, seq_len: int, image_tokens: int | None, global_batch: int,
          machine: MachineProfile, base: Mapping[str, Any] | None = None, memory_gb: float | None = None,
-         max_tp: int | None = None, placements: tuple[str, ...] = ("colocated", "disaggregated"),
+         max_tp: int | None = None, placements: tuple[str, ...] | None = None,
          micro_batches: tuple[int, ...] | None = None, adapter=None, has_client_optimizer: bool = False,
-         modelled: bool = True, batch_slack: float = 0.0, encoder_tokens: int | None = None) -> Plan:
+         modelled: bool = True, batch_slack: float = 0.0, encoder_tokens: int | None = None,
+         rows: Mapping[str, int] | None = None) -> Plan:
     """Every valid configuration of `model` (an HF config, a path, a tiny name or a model), ranked.
 
     `adapter`: the model's stage adapter when the caller already holds the model (initialize);
-    otherwise one is made from a model built on the meta device. `image_tokens` (the language's)
-    may be None when `encoder_tokens` (what the encoder sees) is given.
+    otherwise one is made from a model built on the meta device. One encoder: `image_tokens` (the
+    language's) may be None when `encoder_tokens` (what the encoder sees) is given. Several: `rows`.
+    `placements` (None: every one the model has: colocated, disaggregated, and mixed with several).
     """
-    if hasattr(model, "config") and hasattr(model, "parameters"):  # a model instance
-        hf_config = model.config
-        adapter = adapter or adapter_for(model)
-    else:
-        hf_config = load_hf_config(model)
-        adapter = adapter or adapter_for(meta_model(hf_config))
+    hf_config, instance = load_model(model, build=adapter is None)
+    adapter = adapter or adapter_for(instance)
     spec = model_spec(hf_config)
-    image_tokens = image_tokens_of(spec, image_tokens, encoder_tokens)
+    several = len(spec.encoders) > 1
     base = base_config(base, global_batch, None, machine.dtype_bytes == 2 and not base)
-    wl = Workload(seq_len=seq_len, image_tokens=image_tokens, global_batch=global_batch,
-                  dtype_bytes=dtype_bytes(base), zero=zero_stage(base), freeze=resolve_freeze(base.get(SECTION), adapter))
-    wl.check(spec)
+    freeze = resolve_freeze(base.get(SECTION), adapter)
+    if several:
+        if encoder_tokens is not None:
+            raise ValueError("--encoder-tokens: give each encoder's boundary rows with --rows STAGE=N instead")
+        enc_rows = check_rows(spec, dict(rows or {}, **({"vision": image_tokens} if image_tokens is not None
+                                                          and "vision" not in (rows or {}) else {})), seq_len)
+        wl = Workload(seq_len=seq_len, image_tokens=sum(enc_rows.values()), global_batch=global_batch,
+                      dtype_bytes=dtype_bytes(base), zero=zero_stage(base), freeze=freeze,
+                      rows=tuple(enc_rows.items()))
+    else:
+        if rows:
+            raise ValueError("--rows is for models with several encoders; this one has one: use --image-tokens")
+        wl = Workload(seq_len=seq_len, image_tokens=image_tokens_of(spec, image_tokens, encoder_tokens),
+                      global_batch=global_batch, dtype_bytes=dtype_bytes(base), zero=zero_stage(base), freeze=freeze)
+        wl.check(spec)
     max_tp = max_tp or min(world_size, machine.devices_per_node)
+    default = ("colocated", "disaggregated", "mixed") if several else ("colocated", "disaggregated")
     space = SearchSpace(world_size=world_size, global_batch=global_batch, max_tp=max_tp,
-                        placements=placements, micro_batches=micro_batches,
+                        placements=placements or default, micro_batches=micro_batches,
                         node_size=machine.devices_per_node if machine.devices_per_node < world_size else 0,
                         batch_slack=batch_slack)
-    candidates, stats = enumerate_candidates(space, base, adapter, has_client_optimizer)
     limit = memory_gb * 1e9 if memory_gb is not None else None
-    cache: dict = {}
-    preds = [predict(c, spec, wl, machine, limit, cache=cache) for c in candidates]
-    stats["runnable"] = len(preds)
-    if modelled:
-        extended = _modelled(spec, wl, machine, limit, base, adapter, max_tp, micro_batches, world_size,
-                             placements, cache, has_client_optimizer, preds)
-        preds += extended
-        stats["runnable"] += sum(p.runnable for p in extended)
-    stats["modelled"] = len(preds) - stats["runnable"]
+    search = _search_several if several else _search_one
+    preds, stats = search(space, spec, wl, machine, limit, base, adapter, has_client_optimizer, modelled)
     preds.sort(key=lambda p: (not p.fits, -p.tokens_per_s))
     return Plan(preds, spec, wl, machine, base, stats)
 
 
-def _modelled(spec, wl, machine, limit, base, adapter, max_tp, micro_batches, world, placements, times: dict,
-              client_opt: bool = False, runnable: list[Prediction] = ()) -> list[Prediction]:
-    """Megatron's single layouts (with their cut tuned) and heterogeneous candidates with a pipeline,
-    first_stage, recompute or per-stage ZeRO; each runnable when the engine's checks accept its config."""
-    ms = ModelledSpace(world, wl.global_batch, spec.language.layers, max_tp, wl.zero, micro_batches)
+def _search_one(space, spec, wl, machine, limit, base, adapter, client_opt, modelled):
+    """(predictions, stats) of a model with one encoder."""
+    candidates, stats = enumerate_candidates(space, base, adapter, client_opt)
     cache: dict = {}
-    verdicts = EngineVerdicts(base, world, adapter, client_opt)
-    dominance = Dominance()
-    for pred in runnable:
-        dominance.record(pred)
-
-    def priced(cands):
-        out = []
-        for c in cands:  # generated with each feature off before on, so the lighter siblings come first
-            if dominance.dominated(c):
-                continue
-            pred = predict(c, spec, wl, machine, limit, runnable=verdicts.accepts(c), cache=times)
-            dominance.record(pred)
-            out.append(pred)
-        return out
-
-    meg = priced(megatron_candidates(ms, base, adapter, cache))
-    meg.sort(key=lambda p: (not p.fits, -p.tokens_per_s))
-    tuned = []
-    for p in meg[:TUNE_TOP]:  # tune the first stage's layers of the best few even-cut layouts
-        tuned += priced(tune_cut(p.candidate, spec.language.layers))
-    out = meg + tuned
-    if "colocated" in placements:
-        out += priced(heterogeneous_candidates(ms, base, adapter, cache))
-    if "disaggregated" in placements:
-        node = machine.devices_per_node if machine.devices_per_node < world else 0
-        out += priced(disaggregated_candidates(ms, base, adapter, cache, node))
-    return out
+    preds = [predict(c, spec, wl, machine, limit, cache=cache) for c in candidates]
+    stats["runnable"] = len(preds)
+    if modelled:
+        extended = extended_one(spec, wl, machine, limit, base, adapter, space, cache, client_opt, preds)
+        preds += extended
+        stats["runnable"] += sum(p.runnable for p in extended)
+    stats["modelled"] = len(preds) - stats["runnable"]
+    return preds, stats
 
 
-TUNE_TOP = 8
+def _search_several(space, spec, wl, machine, limit, base, adapter, client_opt, modelled):
+    """(predictions, stats) of a model with several encoders: only what the engine's checks accept."""
+    candidates, stats = enumerate_candidates(space, base, adapter, client_opt, spec.names)
+    cache: dict = {}
+    preds = [predict(c, spec, wl, machine, limit, cache=cache) for c in candidates]
+    stats["pruned"] = 0
+    if modelled:
+        more, extra = extended_several(
+            space, base, adapter, spec.names, spec.language.layers, wl.zero,
+            lambda c: predict(c, spec, wl, machine, limit, cache=cache), preds, stats["cp"],
+            stats["sequence_parallel"], client_opt)
+        preds += more
+        for key in ("generated", "rejected", "pruned"):
+            stats[key] += extra[key]
+        for field, n in extra["reasons"].items():
+            stats["reasons"][field] = stats["reasons"].get(field, 0) + n
+    stats["runnable"], stats["modelled"], stats["extended"] = len(preds), 0, modelled
+    stats["rows"] = dict(wl.rows)
+    return preds, stats
+
+
+def check_rows(spec: ModelSpec, rows: Mapping[str, int], seq_len: int) -> dict[str, int]:
+    """Every encoder's rows per sample, given, non-negative, fitting in the sequence together."""
+    missing = [n for n in spec.names if n not in rows]
+    if missing:
+        raise ValueError(f"give each encoder's boundary rows per sample: --rows {' '.join(f'{n}=N' for n in missing)}"
+                         f" (this model's encoders: {', '.join(spec.names)})")
+    unknown = [n for n in rows if n not in spec.names]
+    if unknown:
+        raise ValueError(f"--rows {unknown[0]}: not an encoder of this model ({', '.join(spec.names)})")
+    if any(int(v) < 0 for v in rows.values()):
+        raise ValueError("--rows: rows per sample must be >= 0")
+    if sum(rows.values()) > seq_len:
+        raise ValueError(f"the encoders' rows per sample ({sum(rows.values())}: "
+                         f"{', '.join(f'{n} {rows[n]}' for n in spec.names)}) exceed --seq-len {seq_len}")
+    return {n: int(rows[n]) for n in spec.names}
 
 
 def write_config(path: str | os.PathLike, cfg: Mapping[str, Any]) -> None:

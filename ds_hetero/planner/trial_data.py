@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..families.llava.samples import LlavaFormat
-from ..families.qwen2_vl.samples import Qwen2VLFormat
+from ..families.llava.sample_format import LlavaFormat
+from ..families.qwen2_vl.sample_format import Qwen2VLFormat
 from ..toy.shapes import Vocabulary
 
 

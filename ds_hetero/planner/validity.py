@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..config import HeteroConfig, parse_config
+from ..config import SECTION, HeteroConfig, parse_config
 from ..errors import HeteroConfigError
+from .candidate import Candidate, StageChoice
 
 
 def check_candidate(ds_config: Mapping[str, Any], world_size: int, adapter, has_client_optimizer: bool = False,
                     layout_cache: dict | None = None) -> HeteroConfig:
     """The validated config of `ds_config` for `world_size` ranks and the model behind `adapter`.
 
-    With an adapter, the model-level checks `initialize` runs (`stages.checks.check_model`: tp /
+    With an adapter, the model-level checks `initialize` runs (`validation.check_model`: tp /
     cp sizes against the model's shapes, freeze, recompute layers, the pipeline's layer cut and
     tied embeddings) run on the adapter's model (a meta model will do).
 
@@ -70,10 +71,41 @@ def check_shapes(base: Mapping[str, Any], adapter, vision_tp: int, language_tp: 
     `check_candidate` (HeteroConfigError naming the field when the model's shapes refuse them)."""
     from math import lcm
 
-    from .candidate import Candidate, StageChoice
-
     world = lcm(vision_tp, language_tp * language_cp)
     probe = Candidate("colocated", StageChoice(vision_tp, world // vision_tp),
                       StageChoice(language_tp, world // (language_tp * language_cp), language_cp, sequence_parallel), 1)
     cfg = dict(base, train_batch_size=world, zero_optimization={"stage": 1})
     check_candidate(probe.ds_config(cfg), world, adapter, True, layout_cache)
+
+
+class StageShapes:
+    """Whether the engine's checks accept a stage's sizes for the model's shapes (tp dividing heads,
+    MLP width, vocabulary; cp and sequence parallelism): `check_candidate` on a colocated probe in
+    which only that stage is sharded, remembered per stage and sizes. extended.py skips the
+    layouts a probe refuses for several encoders (as modelled.py does with `check_shapes` for one); a
+    refusal that names another field than the stage's own refuses nothing."""
+
+    def __init__(self, base: Mapping[str, Any], adapter, names: tuple[str, ...]):
+        self.base, self.adapter, self.names = base, adapter, names
+        self.seen: dict = {}
+
+    def encoder(self, name: str, tp: int) -> bool:
+        encoders = tuple((n, StageChoice(tp, 1) if n == name else StageChoice(1, tp)) for n in self.names)
+        return self._probe((name, tp), tp, Candidate("colocated", encoders, StageChoice(1, tp), 1))
+
+    def language(self, tp: int, cp: int, sequence_parallel: bool) -> bool:
+        n = tp * cp
+        encoders = tuple((e, StageChoice(1, n)) for e in self.names)
+        probe = Candidate("colocated", encoders, StageChoice(tp, 1, cp, sequence_parallel), 1)
+        return self._probe(("language", tp, cp, sequence_parallel), n, probe)
+
+    def _probe(self, key: tuple, world: int, probe: Candidate) -> bool:
+        stage = key[0]
+        if key not in self.seen:
+            cfg = dict(self.base, train_batch_size=world, zero_optimization={"stage": 1})
+            try:
+                check_candidate(probe.ds_config(cfg), world, self.adapter, True)
+                self.seen[key] = True
+            except HeteroConfigError as exc:
+                self.seen[key] = not exc.field.startswith(f"{SECTION}.stages.{stage}")
+        return self.seen[key]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .frozen import Freeze
-from .model_spec import ModelSpec
+from ..models.shapes import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -18,6 +18,8 @@ class Workload:
     dtype_bytes    bytes of a parameter, a gradient and an activation (2 for bf16, 4 for fp32)
     zero           ZeRO stage of every stage engine
     freeze         what of each stage trains (the base config's `freeze`, frozen.py)
+    rows           (encoder, boundary rows per sample) of a model with several encoders, whose
+                   image_tokens is then their sum; () for one encoder (its rows: image_tokens)
     """
 
     seq_len: int
@@ -26,6 +28,14 @@ class Workload:
     dtype_bytes: int = 2
     zero: int = 1
     freeze: Freeze = Freeze()
+    rows: tuple[tuple[str, int], ...] = ()
+
+    def of(self, encoder: str) -> Workload:
+        """The workload as the cost model prices one encoder (with the language): that encoder's rows
+        as its image tokens, its freeze as the view's encoder's (the stage "vision" of `ModelSpec.view`)."""
+        if not self.rows:
+            return self
+        return replace(self, image_tokens=dict(self.rows)[encoder], rows=(), freeze=self.freeze.view(encoder))
 
     def images_per_sample(self, spec: ModelSpec) -> int:
         if spec.vision.tokens_per_image == 0:  # dynamic resolution: one image of image_tokens tokens

@@ -5,7 +5,7 @@ stage (warm-up forwards, one-forward-one-backward, cool-down backwards, with the
 sends and receives that keeps blocking point-to-point deadlock-free); `OneFOneB` executes them, one
 method per instruction. Activations go to the next pipeline stage and input gradients back to the
 previous one, point to point in the pp group (`isend` / blocking `recv`; every rank knows each tensor's
-shape from the plan: pipeline_parallel/shapes.py). The encoders' work joins in through `inline`
+shape from the plan: pipeline_parallel/hidden_shape.py). The encoders' work joins in through `inline`
 (first_stage and disaggregated: stage 0's forward and backward of a micro-batch) or `fill` (colocated:
 the pipeline's idle steps, pipeline_fill.py); pipeline.py says which and why.
 """
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..loss import token_loss_sum
-from ..pipeline_parallel.shapes import hidden_shape as shard_shape
+from ..pipeline_parallel.hidden_shape import hidden_shape as shard_shape
 from ..step.step_plan import StepPlan
 
 
@@ -74,13 +74,12 @@ class OneFOneB:
     # ------------------------------------------------------------------ micro-batches
     def micro_batch(self, m: int) -> dict[str, Any]:
         if m not in self.state:
-            mine = [self.samples[p] for p in self.plan.language_samples(self.coord.dp, m)]
-            batch, counts, sharded = self.work.language_batch(mine)
+            batch, counts, sharded = self.work.language_micro_batch(self.samples, self.plan, self.coord.dp, m)
             self.state[m] = {"batch": batch, "counts": counts, "sharded": sharded}
         return self.state[m]
 
     def hidden_shape(self, m: int):
-        """This rank's sequence shard of the hidden states (pipeline_parallel/shapes.py)."""
+        """This rank's sequence shard of the hidden states (pipeline_parallel/hidden_shape.py)."""
         s = self.micro_batch(m)
         return shard_shape(self.language.layout, s["batch"], s["sharded"], self.work.adapter.language_hidden_size)
 

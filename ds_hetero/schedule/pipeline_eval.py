@@ -17,7 +17,7 @@ import torch.distributed as dist
 from ..loss import token_loss_sum
 from ..step.step_plan import StepPlan
 from .evaluation import EvaluationSchedule
-from ..pipeline_parallel.shapes import hidden_shape
+from ..pipeline_parallel.hidden_shape import hidden_shape
 
 
 class PipelineEvaluationSchedule(EvaluationSchedule):
@@ -32,8 +32,7 @@ class PipelineEvaluationSchedule(EvaluationSchedule):
         language = self.stages.language
         coord, pp = language.coord, language.layout.pp
         neighbours, group = language.groups.ranks_of["pp"], language.groups.pp
-        mine = [samples[p] for p in plan.language_samples(coord.dp, m)]
-        batch, counts, sharded = self.language_batch(mine)
+        batch, counts, sharded = self.language_micro_batch(samples, plan, coord.dp, m)
         args = (batch["attention_mask"], batch["position_ids"])
         if coord.pp == 0:
             out = language(batch["input_ids"], tuple(rows_in), *args, n_placeholders=counts)

@@ -27,6 +27,7 @@ from ..boundary.inputs import num_shards
 from ..context_parallel import is_sharded, shard_input_ids, shard_language_batch
 from ..expert_parallel import take_aux_loss
 from ..loss import token_loss_sum
+from ..models.packing import packed_language_inputs
 from ..stages.stage_set import Stage, StageSet
 from ..step.step_plan import StepPlan
 from ..tensor_parallel import VocabParallelLMHead
@@ -94,15 +95,20 @@ class StageWork:
             stage.backward((rows * grad.to(rows.dtype)).sum() * plan.encoder_scale(stage.name))
 
     # ------------------------------------------------------------------ language
-    def language_batch(self, mine: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], tuple[int, ...], bool]:
+    def language_batch(self, mine: Sequence[dict[str, Any]], rows: Sequence[Sequence[dict[str, Any]]] | None = None
+                       ) -> tuple[dict[str, Any], tuple[int, ...], bool]:
         """The language stage's inputs on the device: (batch, placeholders of each encoder, sharded).
 
-        With sequence shards (cp, or sp) the batch is this rank's shard and its labels are
-        already shifted (context_parallel.sequence).
+        `rows`: packed rows of these samples (models/packing.py), or None for one padded row
+        per sample. With sequence shards (cp, or sp) the batch is this rank's shard and its
+        labels are already shifted (context_parallel.sequence).
         """
         layout = self.stages.language.layout
         sharded = is_sharded(layout)
-        host = self.adapter.language_inputs(mine, multiple=num_shards(layout))
+        if rows is None:
+            host = self.adapter.language_inputs(mine, multiple=num_shards(layout))
+        else:
+            host = packed_language_inputs(self.adapter, rows, multiple=num_shards(layout))
         # counted on the host, so the stage's placeholder check needs no device read
         ids = shard_input_ids(host["input_ids"], layout, self.stages.rank) if sharded else host["input_ids"]
         counts = tuple(int(port.mask(ids).sum()) for port in self.ports.values())
@@ -110,6 +116,15 @@ class StageWork:
         if sharded:  # this rank's sequence shard (the [b, 1, S, S] mask is built on the device)
             batch = shard_language_batch(batch, layout, self.stages.rank)
         return batch, counts, sharded
+
+    def language_micro_batch(self, samples: Sequence[dict[str, Any]], plan: StepPlan, dp: int, m: int
+                             ) -> tuple[dict[str, Any], tuple[int, ...], bool]:
+        """`language_batch` of language dp rank `dp`'s micro-batch m: its padded samples, or its
+        packed rows (every pipeline stage of a dp replica builds the same one, so the shapes
+        between them follow from the plan: pipeline_parallel/hidden_shape.py)."""
+        mine = [samples[p] for p in plan.language_samples(dp, m)]
+        rows = [[samples[p] for p in row] for row in plan.language_rows(dp, m)] if plan.packed else None
+        return self.language_batch(mine, rows)
 
     def language_loss_sum(self, samples: Sequence[dict[str, Any]], plan: StepPlan, m: int,
                           rows_in: Sequence[torch.Tensor], step: int | None = None,
@@ -121,8 +136,7 @@ class StageWork:
         count leaves `router_aux_loss_coef * aux_m / micro_batches`: the reported loss and the
         gradient are then the lm loss plus the mean over micro-batches of each one's aux loss."""
         language = self.stages.language
-        mine = [samples[p] for p in plan.language_samples(language.coord.dp, m)]
-        batch, counts, sharded = self.language_batch(mine)
+        batch, counts, sharded = self.language_micro_batch(samples, plan, language.coord.dp, m)
         # rows_in follow the config's stage order; the language stage takes them in its ports' order
         by_stage = dict(zip((s.name for s in self.stages.encoders), rows_in, strict=True))
         rows_in = tuple(by_stage[name] for name in self.ports)

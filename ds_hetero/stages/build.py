@@ -28,6 +28,7 @@ from ..pipeline_parallel.cut import layer_cut
 from ..models.freeze import apply_freeze, trainable_parameters
 from ..pipeline_parallel.chunk import cut_language_stage
 from ..models.recompute import enable_recompute
+from ..tensor_parallel.lora_dropout import stage_rng
 from ..tensor_parallel.shard import is_tied
 from ..topology.groups import build_groups
 from ..topology.mpu import StageMPU, stage_context
@@ -41,8 +42,9 @@ from ..context_parallel.zero3 import correct_sequence_average, partition_over_se
 
 def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: int,
                     optimizer: Callable[[list[torch.nn.Parameter]], Any] | None = None,
-                    checkpoint=None) -> tuple[StageSet, Any]:
-    """(the StageSet of this rank, the weights load report or None)."""
+                    checkpoint=None, seed: int = 0) -> tuple[StageSet, Any]:
+    """(the StageSet of this rank, the weights load report or None). `seed` (the same on every rank)
+    seeds each stage's model-parallel dropout streams (tensor_parallel/rng.py)."""
     import deepspeed
 
     groups = build_groups(cfg.stages, rank, timeout=timedelta(seconds=cfg.timeout_s))
@@ -52,6 +54,8 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
     adapter.shard(groups, cfg)  # per-stage tensor parallelism (checks first, then shards)
     modules = adapter.split()
     held = [name for name, layout in cfg.stages.items() if layout.contains(rank)]
+    # LoRA dropout on tp-sharded layers draws from its stage's own RNG (no communication)
+    rngs = {name: stage_rng(modules[name], name, groups[name].coord, seed) for name in held}
     language = cfg.language
     tied = is_tied(model)  # before the cut: on the full model, the same on every rank
     if language.pp > 1:
@@ -66,9 +70,10 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
     stages = {}
     for name, layout in cfg.stages.items():  # same order on every rank: deepspeed.initialize is collective
         trainable = trainable_parameters(modules[name])  # the same on every rank: flags set before any rank differs
-        stage = Stage(name, layout, groups[name], modules[name], cfg.micro_batches_of(name), trains=bool(trainable))
+        stage = Stage(name, layout, groups[name], modules[name], cfg.micro_batches_of(name), trains=bool(trainable),
+                      rng=rngs.get(name))
         if cfg.options_of(name).recompute:
-            enable_recompute(modules[name], cfg.options_of(name).recompute)
+            enable_recompute(modules[name], cfg.options_of(name).recompute, rng=stage.rng)
         if name not in held:  # disaggregated: another rank set holds this stage; free its memory
             modules[name].to("meta")
         else:

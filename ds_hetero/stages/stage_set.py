@@ -48,6 +48,7 @@ class Stage:
     mpu: StageMPU | None = None
     engine: Any = None
     tied: Any = None  # a pipelined language stage's TiedCopy of a tied embedding (stages/tied_embeddings.py)
+    rng: Any = None  # its model-parallel dropout streams (tensor_parallel/rng.py), None where nothing draws from them
 
     @property
     def held(self) -> bool:
@@ -155,6 +156,12 @@ class StageSet:
     def training(self) -> list[Stage]:
         """The held stages that train (have an optimizer and step)."""
         return [s for s in self.held if s.trains]
+
+    def start_step(self, step: int) -> None:
+        """Every held stage's model-parallel dropout streams restart from (seed, step)."""
+        for stage in self.held:
+            if stage.rng is not None:
+                stage.rng.start_step(step)
 
     def modules(self) -> list[nn.Module]:
         """The modules of the held stages (their DeepSpeed engines' modules)."""

@@ -13,7 +13,7 @@ then by the lowest rank. "tokens" keeps the position assignment when that one is
 balanced (its slowest rank no slower), so it is never worse than "position".
 
     image      one image of one sample; `rows` boundary rows (image tokens after the projector or
-               merger), `cost` the encoder's work (models/cost.py `transformer_cost`)
+               merger), `cost` the encoder's work (models/item_cost.py `transformer_cost`)
     source     rows on a rank in ascending global order (ds_hetero/boundary/inputs.py): a rank
                encodes its images in (sample, image) order, and a sample whose images sit on
                several ranks becomes `(rows, dp)` runs in BoundaryInputs.src_dp

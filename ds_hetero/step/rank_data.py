@@ -5,7 +5,8 @@ this object, not the engine.
 A rank needs in full only the samples of its stage shares (every language dp rank its micro-batches'
 samples, every encoder dp rank the items it encodes); of every other sample only the token ids (the plan
 reads each sample's item rows from them). Shares by position are known before the batch; an encoder
-balanced by "tokens" takes items that depend on the batch's token ids, known once the plan is.
+balanced by "tokens" takes items that depend on the batch's token ids, known once the plan is, and so
+does the language stage with packed batching (step/packing.py).
 """
 
 from __future__ import annotations
@@ -34,13 +35,20 @@ class RankDataPath:
     def __init__(self, config: HeteroConfig, adapter, held: Sequence[HeldShare], boundary_group):
         self.config, self.adapter, self.held, self.boundary_group = config, adapter, tuple(held), boundary_group
 
-    def needed_positions(self) -> set[int]:
+    def needed_positions(self, cover: bool = False) -> set[int]:
         """Global-batch positions whose full sample this rank reads, known before the batch is:
         its language shares, and its encoders' shares where they go by position. With balance
-        "tokens" an encoder's share depends on the batch's token ids (`balanced_positions`)."""
+        "tokens" an encoder's share depends on the batch's token ids (`balanced_positions`), and so
+        does the language stage's with packed batching. `cover`: the language shares by position
+        even then (the Trainer's data path learns every sample's token ids from the ranks that
+        collated it, so every position must be some language rank's; integrations/trainer/
+        rank_batch.py)."""
         needed: set[int] = set()
+        language = self.config.language.name
         for share in self.held:
-            if share.stage != self.config.language.name and self.config.balance_of(share.stage) == "tokens":
+            if share.stage != language and self.config.balance_of(share.stage) == "tokens":
+                continue
+            if share.stage == language and self.config.packed and not cover:
                 continue
             for m in range(share.passes):
                 needed.update(stage_samples(self.config, share.stage, share.dp, m))
@@ -48,15 +56,21 @@ class RankDataPath:
 
     def balanced_positions(self, plan: StepPlan) -> set[int]:
         """Positions of the samples whose items this rank's token-balanced encoder stages encode
-        this step: known only once the batch's token ids are (the rest of `needed_positions`)."""
-        return {p for share in self.held
-                if share.stage != self.config.language.name and self.config.balance_of(share.stage) == "tokens"
-                for p in plan.encoder_positions(share.stage, share.dp)}
+        this step, and its packed language shares: known only once the batch's token ids are (the
+        rest of `needed_positions`)."""
+        language = self.config.language.name
+        out = {p for share in self.held
+               if share.stage != language and self.config.balance_of(share.stage) == "tokens"
+               for p in plan.encoder_positions(share.stage, share.dp)}
+        for share in self.held:
+            if share.stage == language and self.config.packed:
+                out |= plan.language_positions(share.dp)
+        return out
 
     def plan_of(self, samples: Sequence[dict[str, Any]]) -> StepPlan | None:
         """The step's plan; None for a malformed batch (the batch agreement then refuses it on every rank)."""
         try:
-            return StepPlan(self.config, self.adapter.encoders(), samples)
+            return StepPlan(self.config, self.adapter.encoders(), samples, language_cost=self.adapter.language_cost)
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
 

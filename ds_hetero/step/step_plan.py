@@ -20,18 +20,23 @@ micro-batches; inside one, language dp rank d takes the d-th contiguous share. A
 covers `micro_batches / passes` consecutive language micro-batches, and its dp rank e encodes
 the items `balance` gives it. Stages with different dp cut the same samples differently, which
 is what the boundary reconciles.
+
+With `language_batching` "packed" (step/packing.py) a language micro-batch keeps the same
+samples, but they go to the language dp ranks by token cost and each rank's are packed into
+rows (`language_rows`); the boundary then delivers each row to its packed position.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..boundary.inputs import BoundaryInputs, seq_lens, shard_bounds
 from ..config import LANGUAGE, HeteroConfig
-from ..context_parallel.sequence import image_positions, is_sharded, padded_lengths
+from ..context_parallel.sequence import image_positions, is_sharded, padded_length, padded_lengths
 from .balance import EncoderAssignment, assign_pass
+from .packing import language_cost_of, load_figures, pack_micro_batch
 from .shares import dp_share
 
 
@@ -53,10 +58,13 @@ class StepPlan:
                     when it is given more samples, at the training micro-batch size
     per_micro_batch one encoder pass per language micro-batch (evaluation: no backward to
                     accumulate), whatever `stages.<name>.micro_batches` says
+    language_cost   tokens -> the language stage's work on one sample (packed batching: the
+                    model adapter's `language_cost`; default step/packing.py's)
     """
 
     def __init__(self, config: HeteroConfig, ports: Mapping[str, Any], samples: Sequence[dict[str, Any]],
-                 micro_batches: int | None = None, per_micro_batch: bool = False):
+                 micro_batches: int | None = None, per_micro_batch: bool = False,
+                 language_cost: Callable[[int], int] | None = None):
         self.config = config
         self.micro_batches = micro_batches or config.micro_batches
         self.micro_batch_size = len(samples) // self.micro_batches  # samples of one language micro-batch
@@ -64,15 +72,54 @@ class StepPlan:
             raise ValueError(f"{len(samples)} samples do not cut into {self.micro_batches} equal micro-batches")
         language = config.stages[LANGUAGE]
         self.language_share = self.micro_batch_size // language.dp  # samples per language dp rank
+        self.packed = config.packed
+        self._rows, self._language_dp = (), {}
+        self._lengths = [int(s["input_ids"].numel()) for s in samples]
+        self._language_cost = language_cost or language_cost_of()
+        if self.packed:
+            lengths, cost = self._lengths, self._language_cost
+            self._rows = tuple(
+                pack_micro_batch(mb, [lengths[p] for p in mb], language.dp, cost, config.max_tokens_per_micro_batch)
+                for mb in (dp_share(m, self.micro_batch_size, 1, 0) for m in range(self.micro_batches)))
+            self._language_dp = {p: d for per_mb in self._rows for d, rows in enumerate(per_mb)
+                                 for row in rows for p in row}
         self.passes: dict[str, tuple[EncoderPass, ...]] = {}
         for name, port in ports.items():
             n = self.micro_batches if per_micro_batch else config.micro_batches_of(name)
             self.passes[name] = tuple(self._encoder_pass(name, port, samples, v, n) for v in range(n))
 
     # ------------------------------------------------------------------ language
-    def language_samples(self, dp: int, m: int) -> range:
-        """Batch positions language dp rank `dp` handles in micro-batch m."""
+    def language_samples(self, dp: int, m: int) -> Sequence[int]:
+        """Batch positions language dp rank `dp` handles in micro-batch m (ascending)."""
+        if self.packed:
+            return tuple(p for row in self._rows[m][dp] for p in row)
         return dp_share(m, self.micro_batch_size, self.config.stages[LANGUAGE].dp, dp)
+
+    def language_rows(self, dp: int, m: int) -> tuple[tuple[int, ...], ...]:
+        """The rows of language dp rank `dp`'s micro-batch m: batch positions per row (a packed
+        row per rank, or a few under the token budget; with the samples cut one sample a row)."""
+        if self.packed:
+            return self._rows[m][dp]
+        return tuple((p,) for p in self.language_samples(dp, m))
+
+    def language_load(self) -> dict[str, float]:
+        """The language stage's tokens this step: `real` (the samples'), `computed` (every dp
+        rank's rows padded to its longest, rounded up to the shard count; all ranks together) and
+        `max_mean` (the slowest dp rank's language cost over the mean, worst micro-batch)."""
+        language = self.config.stages[LANGUAGE]
+        real = computed = 0
+        worst = 1.0
+        for m in range(self.micro_batches):
+            rows = [self.language_rows(d, m) for d in range(language.dp)]
+            f = load_figures(rows, self._lengths, padded_length(1, language), self._language_cost, self.packed)
+            real, computed, worst = real + f["real"], computed + f["computed"], max(worst, f["max_mean"])
+        return {"real": real, "computed": computed, "max_mean": worst}
+
+    def language_dp_of(self, p: int) -> int:
+        """The language dp rank that consumes sample p."""
+        if self.packed:
+            return self._language_dp[p]
+        return (p % self.micro_batch_size) // self.language_share
 
     def language_positions(self, dp: int) -> set[int]:
         return {p for m in range(self.micro_batches) for p in self.language_samples(dp, m)}
@@ -116,10 +163,12 @@ class StepPlan:
         inputs = BoundaryInputs(
             token_counts=a.token_counts,
             src_dp=a.src_dp([i * dp // size for i in range(size)]),  # samples without items: any rank
-            dst_dp=[(p % self.micro_batch_size) // self.language_share for p in positions],
+            dst_dp=[self.language_dp_of(p) for p in positions],
         )
         language = cfg.stages[LANGUAGE]
-        if is_sharded(language):  # each language rank takes the rows of its sequence shard only
+        if is_sharded(language) and self.packed:  # positions inside the packed rows
+            inputs = dataclasses.replace(inputs, **self._packed_positions(samples, positions, port))
+        elif is_sharded(language):  # each language rank takes the rows of its sequence shard only
             mine = [samples[p] for p in positions]
             # a sample is padded to the longest of its dp replica's share of its own micro-batch
             # (a pass may feed several micro-batches)
@@ -127,6 +176,27 @@ class StepPlan:
             inputs = dataclasses.replace(inputs, positions=image_positions(mine, port.ids),
                                          seq_len=padded_lengths(mine, replica, language))
         return EncoderPass(name, v, a, inputs, range(v * per, (v + 1) * per))
+
+    def _packed_positions(self, samples, positions, port) -> dict[str, list]:
+        """Boundary positions and seq_len of the samples at `positions` in their packed rows: a
+        sample's placeholders sit at its offset in its row, and every row of a rank's micro-batch
+        is padded to the rank's longest row, a multiple of the shard count."""
+        language = self.config.stages[LANGUAGE]
+        where: dict[int, tuple[int, int]] = {}  # position -> (offset in its row, row length)
+        for p in positions:
+            if p in where:
+                continue
+            rows = self._rows[p // self.micro_batch_size][self._language_dp[p]]
+            length = padded_length(max(sum(int(samples[q]["input_ids"].numel()) for q in row) for row in rows),
+                                   language)
+            for row in rows:
+                offset = 0
+                for q in row:
+                    where[q] = (offset, length)
+                    offset += int(samples[q]["input_ids"].numel())
+        own = image_positions([samples[p] for p in positions], port.ids)
+        return {"positions": [[where[p][0] + j for j in js] for p, js in zip(positions, own)],
+                "seq_len": [where[p][1] for p in positions]}
 
     def rows_of(self, stage: str, dp: int, m: int, rank: int | None = None) -> int:
         """Boundary rows of `stage` that language dp rank `dp` consumes in micro-batch m; with a

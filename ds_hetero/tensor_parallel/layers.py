@@ -22,8 +22,8 @@ over `ds_hetero.comm` avoid all of that and keep the parameter tags DeepSpeed re
 Sharded parameters carry Megatron's attributes, which DeepSpeed reads to count each parameter
 once in the gradient norm (`deepspeed.runtime.utils.is_model_parallel_parameter`):
 `tensor_model_parallel=True`, `partition_dim`, `partition_stride` (segments fused in one weight,
-3 for a fused qkv) plus ours, `partition_full_size` (the unpadded size along `partition_dim`), so
-`gather_full` can rebuild the unsharded tensor. Replicated parameters carry none of them.
+3 for a fused qkv, or their widths where they differ) plus ours, `partition_full_size` (the
+unpadded size along `partition_dim`), so `gather_full` can rebuild the unsharded tensor. Replicated parameters carry none of them.
 """
 
 from __future__ import annotations
@@ -36,17 +36,25 @@ from torch import nn
 from .regions import exit_region
 
 
-def shard_tensor(full: torch.Tensor, dim: int, rank: int, size: int, stride: int = 1) -> torch.Tensor:
+def _segments(t: torch.Tensor, dim: int, stride, parts: int = 1) -> tuple[torch.Tensor, ...]:
+    """`t` cut into its fused segments along `dim`: `stride` equal ones (an int), or segments of
+    the given full widths (a tuple: Qwen3.5's Gated DeltaNet fuses q | k | v of unequal widths,
+    key_dim, key_dim, value_dim), each `parts` times narrower in a shard."""
+    if isinstance(stride, int):
+        return t.chunk(stride, dim) if stride > 1 else (t,)
+    return t.split([w // parts for w in stride], dim)
+
+
+def shard_tensor(full: torch.Tensor, dim: int, rank: int, size: int, stride=1) -> torch.Tensor:
     """This rank's shard of `full` along `dim`.
 
     With stride s the dim is s equal fused segments (q | k | v) and each segment is split, so a
-    rank keeps the same heads of q, k and v.
+    rank keeps the same heads of q, k and v; with a tuple of widths, segments of those widths.
     """
-    segments = full.chunk(stride, dim) if stride > 1 else (full,)
-    return torch.cat([seg.chunk(size, dim)[rank] for seg in segments], dim).contiguous()
+    return torch.cat([seg.chunk(size, dim)[rank] for seg in _segments(full, dim, stride)], dim).contiguous()
 
 
-def mark_sharded(param: nn.Parameter, dim: int, stride: int, full_size: int) -> nn.Parameter:
+def mark_sharded(param: nn.Parameter, dim: int, stride, full_size: int) -> nn.Parameter:
     """Tag a shard so DeepSpeed counts it once per tp rank in the norm and `gather_full` can undo it."""
     param.tensor_model_parallel = True
     param.partition_dim = dim
@@ -68,10 +76,13 @@ def gather_full(tensor: torch.Tensor, like: nn.Parameter, group) -> torch.Tensor
     return merge_shards(pieces, like.partition_dim, like.partition_stride, like.partition_full_size)
 
 
-def merge_shards(pieces: list[torch.Tensor], dim: int, stride: int, full_size: int) -> torch.Tensor:
-    """Undo `shard_tensor` over all tp ranks' shards (in tp rank order); drops vocabulary padding."""
-    per_rank = [p.chunk(stride, dim) for p in pieces]
-    full = torch.cat([seg[s] for s in range(stride) for seg in per_rank], dim)
+def merge_shards(pieces: list[torch.Tensor], dim: int, stride, full_size: int) -> torch.Tensor:
+    """Undo `shard_tensor` over all tp ranks' shards (in tp rank order); drops vocabulary padding.
+    `stride` as in shard_tensor (a list, as a checkpoint manifest's JSON gives it back, is a tuple)."""
+    stride = stride if isinstance(stride, int) else tuple(stride)
+    per_rank = [_segments(p, dim, stride, len(pieces)) for p in pieces]
+    n = len(per_rank[0])
+    full = torch.cat([seg[s] for s in range(n) for seg in per_rank], dim)
     return full.narrow(dim, 0, full_size).contiguous()
 
 
@@ -82,7 +93,7 @@ def _group_coords(group) -> tuple[int, int]:
 class ColumnParallelLinear(nn.Linear):
     """Output features split over the tp group; no communication (see the module docstring)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group, stride: int, full_out: int):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group, stride, full_out: int):
         super().__init__(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
         self.weight = mark_sharded(nn.Parameter(weight), 0, stride, full_out)
         if bias is not None:
@@ -91,7 +102,7 @@ class ColumnParallelLinear(nn.Linear):
         self.stride = stride
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group, stride: int = 1) -> "ColumnParallelLinear":
+    def from_linear(cls, linear: nn.Linear, group, stride=1) -> "ColumnParallelLinear":
         rank, size = _group_coords(group)
         bias = None if linear.bias is None else shard_tensor(linear.bias.detach(), 0, rank, size, stride)
         weight = shard_tensor(linear.weight.detach(), 0, rank, size, stride)

@@ -14,11 +14,12 @@ the base layer, the adapter is split so that the layer's output and every gradie
         A x, so its gradient is already full and identical on every rank
 
 Both reuse the tp layer classes, so the shard tags (dim, stride, full size) let checkpoints and
-`save_pretrained` gather the adapter like any tp weight. Not supported (refused by
-lora_checks.check_lora before any collective): LoRA variants (DoRA), dropout on a tp-sharded layer (tp
-ranks would drop different entries of the replicated input), a LoRA layer tensor parallelism
-does not plan (e.g. the LM head) in a stage with tp > 1, sequence parallelism, and PEFT's
-`modules_to_save` copies.
+`save_pretrained` gather the adapter like any tp weight. `lora_dropout` on a sharded layer draws
+its mask from the stage's model-parallel RNG (lora_dropout.py): the same mask on every tp rank
+where the input is replicated (column-parallel), a mask per shard where it is split (row-parallel).
+Not supported (refused by lora_checks.check_lora before any collective): LoRA variants (DoRA), a
+LoRA layer tensor parallelism does not plan (e.g. the LM head) in a stage with tp > 1, sequence
+parallelism, and PEFT's `modules_to_save` copies.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""The LoRA layers a layout cannot train exactly (see lora.py), refused before any collective."""
+"""The LoRA layers a layout cannot train exactly (see lora.py), refused before any collective.
+
+`lora_dropout > 0` is not among them: on a tp-sharded layer its mask comes from the stage's
+model-parallel RNG (lora_dropout.py, rng.py), equal on the tp peers where the input is replicated.
+"""
 
 from __future__ import annotations
 
@@ -38,9 +42,6 @@ def lora_problems(model: nn.Module, encoder_modules: Mapping[str, Sequence[nn.Mo
         if size > 1 and id(m) not in planned:
             problems.append(f"{name}: a LoRA layer on a module tensor parallelism does not shard, in the {stage} stage "
                             f"with tp={size}; leave it out of target_modules or use tp=1 there")
-        if size > 1 and any(getattr(d, "p", 0) for d in m.lora_dropout.values()):
-            problems.append(f"{name}: lora_dropout > 0 with tp={size} in the {stage} stage (the tp ranks would drop "
-                            f"different entries of the same input); set lora_dropout=0")
         if stage == LANGUAGE and sequence_parallel:
             problems.append(f"{name}: LoRA with sequence parallelism is not supported; set sequence_parallel=false")
     return problems

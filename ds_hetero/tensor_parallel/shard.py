@@ -53,7 +53,7 @@ PAD_YOURSELF = ("use a language tp that divides it, or pad the model's vocabular
                 "then take part in the softmax)")
 
 
-def _check_head(model: nn.Module, tp: int, pad_vocab: bool, stage: str, advice: str = PAD_WITH_ARGUMENT) -> None:
+def check_head(model: nn.Module, tp: int, pad_vocab: bool, stage: str, advice: str = PAD_WITH_ARGUMENT) -> None:
     """The output head and the input embedding can be split on the vocabulary over `tp` ranks.
 
     Tied embeddings are fine: the head and the embedding then share the one sharded parameter.
@@ -121,7 +121,7 @@ def shard_language_model(model: nn.Module, group, sequence_parallel: bool = Fals
     found = validate_tensor_parallel(decoder, tp, stage, plans=plans)
     if tp == 1:  # nothing to shard
         return model
-    _check_head(model, tp, pad_vocab, stage)
+    check_head(model, tp, pad_vocab, stage)
     apply_plans(found, group, sequence_parallel=sequence_parallel, seq_dim=1)
     shard_embeddings(model, group, sequence_parallel, pad_vocab, stage, split_input)
     if sequence_parallel:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import HeteroConfigError
+from .channels import is_depthwise, shard_depthwise_conv, shard_head_vector
 from .layers import ColumnParallelLinear, RowParallelLinear
 from .lora import is_lora_layer, shard_lora_column, shard_lora_row
 from .regions import EnterRegionHook
@@ -46,6 +47,14 @@ class ShardPlan:
     # children applied to every head after a column split (Gemma 3 / Qwen3 q_norm, k_norm): their
     # replicated weights see only this rank's heads, so their gradients are summed over tp
     per_head: tuple[str, ...] = ()
+    head_names: tuple[str, str] = ("attention heads", "key/value heads")  # what `heads` counts, for errors
+    # column-split children whose output is several fused segments of unequal widths, and depthwise
+    # convolutions over those same channels (Qwen3.5's Gated DeltaNet: in_proj_qkv, then conv1d over
+    # q | k | v): each split segment by segment, the widths from `segments(module)` (channels.py)
+    fused: tuple[str, ...] = ()
+    segments: Callable[[nn.Module], tuple[int, ...]] | None = None
+    # the module's own per-head parameters (one entry per head on dim 0), split with the heads
+    vectors: tuple[str, ...] = ()
 
 
 # The plans themselves are data of the model families (ds_hetero/families/<family>/plans.py, merged
@@ -98,8 +107,8 @@ def validate_tensor_parallel(root: nn.Module, tp: int, stage: str = "stage", *,
         cls = type(module).__name__
         if plan.heads is not None:
             heads, kv_heads = plan.heads(module)
-            _require(heads, "attention heads", tp, cls, name, stage)
-            _require(kv_heads, "key/value heads", tp, cls, name, stage)
+            _require(heads, plan.head_names[0], tp, cls, name, stage)
+            _require(kv_heads, plan.head_names[1], tp, cls, name, stage)
             continue
         for child in plan.column:
             _require(module.get_submodule(child).out_features, f"width of {child}", tp, cls, name, stage)
@@ -113,11 +122,12 @@ def apply_plans(found, group, sequence_parallel: bool = False, seq_dim: int = 1)
     tp = dist.get_world_size(group)
     for _, module, plan in found:
         for child in plan.column:
-            layer = module.get_submodule(child)
-            if is_lora_layer(layer):  # a PEFT LoRA layer: base and adapter split together (lora.py)
-                shard_lora_column(layer, group, plan.stride)
-                continue
-            module.set_submodule(child, ColumnParallelLinear.from_linear(layer, group, plan.stride))
+            _shard_column(module, child, group, plan.stride)
+        fused = plan.segments(module) if plan.fused else 1  # read before head_attrs become local
+        for child in plan.fused:
+            _shard_column(module, child, group, tuple(fused))
+        for name in plan.vectors:
+            shard_head_vector(module, name, group)
         for child in plan.row:
             layer = module.get_submodule(child)
             if is_lora_layer(layer):
@@ -132,3 +142,13 @@ def apply_plans(found, group, sequence_parallel: bool = False, seq_dim: int = 1)
             for param in module.get_submodule(child).parameters():
                 param.tp_partial_grad = True  # sequence parallelism must not sum it again
                 add_grad_hook(param, SumGradOverGroup(group))
+
+
+def _shard_column(module: nn.Module, child: str, group, stride) -> None:
+    layer = module.get_submodule(child)
+    if is_lora_layer(layer):  # a PEFT LoRA layer: base and adapter split together (lora.py)
+        shard_lora_column(layer, group, stride)
+    elif is_depthwise(layer):
+        module.set_submodule(child, shard_depthwise_conv(layer, group, stride))
+    else:
+        module.set_submodule(child, ColumnParallelLinear.from_linear(layer, group, stride))

@@ -61,7 +61,8 @@ def omni_samples(model, items_per_sample, text_len=4, seed=0):
 
 def hf_inputs(model, adapter, samples):
     """The unmodified thinker's own keyword arguments for these samples padded into one batch
-    (audio as the processor gives it: [clips, mel, frames] padded, with its feature_attention_mask)."""
+    (audio as the processor gives it: [clips, mel, frames] padded, with its feature_attention_mask:
+    the samples' own where they carry that form, else built from the flattened clips)."""
     batch = adapter.language_inputs(samples)
     audio = adapter.audio_inputs(samples)
     kwargs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
@@ -71,7 +72,14 @@ def hf_inputs(model, adapter, samples):
         if parts:
             kwargs[key] = torch.cat([p.reshape(-1, 3) if key.endswith("grid_thw") else p for p in parts])
     lens = audio["feature_lens"]
-    if len(lens):
+    with_audio = [x for x in samples if x.get("input_features") is not None]
+    if with_audio and all(x.get("feature_attention_mask") is not None for x in with_audio):
+        # the processor's own padded clips and masks, as it would batch them
+        longest = max(int(x["input_features"].shape[-1]) for x in with_audio)
+        pad = lambda t: torch.nn.functional.pad(t, (0, longest - t.shape[-1]))  # noqa: E731
+        kwargs.update(input_features=torch.cat([pad(x["input_features"]) for x in with_audio]),
+                      feature_attention_mask=torch.cat([pad(x["feature_attention_mask"]) for x in with_audio]))
+    elif len(lens):
         longest = int(lens.max())
         features = torch.zeros(len(lens), audio["input_features"].shape[0], longest)
         mask = torch.zeros(len(lens), longest, dtype=torch.long)

@@ -30,7 +30,7 @@ def build_model(family, seed, **kw):
 
 
 def make_batches(family, model, steps, batch_size, seed=100):
-    from ds_hetero.testing.samples import llava_samples, qwen_samples
+    from ds_hetero.testing.batches import llava_samples, qwen_samples
 
     batches = []
     for step in range(steps):

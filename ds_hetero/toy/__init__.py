@@ -12,13 +12,14 @@ tests import their models and data from one place.
 
 from ..families.gemma3.tiny import GEMMA3_IDS, tiny_gemma3
 from ..families.internvl.tiny import INTERNVL_IDS, tiny_internvl
-from ..families.llava.samples import LlavaFormat
+from ..families.llava.sample_format import LlavaFormat
 from ..families.llava.tiny import LLAVA_IMAGE_TOKEN, llava_tokens_per_image, tiny_llava
 from ..families.llava_onevision.tiny import tiny_llava_onevision
 from ..families.qwen2_5_omni.tiny import OMNI_SPECIAL_IDS, tiny_qwen2_5_omni
 from ..families.qwen2_5_vl.tiny import tiny_qwen2_5_vl
-from ..families.qwen2_vl.samples import Qwen2VLFormat
+from ..families.qwen2_vl.sample_format import Qwen2VLFormat
 from ..families.qwen2_vl.tiny import QWEN_SPECIAL_IDS, tiny_qwen2_vl
+from ..families.qwen3_5.tiny import tiny_qwen3_5
 from ..families.qwen3_vl.tiny import tiny_qwen3_vl
 from .shapes import COLOURS, SHAPES, RawFormat, Shape, ShapesCaptionDataset, Vocabulary
 
@@ -26,5 +27,5 @@ __all__ = [
     "COLOURS", "GEMMA3_IDS", "INTERNVL_IDS", "LLAVA_IMAGE_TOKEN", "LlavaFormat", "OMNI_SPECIAL_IDS", "QWEN_SPECIAL_IDS",
     "Qwen2VLFormat", "RawFormat", "SHAPES", "Shape", "ShapesCaptionDataset", "Vocabulary", "llava_tokens_per_image",
     "tiny_gemma3", "tiny_internvl", "tiny_llava", "tiny_llava_onevision", "tiny_qwen2_5_omni", "tiny_qwen2_5_vl",
-    "tiny_qwen2_vl", "tiny_qwen3_vl",
+    "tiny_qwen2_vl", "tiny_qwen3_5", "tiny_qwen3_vl",
 ]

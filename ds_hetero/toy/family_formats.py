@@ -1,7 +1,7 @@
 """The shapes-captioning dataset in the sample format of each supported model family.
 
 `shapes_dataset_for(model_config, size, seed)` picks the format by the config's `model_type`, from the
-family's home (ds_hetero/families/<family>/samples.py).
+family's home (ds_hetero/families/<family>/sample_format.py).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from ..loss import IGNORE_INDEX
-from ..families.qwen2_vl.samples import Qwen2VLFormat
+from ..families.qwen2_vl.sample_format import Qwen2VLFormat
 from .shapes import COLOURS, SHAPES, Shape, ShapesCaptionDataset, Vocabulary
 
 SEGMENT = 12  # mel frames per shape

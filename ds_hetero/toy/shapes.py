@@ -9,7 +9,8 @@ Everything is a pure function of (seed, index): every item draws from its own `t
 so any rank, worker or process rebuilds the same sample without shared state, and the scene (hence
 the caption and the image-token count) can be drawn without rendering the image (`input_ids(i)`).
 
-Sample formats live in each model family's home (ds_hetero/families/<family>/samples.py): LLaVA puts `tokens_per_image` placeholders and the image as
+Sample formats live in each model family's home (ds_hetero/families/<family>/sample_format.py): LLaVA
+puts `tokens_per_image` placeholders and the image as
 `pixel_values` [1, 3, H, W]; Qwen2-VL puts <vision_start> placeholders <vision_end>, the image as
 flattened patches [h*w, C*T*p*p] and `image_grid_thw` [[1, h, w]] (h, w in patches).
 """
@@ -190,7 +191,7 @@ class ShapesCaptionDataset(Dataset):
     image_sizes: (height, width) per sample, cycled by index (image i has image_sizes[i % n]);
         defaults to one square `image_size`. Different sizes give different image-token counts.
     text_only_every: k > 0 makes samples k-1, 2k-1, ... text only (no image, same caption).
-    sample_format: RawFormat (default) or a model family's format (families/<family>/samples.py); see
+    sample_format: RawFormat (default) or a model family's format (families/<family>/sample_format.py); see
         for_model (for_llava / for_qwen2_vl).
     """
 
@@ -238,7 +239,7 @@ class ShapesCaptionDataset(Dataset):
     @classmethod
     def for_qwen2_vl(cls, model_config, size: int, seed: int = 0, **kwargs) -> "ShapesCaptionDataset":
         """Samples for Qwen2VLAdapter (and Qwen2.5-VL, Qwen3-VL); each (height, width) must be a multiple of
-        patch * merge pixels (default sizes: families/qwen2_vl/samples.py)."""
+        patch * merge pixels (default sizes: families/qwen2_vl/sample_format.py)."""
         return cls.for_model(model_config, size, seed, **kwargs)
 
     def __len__(self) -> int:

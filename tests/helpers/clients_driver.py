@@ -24,6 +24,8 @@ import traceback
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
+from tests.helpers.driver_report import fresh_accelerate_state, run_driver, write_report  # noqa: E402
+
 STEPS, BATCH, LR = 2, 16, 2e-3
 CONFIG = {
     "train_batch_size": BATCH,
@@ -35,10 +37,6 @@ CONFIG = {
 }
 
 
-def _fresh_accelerate_state():
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=False)
 
 
 def _adamw(params):
@@ -184,7 +182,7 @@ def factory_run(out):
     trainer.train()
     groups = {name: len(e.optimizer.param_groups) for name, e in trainer.hetero_engine.engines.items()}
     batches = [list(range(k * BATCH, (k + 1) * BATCH)) for k in range(STEPS)]
-    _fresh_accelerate_state()
+    fresh_accelerate_state()
     ref = reference(batches, lambda b: [data[i] for i in b])
     return {"losses": _losses(trainer), "reference": ref, "calls": sorted(set(calls)), "groups": groups}
 
@@ -205,11 +203,11 @@ def errors_run(out, data, processor):
         return None
 
     for name, extra in {"dft": {"loss_type": "dft"}, "smoothing": {"label_smoothing_factor": 0.1}}.items():
-        _fresh_accelerate_state()
+        fresh_accelerate_state()
         args = _args(SFTConfig, f"{out}/err", bf16=False, gradient_checkpointing=False, max_length=None, **extra)
         found[name] = error_of(lambda: ds_hetero.hetero(SFTTrainer)(
             model=tiny_llava("clip", seed=0), args=args, train_dataset=data, processing_class=processor))
-    _fresh_accelerate_state()
+    fresh_accelerate_state()
     args = _args(SFTConfig, f"{out}/err", bf16=False, gradient_checkpointing=False, max_length=None)
     stock = SFTTrainer(model=tiny_llava("clip", seed=0), args=args, train_dataset=data, processing_class=processor)
     found["stock_sft_train"] = error_of(stock.train)
@@ -241,21 +239,19 @@ def main(out):
         if os.environ["RANK"] == "0":  # single-process references (rank 0 wrote the checkpoint)
             report["hf_step1"] = hf_token_metrics(rows_of(batches[0]))
             report["hf_step2"] = hf_token_metrics(rows_of(batches[1]), f"{out}/ref_step1")
-        _fresh_accelerate_state()
+        fresh_accelerate_state()
         report["sft"] = sft_run(out, data, processor)
-        _fresh_accelerate_state()
+        fresh_accelerate_state()
         report["trainer"] = trainer_run(out, data, processor)
-        _fresh_accelerate_state()
+        fresh_accelerate_state()
         report["inline"] = trainer_run(out, data, processor, inline=True)
-        _fresh_accelerate_state()
+        fresh_accelerate_state()
         report["factory"] = factory_run(out)
         report["errors"] = errors_run(out, data, processor)
     except Exception:
         report["crash"] = traceback.format_exc()
-    with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
-        json.dump(report, f)
-    return 1 if "crash" in report else 0
+    return write_report(out, report)
 
 
 if __name__ == "__main__":
-    sys.exit(main([a for a in sys.argv[1:] if not a.startswith("--local_rank")][0]))
+    run_driver(main)

@@ -10,7 +10,6 @@ optimizers' learning rates recorded at every step, and every construction-time c
 Each rank writes what it saw to OUT_DIR/rank<r>.json.
 """
 
-import importlib.util
 import json
 import os
 import sys
@@ -19,21 +18,11 @@ import traceback
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-
-def _recipe(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "recipes", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers.driver_report import fresh_accelerate_state, load_recipe, run_driver, write_report  # noqa: E402
 
 
-def _fresh_accelerate_state():
-    # Each Trainer builds an Accelerator; AcceleratorState is a process-wide singleton that would
-    # keep the first run's DeepSpeed plugin. A script runs one Trainer; this driver runs several.
-    from accelerate.state import AcceleratorState
 
-    AcceleratorState._reset_state(reset_partial_state=False)
+
 
 
 def _error_of(fn):
@@ -95,7 +84,7 @@ def conflicts(out, config_path):
     }
     errors = {}
     for name, (ds_extra, hf_extra) in cases.items():
-        _fresh_accelerate_state()
+        fresh_accelerate_state()
 
         def build():
             args = TrainingArguments(output_dir=f"{out}/conflict", report_to="none", use_cpu=True, max_steps=1,
@@ -103,12 +92,12 @@ def conflicts(out, config_path):
             ds_hetero.HeteroTrainer(model=model, args=args, train_dataset=data)
         errors[name] = _error_of(build)
 
-    _fresh_accelerate_state()
+    fresh_accelerate_state()
     args = TrainingArguments(output_dir=f"{out}/conflict", report_to="none", use_cpu=True, max_steps=1,
                              deepspeed=config_path, **ok)
     errors["callback_on_stock_trainer"] = _error_of(
         lambda: Trainer(model=model, args=args, train_dataset=data, callbacks=[ds_hetero.HeteroCallback()]))
-    _fresh_accelerate_state()
+    fresh_accelerate_state()
     args = TrainingArguments(output_dir=f"{out}/conflict", report_to="none", use_cpu=True, max_steps=1,
                              deepspeed=config_path, **ok)
     stock = Trainer(model=model, args=args, train_dataset=data)
@@ -117,7 +106,7 @@ def conflicts(out, config_path):
 
 
 def main(out):
-    train_llava, hf_trainer_llava = _recipe("train_llava"), _recipe("hf_trainer_llava")
+    train_llava, hf_trainer_llava = load_recipe(ROOT, "train_llava"), load_recipe(ROOT, "hf_trainer_llava")
     common = ["--samples", "64"]
     report = {}
     try:
@@ -129,12 +118,12 @@ def main(out):
                               *common])
             trainer_args = ["--deepspeed", config, "--output_dir", f"{d}/hf", "--save_strategy", "steps",
                             "--save_steps", "2", *common]
-            _fresh_accelerate_state()
+            fresh_accelerate_state()
             # disaggregated: the first run loads the seed-0 model the test saved (meta model + weights=)
             weights = ["--model", os.path.join(out, "model")] if placement == "disaggregated" else []
             hf_trainer_llava.main([*trainer_args, "--max_steps", "2", *weights,
                                    "--summary_json", f"{d}/trainer_first.json"])
-            _fresh_accelerate_state()
+            fresh_accelerate_state()
             # one epoch of 64 samples = 4 steps of 16: epochs, not max_steps, end this run
             hf_trainer_llava.main([*trainer_args, "--max_steps", "-1", "--num_train_epochs", "1",
                                    "--resume_from_checkpoint", "true",
@@ -143,15 +132,13 @@ def main(out):
                                    "--summary_json", f"{d}/trainer_resumed.json"])
             report[f"{placement}_checkpoints"] = sorted(os.listdir(f"{d}/hf"))
         colocated = os.path.join(ROOT, "ds_configs", "llava_colocated.json")
-        _fresh_accelerate_state()
+        fresh_accelerate_state()
         report["lr"] = lr_schedule_run(out, colocated)
         report["conflicts"] = conflicts(out, colocated)
     except Exception:
         report["crash"] = traceback.format_exc()
-    with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
-        json.dump(report, f)
-    return 1 if "crash" in report else 0
+    return write_report(out, report)
 
 
 if __name__ == "__main__":
-    sys.exit(main([a for a in sys.argv[1:] if not a.startswith("--local_rank")][0]))
+    run_driver(main)

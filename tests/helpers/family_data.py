@@ -7,7 +7,7 @@ Qwen2.5-VL samples are Qwen2-VL's (tests/vlm_data.qwen_samples: one image run pe
 
 import torch
 
-from ds_hetero.testing.samples import IGNORE
+from ds_hetero.testing.batches import IGNORE
 
 # (t, h, w) patch grids; 8x8 patches hold four 4x4-patch windows, 4x12 has a partial window
 QWEN25_GRIDS = [(1, 8, 8), None, (1, 4, 8), (1, 4, 12), (1, 4, 4), (1, 8, 4), None, (1, 8, 8)]

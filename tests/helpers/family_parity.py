@@ -6,7 +6,8 @@ through `ds_hetero.initialize` on the given layout and as a plain single-process
 model on the same global batches (same optimizer, same clipping); the reference's loss is the
 fused model's own. `wrong=True` also trains a deliberately wrong reference (Qwen2.5-VL with its
 attention windows dropped; Gemma 3 without its bidirectional image blocks; Qwen3-VL with its
-DeepStack levels routed to the wrong decoder layers; InternVL with its pixel shuffle transposed; LLaVA-OneVision with each image's
+DeepStack levels routed to the wrong decoder layers; Qwen3.5 with its Gated DeltaNet key heads swapped,
+so each value head reads another key head's q and k; InternVL with its pixel shuffle transposed; LLaVA-OneVision with each image's
 tiles in reverse order) whose weights must
 end far from the engine's: the comparison can fail on exactly what the family adds.
 """
@@ -18,10 +19,10 @@ import torch
 from ds_hetero.testing.parity import full_named_parameters, max_rel_err
 from tests.helpers.family_data import (QWEN25_GRIDS, gemma3_samples, internvl_samples, onevision_model_inputs,
                                qwen_multi_samples)
-from ds_hetero.testing.samples import qwen_samples
+from ds_hetero.testing.batches import qwen_samples
 
-FAMILIES = ("qwen2_5_vl", "gemma3", "qwen3_vl", "internvl", "llava_onevision")
-QWEN = ("qwen2_5_vl", "qwen3_vl")  # Qwen2-VL's sample format
+FAMILIES = ("qwen2_5_vl", "gemma3", "qwen3_vl", "internvl", "llava_onevision", "qwen3_5")
+QWEN = ("qwen2_5_vl", "qwen3_vl", "qwen3_5")  # Qwen2-VL's sample format
 
 
 def build_model(family, seed, **model_kw):
@@ -79,6 +80,21 @@ def reference_loss(family, model, adapter, samples, wrong=False):
                  pixel_values=vision["pixel_values"] if has else None).loss
 
 
+def swap_deltanet_key_heads(model):
+    """Reverse the key heads' order in every Gated DeltaNet layer's q and k (a forward hook on
+    in_proj_qkv): what a head split that loses the key-to-value head pairing computes."""
+    for module in model.modules():
+        if type(module).__name__ != "Qwen3_5GatedDeltaNet":
+            continue
+
+        def hook(_, __, out, m=module):
+            q, k, v = out.split([m.key_dim, m.key_dim, m.value_dim], -1)
+            flip = lambda t: t.unflatten(-1, (m.num_k_heads, -1)).flip(-2).flatten(-2)  # noqa: E731
+            return torch.cat([flip(q), flip(k), v], -1)
+
+        module.in_proj_qkv.register_forward_hook(hook)
+
+
 def reference_train(family, model, batches, make_optimizer, clip, wrong=False):
     from ds_hetero.families import adapter_for
 
@@ -86,6 +102,8 @@ def reference_train(family, model, batches, make_optimizer, clip, wrong=False):
         model.model.visual.fullatt_block_indexes = list(range(model.config.vision_config.depth))
     if wrong and family == "qwen3_vl":  # DeepStack levels routed to the wrong decoder layers
         model.model.visual.deepstack_visual_indexes = model.model.visual.deepstack_visual_indexes[::-1]
+    if wrong and family == "qwen3_5":  # each Gated DeltaNet value head paired with the wrong key head
+        swap_deltanet_key_heads(model)
     if wrong and family == "internvl":  # pixel shuffle over transposed tiles: rows in the wrong order
         shuffle = model.model.pixel_shuffle
         model.model.pixel_shuffle = lambda f, scale_factor: shuffle(f.transpose(1, 2).contiguous(), scale_factor)

@@ -19,6 +19,8 @@ import traceback
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
+from tests.helpers.driver_report import run_driver, write_report  # noqa: E402
+
 STEPS, BATCH, CLIP = 3, 8, 1.0
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "gate_proj", "up_proj", "down_proj", "fc1", "fc2"]
 LAYOUTS = {
@@ -106,10 +108,8 @@ def main(out):
             report[name] = run_layout(out, name, placement, stages)
     except Exception:
         report["crash"] = traceback.format_exc()
-    with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
-        json.dump(report, f)
-    return 1 if "crash" in report else 0
+    return write_report(out, report)
 
 
 if __name__ == "__main__":
-    sys.exit(main([a for a in sys.argv[1:] if not a.startswith("--local_rank")][0]))
+    run_driver(main)

@@ -11,7 +11,6 @@ saw to OUT_DIR/trainer_rank<r>.json. (Accelerate runs one Accelerator per proces
 launches recipes/accelerate_llava.py itself, once to save_state and once to load_state.)
 """
 
-import importlib.util
 import json
 import os
 import sys
@@ -19,23 +18,14 @@ import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+
+from tests.helpers.driver_report import fresh_accelerate_state, load_recipe  # noqa: E402
 CONFIG = os.path.join(ROOT, "ds_configs", "llava_pipeline.json")
 COMMON = ["--samples", "64"]
 
 
-def _recipe(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "recipes", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
-def _fresh_accelerate_state():
-    # AcceleratorState is a process-wide singleton: a script runs one Trainer / Accelerator, this runs two
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=False)
 
 
 def _listing(path):
@@ -44,14 +34,14 @@ def _listing(path):
 
 
 def trainer(out):
-    train_llava, hf_trainer_llava = _recipe("train_llava"), _recipe("hf_trainer_llava")
+    train_llava, hf_trainer_llava = load_recipe(ROOT, "train_llava"), load_recipe(ROOT, "hf_trainer_llava")
     train_llava.main(["--steps", "4", "--deepspeed_config", CONFIG, "--summary-json", f"{out}/main.json", *COMMON])
     args = ["--deepspeed", CONFIG, "--output_dir", f"{out}/hf", "--save_strategy", "steps", "--save_steps", "2",
             *COMMON]
-    _fresh_accelerate_state()
+    fresh_accelerate_state()
     hf_trainer_llava.main([*args, "--max_steps", "2", "--summary_json", f"{out}/trainer_first.json"])
     report = {"checkpoint_2": _listing(f"{out}/hf/checkpoint-2")}
-    _fresh_accelerate_state()
+    fresh_accelerate_state()
     # one epoch of 64 samples = 4 steps of 16: epochs, not max_steps, end this run
     hf_trainer_llava.main([*args, "--max_steps", "-1", "--num_train_epochs", "1", "--resume_from_checkpoint", "true",
                            "--eval_strategy", "steps", "--eval_steps", "2", "--eval_samples", "8",

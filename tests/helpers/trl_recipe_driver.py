@@ -1,6 +1,7 @@
 """Run under `deepspeed --num_gpus 4` by tests/test_trl_recipe.py: recipes/trl_sft_vlm.py with TRL's stock
 SFTTrainer + a plain DeepSpeed JSON, then with `ds_hetero.hetero(SFTTrainer)` + the same JSON with
-hetero_parallel (vision dp4, language tp2 dp2), for the tiny LLaVA and Qwen2-VL, in one launch;
+hetero_parallel (vision dp4, language tp2 dp2), and with `language_batching` "packed" (the engine packs
+what TRL's collator padded), for the tiny LLaVA and Qwen2-VL, in one launch;
 then LLaVA with LoRA (PEFT, all-linear) both ways, and the LLaVA one in ds_hetero's seeded data order
 (the negative control).
 
@@ -8,13 +9,14 @@ then LLaVA with LoRA (PEFT, all-linear) both ways, and the LLaVA one in ds_heter
 """
 
 import importlib.util
-import json
 import os
 import sys
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+
+from tests.helpers.driver_report import run_driver, write_report  # noqa: E402
 # adam_epsilon 1e-4 (both runs): with 1e-8 Adam turns fp32 reduction-order noise in near-zero gradients
 # (CLIP's k_proj) into update differences of ~1e-4 of a step, see tests/engine_parity.py
 COMMON = ["--max_steps", "3", "--samples", "64", "--adam_beta2", "0.99", "--adam_epsilon", "1e-4",
@@ -32,7 +34,8 @@ def main(out):
     report = {}
     try:
         for model in ("llava", "qwen2_vl"):
-            for kind, config in (("stock", "trainer_zero1.json"), ("hetero", "trainer_colocated.json")):
+            for kind, config in (("stock", "trainer_zero1.json"), ("hetero", "trainer_colocated.json"),
+                                 ("packed", "trainer_colocated_packed.json")):
                 AcceleratorState._reset_state(reset_partial_state=False)  # one Trainer per script, several here
                 name = f"{model}_{kind}"
                 recipe.main(["--model", model, "--deepspeed", os.path.join(ROOT, "ds_configs", config),
@@ -54,10 +57,8 @@ def main(out):
                      os.path.join(out, "llava_random.json"), *args])
     except Exception:
         report["crash"] = traceback.format_exc()
-    with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
-        json.dump(report, f)
-    return 1 if "crash" in report else 0
+    return write_report(out, report)
 
 
 if __name__ == "__main__":
-    sys.exit(main([a for a in sys.argv[1:] if not a.startswith("--local_rank")][0]))
+    run_driver(main)

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ...models.cost import transformer_cost
+from ...models.item_cost import transformer_cost
 from ...models.adapter import StageAdapter
 from ...models.language_stage import LanguageStage, empty_rows
 
@@ -74,6 +74,12 @@ def split_gemma3(model: nn.Module) -> dict[str, nn.Module]:
 class Gemma3Adapter(StageAdapter):
     """Samples carry `pixel_values` [n, C, H, W] (n images, each `mm_tokens_per_image` placeholders,
     the processor puts begin/end-of-image tokens around each) or none (text only)."""
+
+    # Gemma 3 builds its own masks (bidirectional inside an image, sliding-window layers) from the
+    # padding mask (Gemma3LanguageStage.decoder_mask); packed rows give it none, and a packed row
+    # did not equal its samples alone (tests/test_packing_rows.py)
+    PACKING_REFUSED = ("its decoder builds bidirectional image and sliding-window masks from the padding mask, "
+                       "which packed rows do not carry")
 
     def __init__(self, model: nn.Module):
         self.model = model

@@ -5,10 +5,11 @@ The family's home (families/family.py says what each file holds)."""
 from ..family import Family
 from .adapter import InternVLAdapter
 from .plans import TP_PLANS
-from .samples import shapes_samples
+from .shapes import SHAPES
+from .sample_format import shapes_samples
 from .tiny import tiny_internvl
 
 FAMILY = Family(
     "internvl", model_classes=("InternVLForConditionalGeneration",), model_types=("internvl",),
-    adapter=InternVLAdapter, tiny=tiny_internvl, tp_plans=TP_PLANS, shapes_samples=shapes_samples,
+    adapter=InternVLAdapter, tiny=tiny_internvl, tp_plans=TP_PLANS, shapes_samples=shapes_samples, shapes=SHAPES,
 )

@@ -5,10 +5,11 @@ The family's home (families/family.py says what each file holds)."""
 from ..family import Family
 from .adapter import LlavaAdapter
 from .plans import TP_PLANS
-from .samples import shapes_samples
+from .shapes import SHAPES
+from .sample_format import shapes_samples
 from .tiny import tiny_llava
 
 FAMILY = Family(
     "llava", model_classes=("LlavaForConditionalGeneration",), model_types=("llava",),
-    adapter=LlavaAdapter, tiny=tiny_llava, tp_plans=TP_PLANS, shapes_samples=shapes_samples,
+    adapter=LlavaAdapter, tiny=tiny_llava, tp_plans=TP_PLANS, shapes_samples=shapes_samples, shapes=SHAPES,
 )

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ...models.cost import transformer_cost
+from ...models.item_cost import transformer_cost
 from ...models.adapter import StageAdapter
 from ...models.language_stage import LanguageStage, empty_rows
 

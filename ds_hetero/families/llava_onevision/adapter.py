@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ...models.cost import transformer_cost
+from ...models.item_cost import transformer_cost
 from ...models.adapter import StageAdapter
 from ..llava.adapter import LlavaVisionStage
 from ...models.language_stage import LanguageStage, empty_rows
@@ -77,6 +77,7 @@ class LlavaOnevisionAdapter(StageAdapter):
     """Samples carry `pixel_values` ([n, max_tiles, C, H, W] as the processor pads them, or every
     tile [tiles, C, H, W]) and `image_sizes` [n, 2], each image its own run of placeholders, or
     neither (text only)."""
+    SAMPLE_FIELDS = ("pixel_values", "image_sizes", "batch_num_images")
 
     def __init__(self, model: nn.Module):
         self.model = model

@@ -16,9 +16,12 @@ Samples: `input_ids`, `labels`, and per modality (either, both, or neither):
             video placeholders between vision start/end tokens. The vision stage encodes a sample's
             images and videos as one list of items in sequence order (the tower attends within an
             item), so its rows fill image and video placeholders alike, in sequence order.
-    audio   `input_features` [n_mel, total frames] (the clips' frames concatenated, as the model's
-            `get_audio_features` flattens them), `audio_feature_lengths` [n_clips]; each clip one
-            run of audio placeholders between audio start/end tokens, out_len(frames) long
+    audio   either form the thinker's forward takes (audio_fields):
+            `input_features` [n_clips, n_mel, frames] padded + `feature_attention_mask` [n_clips, frames]
+            (what Qwen2_5OmniProcessor emits), or `input_features` [n_mel, total frames] (the clips'
+            frames concatenated, as `get_audio_features` flattens them) + `audio_feature_lengths`
+            [n_clips]; each clip one run of audio placeholders between audio start/end tokens,
+            out_len(frames) long
 Placeholders of both kinds interleave freely in one sample; the language stage scatters each
 encoder's rows into its own placeholders, in sequence order.
 
@@ -35,7 +38,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ...models.cost import transformer_cost
+from ...models.item_cost import transformer_cost
 from ...models.adapter import EncoderPort, StageAdapter
 from ...models.language_stage import LanguageStage, empty_rows
 
@@ -60,6 +63,46 @@ def typed_runs(ids: torch.Tensor, token_ids: Sequence[int]) -> list[tuple[int, i
     change = torch.nonzero(value[1:] != value[:-1]).flatten() + 1
     bounds = [0, *change.tolist(), ids.numel()]
     return [(int(value[a]), b - a) for a, b in zip(bounds[:-1], bounds[1:]) if hit[a]]
+
+
+def audio_fields(sample: dict[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(input_features [n_mel, total frames], frames per clip [n_clips]) of a sample in either form
+    (the module docstring), flattened as the thinker's `get_audio_features` flattens the padded one;
+    (None, None) without audio. check_audio_fields says what is wrong with any other form."""
+    features, mask = sample.get("input_features"), sample.get("feature_attention_mask")
+    if mask is None:
+        lengths = sample.get("audio_feature_lengths")
+        return features, None if lengths is None else lengths.reshape(-1)
+    keep = mask.bool()
+    return features.permute(0, 2, 1)[keep].permute(1, 0), keep.sum(-1).long()
+
+
+def check_audio_fields(sample: dict[str, Any], index: int, n_mel: int) -> None:
+    """A ValueError naming the field for an audio form the thinker's forward does not take."""
+    features, mask, lengths = (sample.get(k) for k in ("input_features", "feature_attention_mask",
+                                                       "audio_feature_lengths"))
+    forms = ("give input_features [clips, mel, frames] with feature_attention_mask [clips, frames] (the "
+             "processor's output) or input_features [mel, total frames] with audio_feature_lengths [clips]; "
+             f"n_mel = {n_mel}")
+    if features is None:
+        if mask is not None or lengths is not None:
+            given = "feature_attention_mask" if mask is not None else "audio_feature_lengths"
+            raise ValueError(f"sample {index}: {given} without input_features; {forms}")
+        return
+    shape = tuple(features.shape)
+    if mask is None:
+        if features.dim() != 2 or lengths is None:
+            what = "feature_attention_mask" if features.dim() == 3 else "audio_feature_lengths"
+            raise ValueError(f"sample {index}: input_features has shape {shape} and no {what}; {forms}")
+        return
+    if features.dim() != 3 or features.shape[1] != n_mel or tuple(mask.shape) != (shape[0], shape[2]):
+        raise ValueError(f"sample {index}: input_features {shape} and feature_attention_mask {tuple(mask.shape)} do "
+                         f"not fit: the mask needs one row per clip and one entry per frame; {forms}")
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(f"sample {index}: feature_attention_mask holds values other than 0 and 1")
+    if lengths is not None and lengths.reshape(-1).tolist() != mask.bool().sum(-1).tolist():
+        raise ValueError(f"sample {index}: audio_feature_lengths {lengths.reshape(-1).tolist()} disagree with "
+                         f"feature_attention_mask, which gives {mask.bool().sum(-1).tolist()}; give one of them")
 
 
 class OmniVisionStage(nn.Module):
@@ -97,6 +140,15 @@ class OmniAudioStage(nn.Module):
         return [p for p in self.parameters() if p.requires_grad and id(p) not in unused]
 
 
+def _clip_lengths(sample: dict[str, Any]) -> torch.Tensor | None:
+    """Frames per clip, from the mask or the lengths (no flattening: for the positions)."""
+    mask = sample.get("feature_attention_mask")
+    if mask is not None:
+        return mask.bool().sum(-1).long()
+    lengths = sample.get("audio_feature_lengths")
+    return None if lengths is None else lengths.reshape(-1)
+
+
 def split_qwen2_5_omni(model: nn.Module) -> dict[str, nn.Module]:
     cfg = model.config
     language = LanguageStage(model.model.language_model, model.lm_head,
@@ -105,6 +157,8 @@ def split_qwen2_5_omni(model: nn.Module) -> dict[str, nn.Module]:
 
 
 class Qwen2_5OmniAdapter(StageAdapter):
+    SAMPLE_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+                     "video_second_per_grid", "input_features", "feature_attention_mask", "audio_feature_lengths")
     ENCODER_STAGES = ("vision", "audio")
 
     def __init__(self, model: nn.Module):
@@ -195,19 +249,21 @@ class Qwen2_5OmniAdapter(StageAdapter):
         return transformer_cost(tokens, min(tokens, self.n_window), *self._audio_width)
 
     def select_audios(self, sample: dict[str, Any], clips: Sequence[int]) -> dict[str, Any]:
-        lengths = sample["audio_feature_lengths"].reshape(-1)
-        if len(clips) == lengths.shape[0]:
+        """These clips' fields, flattened ([n_mel, their frames] + audio_feature_lengths)."""
+        features, lengths = audio_fields(sample)
+        if len(clips) == lengths.shape[0] and sample.get("feature_attention_mask") is None:
             return sample
         starts = [0] + lengths.cumsum(0).tolist()
-        frames = torch.cat([sample["input_features"][:, starts[k]:starts[k + 1]] for k in clips], dim=1)
+        frames = torch.cat([features[:, starts[k]:starts[k + 1]] for k in clips], dim=1)
         return {"input_features": frames, "audio_feature_lengths": lengths[list(clips)]}
 
     def audio_inputs(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        with_audio = [s for s in samples if s.get("audio_feature_lengths") is not None]
-        if not with_audio:
+        clips = [audio_fields(s) for s in samples]
+        clips = [(f, n) for f, n in clips if n is not None]
+        if not clips:
             return {"input_features": torch.zeros(self.n_mel, 0), "feature_lens": torch.zeros(0, dtype=torch.long)}
-        return {"input_features": torch.cat([s["input_features"] for s in with_audio], dim=1),
-                "feature_lens": torch.cat([s["audio_feature_lengths"].reshape(-1) for s in with_audio])}
+        return {"input_features": torch.cat([f for f, _ in clips], dim=1),
+                "feature_lens": torch.cat([n for _, n in clips])}
 
     # ------------------------------------------------------------------ language
     def position_ids(self, batch: dict[str, torch.Tensor], samples: Sequence[dict[str, Any]]) -> torch.Tensor | None:
@@ -217,10 +273,12 @@ class Qwen2_5OmniAdapter(StageAdapter):
             parts = [s[key].reshape(shape) for s in samples if s.get(key) is not None]
             return torch.cat(parts) if parts else None
 
+        lengths = [n for n in (_clip_lengths(s) for s in samples) if n is not None]
+
         # audio in video (the thinker's `use_audio_in_video`) is refused by check_sample
         position_ids, _ = self.model.model.get_rope_index(
             batch["input_ids"], cat("image_grid_thw", (-1, 3)), cat("video_grid_thw", (-1, 3)), batch["attention_mask"],
-            False, cat("audio_feature_lengths"), cat("video_second_per_grid"))
+            False, torch.cat(lengths) if lengths else None, cat("video_second_per_grid"))
         return position_ids
 
     def _check_vision_items(self, sample, index, what, token, pixels, grids) -> None:
@@ -251,7 +309,8 @@ class Qwen2_5OmniAdapter(StageAdapter):
             if seconds is None or seconds.numel() != videos.reshape(-1, 3).shape[0]:
                 raise ValueError(f"sample {index}: video_second_per_grid needs one entry per video "
                                  f"({videos.reshape(-1, 3).shape[0]}), as the processor gives it")
-        lengths = sample.get("audio_feature_lengths")
+        check_audio_fields(sample, index, self.n_mel)
+        features, lengths = audio_fields(sample)
         frames = [] if lengths is None else lengths.reshape(-1).tolist()
         per_clip = [audio_output_length(f) for f in frames]
         if self.audio_rows(sample) != per_clip:
@@ -259,7 +318,8 @@ class Qwen2_5OmniAdapter(StageAdapter):
                 f"sample {index}: audio placeholder runs {self.audio_rows(sample)} (id {self.audio_token_id}) do not "
                 f"match audio_feature_lengths {frames}, which give {per_clip} rows; each clip needs its own run "
                 "(audio start/end tokens around it)")
-        if lengths is not None and tuple(sample["input_features"].shape) != (self.n_mel, sum(frames)):
+        if lengths is not None and sample.get("feature_attention_mask") is None \
+                and tuple(features.shape) != (self.n_mel, sum(frames)):
             raise ValueError(
-                f"sample {index}: input_features has shape {tuple(sample['input_features'].shape)} but the clips "
-                f"need [{self.n_mel}, {sum(frames)}] (mel bins, their frames concatenated)")
+                f"sample {index}: input_features has shape {tuple(features.shape)} but the clips of "
+                f"audio_feature_lengths need [{self.n_mel}, {sum(frames)}] (mel bins, their frames concatenated)")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ...models.cost import transformer_cost
+from ...models.item_cost import transformer_cost
 from ..qwen2_vl.adapter import Qwen2VLAdapter, Qwen2VLVisionStage
 from ...models.language_stage import LanguageStage
 

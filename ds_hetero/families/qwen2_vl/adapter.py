@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ...models.cost import transformer_cost
+from ...models.item_cost import transformer_cost
 from ...models.adapter import StageAdapter
 from ...models.language_stage import LanguageStage, empty_rows
 
@@ -45,6 +45,7 @@ def split_qwen2_vl(model: nn.Module) -> dict[str, nn.Module]:
 class Qwen2VLAdapter(StageAdapter):
     """Samples carry `pixel_values` [patches, D] and `image_grid_thw` [n, 3] (n images, each its own
     run of placeholders, in order) or neither."""
+    SAMPLE_FIELDS = ("pixel_values", "image_grid_thw")
 
     # the merger is Qwen2-VL's projector (models/freeze.py)
     FREEZE_GROUPS = {"vision": {"tower": ["model.visual.patch_embed.*", "model.visual.blocks.*"],

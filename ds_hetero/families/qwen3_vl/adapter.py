@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...models.cost import transformer_cost
+from ...models.item_cost import transformer_cost
 from ..qwen2_vl.adapter import Qwen2VLAdapter
 from ...models.language_stage import LanguageStage, empty_rows
 

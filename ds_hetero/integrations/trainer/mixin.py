@@ -41,9 +41,9 @@ from ..metrics import StepMetrics
 from .peft_adapter import save_peft_adapter
 from .rank_batch import RankBatch
 from .token_metrics import TokenMetrics
-from .loss import check_loss_options, overrides, per_stage_optimizer
+from .loss_options import check_loss_options, overrides, per_stage_optimizer
 from .parts import (GlobalBatch, GlobalBatchDataLoader, GlobalBatchSampler, HeteroModel, HeteroOptimizer,
-                            IndexDataset, SamplerBatches, _NormSource)
+                    IndexDataset, NormSource, SamplerBatches)
 
 
 class HeteroTrainerMixin:
@@ -122,7 +122,7 @@ class HeteroTrainerMixin:
             cfg["zero_allow_untested_optimizer"] = True
         engine = initialize(self.model, cfg, optimizer=factory, seed=self._data_seed(), weights=self._hetero_weights)
         self.hetero = HeteroModel(engine)
-        self.accelerator.deepspeed_engine_wrapped = _NormSource(self.hetero)
+        self.accelerator.deepspeed_engine_wrapped = NormSource(self.hetero)
         self._hetero_tokens = TokenMetrics(engine) if hasattr(self, "_total_train_tokens") else None
         return self.hetero
 

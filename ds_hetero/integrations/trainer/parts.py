@@ -1,7 +1,7 @@
 """The pieces the Trainer holds in place of a DeepSpeedEngine and its optimizer, and the global-batch sampler.
 
     HeteroModel        `model_wrapped` / `self.deepspeed`: DeepSpeed's checkpoint API over the engine
-    _NormSource        accelerate's DeepSpeedEngineWrapper stand-in: the step's all-stage grad norm
+    NormSource         accelerate's DeepSpeedEngineWrapper stand-in: the step's all-stage grad norm
     HeteroOptimizer    a live view over every stage optimizer's param_groups (the HF scheduler drives it)
     GlobalBatchSampler the dataset indices of each ds_hetero step, the same on every rank
 """
@@ -48,7 +48,7 @@ class HeteroModel(torch.nn.Module):
         return found[-1], {}
 
 
-class _NormSource:
+class NormSource:
     """Stands in for accelerate's DeepSpeedEngineWrapper: `clip_grad_norm_` returns the last all-stage norm."""
 
     def __init__(self, model: HeteroModel):

@@ -62,7 +62,7 @@ class RankBatch:
         indices = [int(i) for i in indices]
         error = None
         try:  # a collator error must reach every rank, not leave the others waiting in the gather
-            full = self._read(indices, sorted(path.needed_positions()))
+            full = self._read(indices, sorted(path.needed_positions(cover=True)))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             full, error = {}, f"{type(exc).__name__}: {exc}"
         mine = {p: s["input_ids"].reshape(-1).tolist() for p, s in full.items() if "input_ids" in s}

@@ -1,5 +1,6 @@
-"""InternVL's sample format for the shapes-captioning data (toy/shapes.py): each image cut into tiles (1, 2 or 4
-by default), all in one <img> ... </img> run. `vocab` is the dataset's word layout (toy/shapes.py Vocabulary: pad, bos, eos and the placeholder id)."""
+"""InternVL's sample format for the shapes-captioning data (toy/shapes.py): each image cut into tiles (1, 2 or
+4 by default), all in one <img> ... </img> run. `vocab` is the dataset's word layout (toy/shapes.py
+Vocabulary: pad, bos, eos and the placeholder id)."""
 
 from __future__ import annotations
 

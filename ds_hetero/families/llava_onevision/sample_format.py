@@ -1,5 +1,6 @@
-"""LLaVA-OneVision's sample format for the shapes-captioning data (toy/shapes.py): images rendered at its pinpoint
-resolutions (a base tile plus the grid, unpadded features and newlines). `vocab` is the dataset's word layout (toy/shapes.py Vocabulary: pad, bos, eos and the placeholder id)."""
+"""LLaVA-OneVision's sample format for the shapes-captioning data (toy/shapes.py): images rendered at its
+pinpoint resolutions (a base tile plus the grid, unpadded features and newlines). `vocab` is the dataset's
+word layout (toy/shapes.py Vocabulary: pad, bos, eos and the placeholder id)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """LLaVA's sample format for the shapes-captioning data (toy/shapes.py): [bos] + tokens_per_image x <image> +
-caption + [eos], the image as `pixel_values` [1, 3, H, W]. `vocab` is the dataset's word layout (toy/shapes.py Vocabulary: pad, bos, eos and the placeholder id)."""
+caption + [eos], the image as `pixel_values` [1, 3, H, W]. `vocab` is the dataset's word layout
+(toy/shapes.py Vocabulary: pad, bos, eos and the placeholder id)."""
 
 from __future__ import annotations
 

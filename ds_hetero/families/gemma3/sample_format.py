@@ -1,5 +1,6 @@
-"""Gemma 3's sample format for the shapes-captioning data (toy/shapes.py): each image as Gemma3Processor puts it,
-<boi> + placeholders + <eoi>, with `pixel_values` [1, C, H, W] at the tower's image size. `vocab` is the dataset's word layout (toy/shapes.py Vocabulary: pad, bos, eos and the placeholder id)."""
+"""Gemma 3's sample format for the shapes-captioning data (toy/shapes.py): each image as Gemma3Processor puts
+it, <boi> + placeholders + <eoi>, with `pixel_values` [1, C, H, W] at the tower's image size. `vocab` is the
+dataset's word layout (toy/shapes.py Vocabulary: pad, bos, eos and the placeholder id)."""
 
 from __future__ import annotations
 

@@ -74,8 +74,9 @@ def loss_problems(trainer) -> list[str]:
                         "engine adds one only for the mixture-of-experts families it knows (Qwen3-VL-MoE); "
                         "disable it")
     if getattr(args, "padding_free", False) or getattr(args, "packing", False):
-        problems.append("padding_free / packing: the engine pads each stage's share itself and takes one sample per "
-                        "row; set padding_free=False and packing=False")
+        problems.append("padding_free / packing: the engine batches each stage's share itself; set padding_free=False "
+                        "and packing=False, and for packed rows set hetero_parallel.language_batching to \"packed\" "
+                        "(docs/packing.md)")
     model = getattr(trainer, "model", None)
     peft_type = getattr(getattr(model, "peft_config", {}).get("default"), "peft_type", None) \
         if type(model).__name__.startswith("Peft") else None

@@ -1,6 +1,7 @@
 """Qwen2-VL's sample format for the shapes-captioning data (toy/shapes.py): [bos] + <vision_start> + (h*w /
 merge^2) x <image> + <vision_end> + caption + [eos], the image as flattened patches [h*w, C*T*p*p] and
-`image_grid_thw` [[1, h, w]] (h, w in patches). Qwen2.5-VL and Qwen3-VL patchify the same way. `vocab` is the dataset's word layout (toy/shapes.py Vocabulary: pad, bos, eos and the placeholder id)."""
+`image_grid_thw` [[1, h, w]] (h, w in patches). Qwen2.5-VL and Qwen3-VL patchify the same way. `vocab` is
+the dataset's word layout (toy/shapes.py Vocabulary: pad, bos, eos and the placeholder id)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,11 @@
-"""One measured trial, run on every rank by the deepspeed launcher (planner/trials.py starts it).
+"""One measured trial of the planner, run on every rank by the deepspeed launcher (trial_runner.launch_one
+starts it as a module: `--module ds_hetero.trial_worker`). A client of `entry`: it builds the engine with
+`initialize`, so it sits above entry (docs/internals.md, the layers), and trial_runner names it, never imports it.
 
-A script the launcher runs by path, hence its absolute imports.
-
-    deepspeed --num_gpus 4 ds_hetero/planner/trial_worker.py --model tiny-llava --config cfg.json \
+    deepspeed --num_gpus 4 --module ds_hetero.trial_worker --model tiny-llava --config cfg.json \
         --seq-len 96 --image-tokens 64 --steps 3 --out result.json
 
-The model: a built-in tiny model built with seed 0 (the recipes' model), a config.json built
-with seeded random weights, or a checkpoint directory loaded as `initialize(..., weights=DIR)`
-does. Rank 0 writes {"step_s": median after the first step, "steps": [seconds of each step]}.
+Rank 0 writes {"step_s": median after the first step, "steps": [seconds of each step]}.
 """
 
 from __future__ import annotations
@@ -43,7 +41,8 @@ def build_model(source: str):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    """One measured trial on this rank (the launch `launch_one` starts; rank 0 writes the result)."""
+    p = argparse.ArgumentParser(description="one measured trial of the planner, on every rank")
     p.add_argument("--model", required=True)
     p.add_argument("--config", required=True)
     p.add_argument("--seq-len", type=int, required=True)
@@ -59,7 +58,7 @@ def main(argv=None) -> int:
     from ds_hetero.config import read_ds_config
     from ds_hetero.entry import initialize
     from ds_hetero.planner.trial_data import workload_samples
-    from ds_hetero.planner.trials import timed_steps
+    from ds_hetero.trial_runner import timed_steps
 
     model, weights = build_model(args.model)
     cfg = read_ds_config(args.config)

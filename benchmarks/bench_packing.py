@@ -1,0 +1,193 @@
+"""Packed, token-balanced language micro-batches against the samples cut, on an SFT-shaped mix; one run.
+
+    python benchmarks/bench_packing.py            # 2 ranks, one per core; global batch 16 (~5 min loaded)
+    python benchmarks/bench_packing.py --quick    # fewer rounds
+    python benchmarks/bench_packing.py --world 4  # the same rows on 4 ranks (two per core on a 2-core machine)
+
+The mix (a seeded generator, `sft_mix`), shaped like the public VLM SFT mixes (LLaVA mix665k,
+ShareGPT4V) and scaled down by `--scale` for CPU: 70% one image (576 tokens / scale) + a text of
+lognormal(5.2, 0.8) tokens; 10% 2-4 images + lognormal(5.0, 0.6); 20% text only, lognormal(6.4, 0.9)
++ 16; texts divided by the scale too, every sample capped at 8192 / scale tokens.
+
+Rows (colocated, vision dp = language dp = world, ZeRO 1, AdamW, clipping 1.0, 2 micro-batches):
+
+    samples   hetero_parallel.language_batching "samples": each language dp rank takes a contiguous
+              share of every micro-batch, padded to its longest sample
+    packed    "packed": the micro-batch's samples to dp ranks by token cost (LPT), one packed row each
+
+Both rows' engines live in ONE set of processes and step alternately on the same batches (A B, B A,
+...), so the drift of a shared machine hits both alike. Per row: the step time (slowest rank,
+median of rounds), the ratio to "samples", real / computed language tokens (computed: every rank's
+rows padded to its longest), and the language stage's max/mean load over the dp ranks (the step
+plan's cost per rank, worst micro-batch, mean over steps; step/packing.py `load_figures`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from cpu_ranks import launch  # noqa: E402
+
+ROWS = ("samples", "packed")
+
+
+def sft_mix(n: int, scale: int, seed: int) -> list[tuple[int, int]]:
+    """(images, text tokens) per sample of the scaled SFT mix."""
+    rng = random.Random(seed)
+    cap = 8192 // scale
+    out = []
+    for _ in range(n):
+        u = rng.random()
+        if u < 0.7:
+            images, text = 1, rng.lognormvariate(5.2, 0.8)
+        elif u < 0.8:
+            images, text = rng.randint(2, 4), rng.lognormvariate(5.0, 0.6)
+        else:
+            images, text = 0, rng.lognormvariate(6.4, 0.9) + 16
+        out.append((images, max(4, min(int(text / scale), cap - images * 576 // scale))))
+    return out
+
+
+def make_model(a):
+    from ds_hetero.toy import tiny_llava
+
+    side = int(math.isqrt(576 // a.scale))  # patches per image side: (576 / scale) tokens per image
+    return tiny_llava("clip", seed=0, text_hidden=a.text_hidden, text_layers=a.text_layers, vision_hidden=32,
+                      image_size=side * 4, patch_size=4)
+
+
+def batches(model, a, n: int):
+    import torch
+
+    from ds_hetero.toy import llava_tokens_per_image
+
+    cfg = model.config
+    t = llava_tokens_per_image(model)
+    size = cfg.vision_config.image_size
+    out = []
+    for step in range(n):
+        gen = torch.Generator().manual_seed(step)
+        samples = []
+        for images, text_len in sft_mix(a.batch, a.scale, seed=1000 + step):
+            text = torch.randint(0, cfg.image_token_id - 1, (text_len,), generator=gen)
+            ids = torch.cat([torch.full((images * t,), cfg.image_token_id), text])
+            labels = torch.cat([torch.full((images * t,), -100), text])
+            sample = {"input_ids": ids, "labels": labels}
+            if images:
+                sample["pixel_values"] = torch.randn(images, 3, size, size, generator=gen)
+            samples.append(sample)
+        out.append(samples)
+    return out
+
+
+def config(row, a, world):
+    return {
+        "train_batch_size": a.batch, "zero_optimization": {"stage": 1}, "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+        "zero_allow_untested_optimizer": True, "steps_per_print": 10**6,
+        "hetero_parallel": {"micro_batches": 2, "language_batching": row,
+                            "stages": {"vision": {"dp": world}, "language": {"dp": world}}},
+    }
+
+
+def plan_figures(engine, samples):
+    """(real, computed, worst micro-batch max/mean) of the step's language work, from its plan."""
+    from ds_hetero.step.packing import load_figures
+    from ds_hetero.step.step_plan import StepPlan
+
+    plan = StepPlan(engine.config, engine.adapter.encoders(), samples, language_cost=engine.adapter.language_cost)
+    lengths = [int(s["input_ids"].numel()) for s in samples]
+    real = computed = 0
+    worst = 1.0
+    for m in range(plan.micro_batches):
+        rows = [plan.language_rows(d, m) for d in range(engine.config.language.dp)]
+        f = load_figures(rows, lengths, cost=engine.adapter.language_cost, packed=plan.packed)
+        real, computed, worst = real + f["real"], computed + f["computed"], max(worst, f["max_mean"])
+    return real, computed, worst
+
+
+def run(rank, world, a):
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import ds_hetero
+
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[rank % len(cores)]})  # one rank per core at 2 ranks: waiting is real
+    torch.set_num_threads(1)
+    engines = {row: ds_hetero.initialize(make_model(a), config(row, a, world)) for row in ROWS}
+    data = batches(engines["samples"].model, a, a.warmup + a.rounds)
+    rec = {row: [] for row in ROWS}
+    for i, samples in enumerate(data):
+        for row in (ROWS if i % 2 == 0 else ROWS[::-1]):
+            engine = engines[row]
+            dist.barrier()
+            t0 = time.perf_counter()
+            r = engine.train_batch(samples)
+            wall = time.perf_counter() - t0
+            if i >= a.warmup:
+                real, computed, worst = plan_figures(engine, samples)
+                rec[row].append(dict(wall=wall, loss=r.loss, real=real, computed=computed, max_mean=worst))
+    for e in engines.values():
+        e.groups.destroy()
+    return rec
+
+
+def summarize(per_rank):
+    table = {}
+    for row in ROWS:
+        steps = list(zip(*(r[row] for r in per_rank)))
+        first = [s[0] for s in steps]
+        table[row] = dict(step=statistics.median(max(x["wall"] for x in s) for s in steps),
+                          real=sum(x["real"] for x in first), computed=sum(x["computed"] for x in first),
+                          max_mean=statistics.mean(x["max_mean"] for x in first),
+                          losses=[x["loss"] for x in first])
+    for x, y in zip(table["samples"]["losses"], table["packed"]["losses"]):  # the same function, less work
+        assert abs(x - y) <= 1e-4 * abs(x), (table["samples"]["losses"], table["packed"]["losses"])
+    return table
+
+
+def print_table(table, a, world):
+    binding = "one per core" if world <= len(os.sched_getaffinity(0)) else f"on {len(os.sched_getaffinity(0))} cores"
+    print(f"\nLLaVA (text {a.text_hidden} x {a.text_layers} layers), {world} ranks {binding}, global batch "
+          f"{a.batch}, 2 micro-batches, SFT mix / {a.scale}; medians of {a.rounds} rounds (machine shared: ratios only)")
+    base = table["samples"]["step"]
+    print(f"{'row':8}  {'step s':>7}  {'vs samples':>10}  {'real/computed':>13}  {'language max/mean':>17}")
+    for row, r in table.items():
+        print(f"{row:8}  {r['step']:7.3f}  {base / r['step']:9.2f}x  {r['real'] / r['computed']:13.3f}  "
+              f"{r['max_mean']:17.2f}")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="1 warm-up, 3 rounds")
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--scale", type=int, default=9, help="divide token counts by this (576 / 9 = 64 per image)")
+    p.add_argument("--text-hidden", type=int, default=128)
+    p.add_argument("--text-layers", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=None)
+    a = p.parse_args(argv)
+    a.rounds = a.rounds if a.rounds is not None else (3 if a.quick else 8)
+    return a
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    table = summarize(launch(run, a, world=a.world, timeout=3600.0))
+    print_table(table, a, a.world)
+    return table
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Qwen3.5 dense (`Qwen3_5ForConditionalGeneration`) split into two stages.
+
+    vision   : patch embed + learned positions + blocks + merger (Qwen3-VL's tower without DeepStack)
+               pixel_values [patches, D], grid_thw [n_img, 3] -> rows [sum_i t*h*w / merge^2, H_text]
+    language : embeddings + a decoder of mixed layers + lm_head (LanguageStage): 3 of every 4 layers
+               Gated DeltaNet (linear attention: a gated delta-rule recurrence over the sequence, with
+               a short causal depthwise conv before it), the 4th full attention with an output gate
+
+Samples and M-RoPE positions as Qwen2-VL's (`get_rope_index` of the model, handed to the language
+stage as `position_ids`). The decoder builds one mask per layer type (`layer_types`): a pipeline
+chunk's config lists its own layers' types (pipeline_parallel/chunk.py `chunk_config`), and the
+linear-attention layers keep no state between micro-batches in training (no cache), so a cut may
+fall between any two layers, of either type.
+
+Refused: a language stage that cuts its sequences. Under cp each rank would hold a piece of the
+sequence, and a Gated DeltaNet layer's output at a position depends on the recurrent state (and the
+conv window) carried from every earlier position: the state would have to pass from cp rank to cp
+rank in order, which ds_hetero does not build. Sequence parallelism is refused too: there the
+decoder runs on sequence shards and receives the full sequence's 4-D mask (context_parallel/), but
+a Gated DeltaNet layer wants the 2-D padding mask of the whole sequence after its region's
+all-gather, and the gated full-attention class is not among the sequence-sharded attention classes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ...models.language_stage import LanguageStage, empty_rows
+from ..qwen2_vl.adapter import Qwen2VLAdapter
+
+
+class Qwen3_5VisionStage(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.visual = model.model.visual
+
+    def forward(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
+        if image_grid_thw.shape[0] == 0:  # the smallest image: one merged token
+            m = self.visual.spatial_merge_size
+            grid = image_grid_thw.new_tensor([[1, m, m]])
+            return empty_rows(self, {"pixel_values": pixel_values.new_zeros(m * m, pixel_values.shape[-1]),
+                                     "image_grid_thw": grid})
+        dtype = self.visual.merger.linear_fc2.weight.dtype
+        return self.visual(pixel_values.to(dtype), grid_thw=image_grid_thw).pooler_output
+
+
+def split_qwen3_5(model: nn.Module) -> dict[str, nn.Module]:
+    language = LanguageStage(model.model.language_model, model.lm_head, model.config.image_token_id)
+    return {"vision": Qwen3_5VisionStage(model), "language": language}
+
+
+def linear_attention_layers(text_config) -> list[int]:
+    return [i for i, t in enumerate(text_config.layer_types) if t == "linear_attention"]
+
+
+class Qwen3_5Adapter(Qwen2VLAdapter):
+    """Samples as for Qwen2-VL: `pixel_values` [patches, D] and `image_grid_thw` [n, 3], or neither."""
+
+    # Its Gated DeltaNet layers run a causal conv and a recurrence along the whole row: the state of
+    # one sample flows into the next (the reference kernels on CPU take no per-sample boundaries
+    # from packed positions); a packed row did not equal its samples alone (tests/test_packing_rows.py)
+    PACKING_REFUSED = ("its Gated DeltaNet (linear attention) layers carry their convolution and recurrent state "
+                       "across the samples of a packed row")
+
+    @staticmethod
+    def tower_width(vision_config) -> tuple[int, int]:
+        return vision_config.hidden_size, vision_config.intermediate_size
+
+    def check_layouts(self, cfg) -> None:
+        """Refuse a sequence-sharded language stage (cp, or sequence parallelism) when the decoder has
+        Gated DeltaNet layers: their recurrent state runs over the whole sequence (module docstring)."""
+        from ...config import SECTION
+        from ...errors import HeteroConfigError
+
+        language = cfg.stages["language"]
+        linear = linear_attention_layers(self.model.config.text_config)
+        if linear and language.cp > 1:
+            raise HeteroConfigError(
+                f"{SECTION}.stages.language.cp",
+                f"Qwen3.5's Gated DeltaNet layers ({len(linear)} of {len(self.model.config.text_config.layer_types)}: "
+                f"linear attention) carry a recurrent state along the sequence: with cp={language.cp} each rank "
+                f"holds a piece of it and the state would have to pass from cp rank to cp rank, which ds_hetero "
+                f"does not build; use cp 1 (shard the language stage with tp, pp and dp instead)")
+        if linear and language.sequence_parallel and language.tp > 1:
+            raise HeteroConfigError(
+                f"{SECTION}.stages.language.sequence_parallel",
+                "Qwen3.5 cannot run under sequence parallelism: its decoder would see sequence shards and the "
+                "full sequence's 4-D mask, but its Gated DeltaNet (linear-attention) layers need the whole "
+                "sequence's padding mask and its gated attention has no sequence-sharded path; set "
+                "sequence_parallel false")
+        super().check_layouts(cfg)
+
+    def split(self) -> dict[str, nn.Module]:
+        return split_qwen3_5(self.model)
