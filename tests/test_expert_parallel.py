@@ -234,7 +234,7 @@ def test_trl_moe_aux_loss_is_accepted_for_a_family_whose_engine_adds_it():
     adds the aux loss for Qwen3-VL-MoE (from the config TRL sets), so only other families are refused."""
     from types import SimpleNamespace
 
-    from ds_hetero.integrations.trainer.loss import loss_problems
+    from ds_hetero.integrations.trainer.loss_options import loss_problems
     from ds_hetero.families.qwen3_vl_moe import tiny_qwen3_vl_moe
     from ds_hetero.families.qwen3_vl import tiny_qwen3_vl
 

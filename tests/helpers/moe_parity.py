@@ -21,7 +21,7 @@ import copy
 import torch
 
 from ds_hetero.testing.parity import full_named_parameters, max_rel_err
-from ds_hetero.testing.samples import qwen_samples
+from ds_hetero.testing.batches import qwen_samples
 from tests.helpers.family_data import QWEN25_GRIDS, qwen_multi_samples
 
 CLIP = 0.05  # below the norms of every step: clipping is active
