@@ -64,7 +64,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the layouts_* 
 
 # The rows live in layouts_rows.py (plain DeepSpeed's in layouts_plain.py), the measurement in
 # layouts_measure.py, the tables in layouts_report.py; the names the scripts and tests driving this
-# benchmark use (validate_planner.py, tests/test_bench_layouts.py) are re-exported here.
+# benchmark use (validate_planner.py, tests/clients/test_bench_layouts.py) are re-exported here.
 from cpu_ranks import launch  # noqa: E402,F401
 from layouts_measure import run_benchmark, run_interleaved  # noqa: E402,F401
 from layouts_report import print_table  # noqa: E402

@@ -45,11 +45,11 @@ echo "check_gpu: $GPUS GPU(s)"
 if [ "$GPUS" -ge 2 ]; then
   export DS_HETERO_TEST_BACKEND=nccl
   KEEP_ALIVE='not dies_mid_step and not dead_peer'
-  TWO_RANK="tests/test_skipped_step.py tests/test_step_agreement.py"
+  TWO_RANK="tests/engine/test_skipped_step.py tests/step/test_step_agreement.py"
   if [ "$GPUS" -ge 4 ]; then
-    run "$PY" -m pytest -q -k "$KEEP_ALIVE" tests/test_engine_parity.py tests/test_disaggregated.py \
-      tests/test_tensor_parallel_engine.py tests/test_boundary_communicator.py tests/test_two_engines.py \
-      tests/test_comm.py $TWO_RANK
+    run "$PY" -m pytest -q -k "$KEEP_ALIVE" tests/engine/test_engine_parity.py tests/engine/test_disaggregated.py \
+      tests/parallel/test_tensor_parallel_engine.py tests/parallel/test_boundary_communicator.py tests/engine/test_two_engines.py \
+      tests/topology/test_comm.py $TWO_RANK
   else
     run "$PY" -m pytest -q -k "$KEEP_ALIVE" $TWO_RANK
   fi

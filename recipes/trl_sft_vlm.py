@@ -9,7 +9,7 @@
 
 `--lora` trains PEFT LoRA adapters (TRL's --use_peft; save_model writes the adapter).
 `--stock` runs the same script with TRL's own SFTTrainer (give it a DeepSpeed config without
-hetero_parallel, e.g. ds_configs/trainer_zero1.json): tests/test_trl_recipe.py checks that both
+hetero_parallel, e.g. ds_configs/trainer_zero1.json): tests/clients/test_trl_recipe.py checks that both
 give the same losses and token accuracy. As in TRL's example: a `datasets.Dataset` of `messages` +
 PIL `images`, the model's processor (here the tiny models' processors, built locally: no
 download), TRL's collator doing the chat template and the image processing on the fly. Every

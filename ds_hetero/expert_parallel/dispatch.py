@@ -8,7 +8,7 @@
               put back in assignment order
 
 Both are `_AllToAllV` from DeepSpeed's AutoEP (module_inject/auto_ep_layer.py): an
-autograd Function whose backward is the reversed exchange (its adjoint, tests/test_expert_parallel.py),
+autograd Function whose backward is the reversed exchange (its adjoint, tests/parallel/test_expert_parallel.py),
 called here with this stage's explicit ep group. The split sizes come from AutoEP's
 `compute_split_plan` (one all-to-all of the per-expert counts over the same group). Dropless
 routing needs them on the host: the exchange's sizes are data (one device sync per layer, as in

@@ -3,7 +3,7 @@
 Per micro-batch, the planner builds the `BoundaryPlan` the engine would build (samples cut by
 each stage's dp as batching.py does, every sample with `image_tokens` placeholders at
 positions 1..K, right after BOS) and takes its forward and backward lower bounds, which the
-plan's rows sent equal (tests/test_boundary_plan.py checks it exhaustively). Rows are boundary rows of hidden x dtype bytes.
+plan's rows sent equal (tests/parallel/test_boundary_plan.py checks it exhaustively). Rows are boundary rows of hidden x dtype bytes.
 
 A plan walks every row, so for a large micro-batch the image tokens and the sequence are both
 divided by a common factor g (keeping each sequence shard whole) and the rows multiplied by g
@@ -76,6 +76,6 @@ def exchange_rows(src, dst, placement, samples, v_size, l_mb, l_size, k, seq_len
         seq_len=s_g if sharded else None,
     )
     plan = build_plan(src, dst, inputs, placement)
-    # the plan's rows sent equal these bounds (tests/test_boundary_plan.py); the bounds skip
+    # the plan's rows sent equal these bounds (tests/parallel/test_boundary_plan.py); the bounds skip
     # building every rank's send lists, which is what makes planning 1024 ranks affordable
     return plan.lower_bound_rows() * g, plan.backward_lower_bound_rows() * g

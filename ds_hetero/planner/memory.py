@@ -3,7 +3,7 @@
 Model states per parameter of a stage's tp shard (P = ModelSpec.params_per_rank: split
 parameters / tp + replicated ones; the language stage's input embedding and head are split on
 the vocabulary, ceil(vocab / tp) rows each, a tied matrix counted once), as DeepSpeed
-allocates them with Adam (checked against a real engine in tests/test_planner_memory.py):
+allocates them with Adam (checked against a real engine in tests/planner/test_planner_distributed.py):
 
     ZeRO 0   parameters P, gradients P, Adam moments 2P (fp32; the torch optimizer's state)
     ZeRO 1   parameters P, gradients P, fp32 master partition P/dp, moments 2P/dp

@@ -11,7 +11,7 @@ every receive of step t is matched by a send of step t of the neighbouring stage
 commands complete once both neighbours have started that step). Hence every rank can finish
 step t once every rank has started it, and a collective that every rank enters at the START of
 the same step index, before its commands, cannot deadlock, whatever the stage
-(tests/test_pipeline_fill_drain.py simulates it). So:
+(tests/pipeline/test_pipeline_fill_drain.py simulates it). So:
 
 - where a pass's work moves into the pipeline, its rows exchange runs at the start of the step
   where pipeline stage 0 runs the forward of the first micro-batch the pass feeds, its gradient

@@ -1,7 +1,7 @@
 """Samples with highly uneven image tokens: several images per sample, none, one sample with most.
 
 Per step the image counts rotate, so every step's assignment differs. Shared by the balance
-parity tests (tests/test_balance_engine.py) and the pure assignment tests.
+parity tests (tests/engine/test_balance_engine.py) and the pure assignment tests.
 """
 
 import torch

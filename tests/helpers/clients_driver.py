@@ -1,4 +1,4 @@
-"""Run under `deepspeed --num_gpus 4` by tests/test_clients.py: real Trainer classes made heterogeneous
+"""Run under `deepspeed --num_gpus 4` by tests/clients/test_clients.py: real Trainer classes made heterogeneous
 with one line, on the TRL VLM data path (messages + PIL images, TRL's collator), in one launch.
 
     deepspeed --num_gpus 4 tests/helpers/clients_driver.py OUT_DIR

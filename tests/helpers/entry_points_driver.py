@@ -1,4 +1,4 @@
-"""Run under `deepspeed --num_gpus 4` by tests/test_entry_points.py: the main job and the HF Trainer
+"""Run under `deepspeed --num_gpus 4` by tests/clients/test_entry_points.py: the main job and the HF Trainer
 recipe on the same config, seed and data, in one set of processes (a launch costs tens of seconds).
 
     deepspeed --num_gpus 4 tests/helpers/entry_points_driver.py OUT_DIR

@@ -1,4 +1,4 @@
-"""Shared by tests/test_equal_replicas.py: every rank builds other initial weights (a script that
+"""Shared by tests/engine/test_equal_replicas.py: every rank builds other initial weights (a script that
 seeds per rank, e.g. ms-swift's `seed + rank`), and ds_hetero must train rank 0's model, as stock
 DeepSpeed does. `train_both` copies the reference before `rank_model` changes this rank's model,
 so the reference is rank 0's model (seed 7; rank r's model is built with seed 7 + r)."""

@@ -1,4 +1,4 @@
-"""Run under `deepspeed --num_gpus 4` by tests/test_lora.py: a PEFT LoRA model (tiny LLaVA, adapters on
+"""Run under `deepspeed --num_gpus 4` by tests/parallel/test_lora.py: a PEFT LoRA model (tiny LLaVA, adapters on
 every attention and MLP linear of the tower and the decoder, B initialised non-zero) trained with
 ds_hetero in three layouts, against a single-process PEFT reference on the same global batches.
 

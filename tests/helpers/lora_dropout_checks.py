@@ -1,4 +1,4 @@
-"""The distributed cases of tests/test_lora_dropout.py (one 4-rank launch, gloo CPU ranks, fp32).
+"""The distributed cases of tests/parallel/test_lora_dropout.py (one 4-rank launch, gloo CPU ranks, fp32).
 
     masks     tiny LLaVA, LoRA (dropout 0.1) on every linear of the tower and the decoder, vision tp2 dp2 +
               language tp2 dp2, 2 steps: a digest of every dropout mask each rank drew in training, and

@@ -1,4 +1,4 @@
-"""The ranks' side of tests/test_pipeline_checkpoints.py: a chain of checkpoints across pipeline
+"""The ranks' side of tests/pipeline/test_pipeline_checkpoints.py: a chain of checkpoints across pipeline
 layouts, in one 4-rank launch (each engine of it starts from other weights, seed 99, so the
 checkpoint must replace them all).
 

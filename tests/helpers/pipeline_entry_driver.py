@@ -1,4 +1,4 @@
-"""Run by tests/test_pipeline_entry_points.py: the main job and the HF Trainer with a pipelined
+"""Run by tests/pipeline/test_pipeline_entry_points.py: the main job and the HF Trainer with a pipelined
 language stage (ds_configs/llava_pipeline.json: vision dp4, language tp2 pp2), under `deepspeed`.
 
     deepspeed --num_gpus 4 tests/helpers/pipeline_entry_driver.py trainer OUT_DIR

@@ -1,4 +1,4 @@
-"""The ranks' side of tests/test_pipeline_feature_checkpoints.py: checkpoints of a pipelined
+"""The ranks' side of tests/pipeline/test_pipeline_feature_checkpoints.py: checkpoints of a pipelined
 language stage with tied input/output embeddings, and with ZeRO 3, in one 4-rank launch.
 
 Tied LLaVA (each engine starts from other weights, seed 99, so the checkpoint must replace them all):

@@ -1,4 +1,4 @@
-"""Run under `deepspeed --num_gpus 4` by tests/test_trl_recipe.py: recipes/trl_sft_vlm.py with TRL's stock
+"""Run under `deepspeed --num_gpus 4` by tests/clients/test_trl_recipe.py: recipes/trl_sft_vlm.py with TRL's stock
 SFTTrainer + a plain DeepSpeed JSON, then with `ds_hetero.hetero(SFTTrainer)` + the same JSON with
 hetero_parallel (vision dp4, language tp2 dp2), and with `language_batching` "packed" (the engine packs
 what TRL's collator padded), for the tiny LLaVA and Qwen2-VL, in one launch;

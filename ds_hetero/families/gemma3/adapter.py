@@ -77,7 +77,7 @@ class Gemma3Adapter(StageAdapter):
 
     # Gemma 3 builds its own masks (bidirectional inside an image, sliding-window layers) from the
     # padding mask (Gemma3LanguageStage.decoder_mask); packed rows give it none, and a packed row
-    # did not equal its samples alone (tests/test_packing_rows.py)
+    # did not equal its samples alone (tests/step/test_packing_rows.py)
     PACKING_REFUSED = ("its decoder builds bidirectional image and sliding-window masks from the padding mask, "
                        "which packed rows do not carry")
 

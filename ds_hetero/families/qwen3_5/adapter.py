@@ -59,7 +59,7 @@ class Qwen3_5Adapter(Qwen2VLAdapter):
 
     # Its Gated DeltaNet layers run a causal conv and a recurrence along the whole row: the state of
     # one sample flows into the next (the reference kernels on CPU take no per-sample boundaries
-    # from packed positions); a packed row did not equal its samples alone (tests/test_packing_rows.py)
+    # from packed positions); a packed row did not equal its samples alone (tests/step/test_packing_rows.py)
     PACKING_REFUSED = ("its Gated DeltaNet (linear attention) layers carry their convolution and recurrent state "
                        "across the samples of a packed row")
 

@@ -1,0 +1,32 @@
+"""benchmarks/bench_packing.py in a tiny configuration: it runs end to end, both rows train the same
+function (the benchmark checks the losses equal), and packing removes the padding and does not
+worsen the language load (pure figures of the plans)."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks"))
+
+import bench_packing  # noqa: E402
+
+pytestmark = pytest.mark.distributed
+
+
+def test_sft_mix_is_seeded_and_shaped():
+    mix = bench_packing.sft_mix(400, 9, seed=0)
+    assert mix == bench_packing.sft_mix(400, 9, seed=0)
+    images = [i for i, _ in mix]
+    assert 0.6 < images.count(1) / 400 < 0.8 and 0.1 < images.count(0) / 400 < 0.3
+    assert max(i * 64 + t for i, t in mix) <= 8192 // 9
+
+
+def test_bench_packing_tiny(capsys):
+    table = bench_packing.main(["--quick", "--rounds", "1", "--batch", "8", "--text-hidden", "32",
+                                "--text-layers", "2"])
+    assert set(table) == {"samples", "packed"}
+    assert table["packed"]["real"] == table["packed"]["computed"]
+    assert table["samples"]["real"] < table["samples"]["computed"]
+    assert table["packed"]["max_mean"] <= table["samples"]["max_mean"] + 1e-9
+    assert "language max/mean" in capsys.readouterr().out

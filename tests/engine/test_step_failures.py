@@ -1,0 +1,85 @@
+"""What a failed step reports (ds_hetero/failures.py): this rank's own error as itself, or which peer stopped.
+
+Distributed, 2 CPU ranks, colocated vision dp2 + language dp2:
+- rank 1's language forward raises ValueError in step 1: rank 1 reports that ValueError, noted with
+  its rank, stages and step, never as a stopped peer; rank 0 (whose collective then fails) says a
+  peer stopped answering and names rank 1 with its error.
+- every rank raises in its own work (as a frozen encoder under a pipeline did): each reports its
+  own error, none says a peer stopped.
+A rank that dies is named by the survivors in tests/engine/test_disaggregated.py (killed mid-step) and
+tests/step/test_step_agreement.py (killed at a step boundary).
+Pure: a collective's failure is told from a local error by where it was raised.
+"""
+
+import pytest
+
+from ds_hetero.testing.launch import RankFailure, run_distributed
+
+
+def _raise_in_step_1(rank, world_size, raising):
+    import ds_hetero
+    from ds_hetero.toy import tiny_llava
+    from ds_hetero.testing.batches import llava_samples
+
+    model = tiny_llava("clip", seed=1)
+    config = {"train_batch_size": 4, "zero_optimization": {"stage": 1}, "steps_per_print": 10**6,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+              "zero_allow_untested_optimizer": True,
+              "hetero_parallel": {"micro_batches": 1, "timeout_s": 30,
+                                  "stages": {"vision": {"dp": 2}, "language": {"dp": 2}}}}
+    engine = ds_hetero.initialize(model, config)
+    samples = llava_samples(model, 4, seed=3)
+    engine.train_batch(samples)
+    if rank in raising:
+        stage = engine.engines["language"].module
+
+        def forward(*args, **kwargs):
+            raise ValueError(f"boom on rank {rank}")
+
+        stage.forward = forward
+    engine.train_batch(samples)
+
+
+def _sections(results):
+    assert all(isinstance(r, RankFailure) for r in results), results
+    return [r.message for r in results]
+
+
+@pytest.mark.distributed
+def test_a_rank_raising_reports_its_own_error_and_its_peer_names_it():
+    own, peer = None, None
+    results = run_distributed(_raise_in_step_1, world_size=2, timeout=240, grace_s=30, check=False, raising=(1,))
+    peer, own = _sections(results)
+    assert "ValueError: boom on rank 1" in own, own
+    assert "ds_hetero: raised on rank 1 (vision, language) by its own work in step 1" in own, own
+    assert "stopped answering" not in own, own
+    assert "ds_hetero: rank 0 (vision, language) failed in step 1: a peer rank stopped answering: " \
+           "rank 1 raised ValueError in step 1: boom on rank 1" in peer, peer
+
+
+@pytest.mark.distributed
+def test_every_rank_raising_reports_its_own_error():
+    results = run_distributed(_raise_in_step_1, world_size=2, timeout=240, grace_s=30, check=False,
+                              raising=(0, 1))
+    for rank, text in enumerate(_sections(results)):
+        assert f"ValueError: boom on rank {rank}" in text, text
+        assert f"raised on rank {rank} (vision, language) by its own work in step 1" in text, text
+        assert "stopped answering" not in text, text
+
+
+def test_collective_failures_are_told_from_local_errors():
+    import torch
+    import torch.distributed as dist
+
+    from ds_hetero.failures import is_collective_failure
+
+    try:  # raised inside torch.distributed (no process group): a collective's failure
+        dist.all_reduce(torch.ones(1))
+    except (RuntimeError, ValueError) as exc:
+        assert is_collective_failure(exc)
+    try:  # autograd refusing a backward: this rank's own work
+        torch.ones(1).sum().backward()
+    except RuntimeError as exc:
+        assert not is_collective_failure(exc)
+    assert is_collective_failure(dist.DistBackendError("NCCL error"))  # torch's own type, wherever raised
+    assert not is_collective_failure(ValueError("a model's own error"))
