@@ -4,10 +4,11 @@
     python benchmarks/bench_packing.py --quick    # fewer rounds
     python benchmarks/bench_packing.py --world 4  # the same rows on 4 ranks (two per core on a 2-core machine)
 
-The mix (a seeded generator, `sft_mix`), shaped like the public VLM SFT mixes (LLaVA mix665k,
-ShareGPT4V) and scaled down by `--scale` for CPU: 70% one image (576 tokens / scale) + a text of
-lognormal(5.2, 0.8) tokens; 10% 2-4 images + lognormal(5.0, 0.6); 20% text only, lognormal(6.4, 0.9)
-+ 16; texts divided by the scale too, every sample capped at 8192 / scale tokens.
+The mix (a seeded generator, `ds_hetero/toy/length_mix.py` `sft_mix`, which `ds-hetero plan --lengths sft`
+prices too), shaped like the public VLM SFT mixes (LLaVA mix665k, ShareGPT4V) and scaled down by
+`--scale` for CPU: 70% one image (576 tokens / scale) + a text of lognormal(5.2, 0.8) tokens; 10%
+2-4 images + lognormal(5.0, 0.6); 20% text only, lognormal(6.4, 0.9) + 16; texts divided by the
+scale too, every sample capped at 8192 / scale tokens.
 
 Rows (colocated, vision dp = language dp = world, ZeRO 1, AdamW, clipping 1.0, 2 micro-batches):
 
@@ -27,7 +28,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import random
 import statistics
 import sys
 
@@ -35,24 +35,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from cpu_ranks import launch  # noqa: E402
 
+from ds_hetero.toy.length_mix import sft_mix  # noqa: E402  (the mix `ds-hetero plan --lengths sft` prices)
+
 ROWS = ("samples", "packed")
-
-
-def sft_mix(n: int, scale: int, seed: int) -> list[tuple[int, int]]:
-    """(images, text tokens) per sample of the scaled SFT mix."""
-    rng = random.Random(seed)
-    cap = 8192 // scale
-    out = []
-    for _ in range(n):
-        u = rng.random()
-        if u < 0.7:
-            images, text = 1, rng.lognormvariate(5.2, 0.8)
-        elif u < 0.8:
-            images, text = rng.randint(2, 4), rng.lognormvariate(5.0, 0.6)
-        else:
-            images, text = 0, rng.lognormvariate(6.4, 0.9) + 16
-        out.append((images, max(4, min(int(text / scale), cap - images * 576 // scale))))
-    return out
 
 
 def make_model(a):

@@ -165,9 +165,10 @@ class HeteroEngine:
         if problem is None:
             # the encoder assignments and the boundary plans of all micro-batches follow from the
             # items' row counts (every rank reads them from the token ids)
-            try:
-                inputs = agreement.digest(tuple(tuple(port.rows(s)) for port in self.adapter.encoders().values())
-                                          for s in samples)
+            try:  # the plan read them already (the same `port.rows`); without a plan, read them here
+                inputs = agreement.digest(plan.item_rows(len(samples)) if plan is not None else
+                                          (tuple(tuple(port.rows(s)) for port in self.adapter.encoders().values())
+                                           for s in samples))
             except ValueError as exc:  # a malformed light sample, seen only through its token ids
                 problem = str(exc)
             # one pipeline stage counts (every pipeline stage of a dp replica reads the same samples)
@@ -188,7 +189,8 @@ class HeteroEngine:
         # lists / numpy converted; a collated dict or raw dataset rows refused by name (data/samples.py)
         samples, plan = self._next_samples() if samples is None else (as_sample_list(samples), None)
 
-        if plan is None and self.config.packed:  # its language shares say who counts which labels
+        if plan is None:  # built once, before the agreement: it digests the plan's item rows, and with
+            # packed batching the plan's language shares say who counts which labels
             plan = self.data_path.plan_of(samples)  # None for a malformed batch: the agreement refuses it
         try:  # the batch agreement: a refused batch raises ValueError on every rank alike, engine usable
             n_labels = self._agree_on_batch(samples, plan)

@@ -91,17 +91,19 @@ def _manual_norm_sq(engine, tp_group) -> torch.Tensor:
     return total
 
 
-def stage_norm(engine, tp_group) -> float:
-    """This stage's gradient norm (as the loss scaler sees it: scaled), identical on its ranks."""
+def stage_norm(engine, tp_group) -> torch.Tensor:
+    """This stage's gradient norm (as the loss scaler sees it: scaled), identical on its ranks: a
+    0-dim tensor where the engine computed it, not read to the host (the step's one host read is
+    that of the all-reduce combining every stage's norm with the loss)."""
     opt = engine.optimizer
     if _is_zero12(opt):
         without_shared = zero12_norm_without_shared(opt)  # a tied weight's second copy counts once
-        return float(opt.scaled_global_norm() if without_shared is None else without_shared)
+        return opt.scaled_global_norm() if without_shared is None else without_shared
     if _is_zero3(opt):
         from deepspeed.runtime.utils import combine_grad_norm_groups
 
-        return float(combine_grad_norm_groups(opt._get_norm_groups()))
-    return math.sqrt(float(_manual_norm_sq(engine, tp_group)))
+        return combine_grad_norm_groups(opt._get_norm_groups())
+    return _manual_norm_sq(engine, tp_group).sqrt()  # float64: sqrt rounds as math.sqrt does
 
 
 def global_norm(stage_norms: Mapping[str, float]) -> float:

@@ -25,9 +25,9 @@ def check_clippable(stages: StageSet) -> None:
         clipping.check_supported(stage.engine, stage.name)
 
 
-def stage_norms(stages: StageSet) -> dict[str, float]:
-    """The gradient norm of every stage this rank trains (identical on all ranks of the stage); a
-    frozen stage has no gradient and adds nothing."""
+def stage_norms(stages: StageSet) -> dict[str, torch.Tensor]:
+    """The gradient norm of every stage this rank trains (identical on all ranks of the stage, a
+    0-dim tensor on the device: no host read); a frozen stage has no gradient and adds nothing."""
     norms = {}
     for stage in stages.training:
         with stage.context():
@@ -35,7 +35,7 @@ def stage_norms(stages: StageSet) -> dict[str, float]:
     return norms
 
 
-def combine_norms_and_loss(stages: StageSet, norms: dict[str, float], loss_sum: float | torch.Tensor,
+def combine_norms_and_loss(stages: StageSet, norms: dict[str, torch.Tensor], loss_sum: float | torch.Tensor,
                            n_labels: int, aux_sum: float | torch.Tensor = 0.0) -> tuple[float, float, int, float]:
     """(all-stage gradient norm, global loss sum, global label count, global aux-loss sum) on every
     rank, in one all-reduce.
@@ -49,9 +49,10 @@ def combine_norms_and_loss(stages: StageSet, norms: dict[str, float], loss_sum: 
     vec = torch.zeros(len(all_stages) + 3, dtype=torch.float64, device=stages.device)
     for i, stage in enumerate(all_stages):
         if stage.name in norms and stages.rank == stage.norm_rank:
-            norm = norms[stage.name]
-            # DeepSpeed reports an invalid norm as -1: carry it as inf so every stage skips
-            vec[i] = norm * norm if norm >= 0 and math.isfinite(norm) else float("inf")
+            norm = norms[stage.name].to(vec.device, torch.float64)  # exact (from fp32 or fp64)
+            # DeepSpeed reports an invalid norm as -1: carry it as inf so every stage skips; on
+            # the device, as the host did it (the square in float64), without reading the norm
+            vec[i] = torch.where((norm >= 0) & torch.isfinite(norm), norm * norm, float("inf"))
     language = stages.language
     if language.held and language.coord.tp == 0:  # cp ranks hold the loss sums of their sequence shards
         vec[-3] = loss_sum
@@ -59,8 +60,9 @@ def combine_norms_and_loss(stages: StageSet, norms: dict[str, float], loss_sum: 
     if stages.rank == language.first_rank:
         vec[-1] = n_labels
     dist.all_reduce(vec, group=stages.boundary_group)
-    return (math.sqrt(vec[: len(all_stages)].sum().item()), vec[-3].item(), int(vec[-1].item()),
-            vec[-2].item())
+    # one host read of the four (the norms summed on the device as before)
+    norm_sq, loss, aux, labels = torch.cat([vec[: len(all_stages)].sum().reshape(1), vec[-3:]]).tolist()
+    return math.sqrt(norm_sq), loss, int(labels), aux
 
 
 def step_all(stages: StageSet, grad_norm: float, clip: float) -> list[bool]:

@@ -24,6 +24,9 @@ def add_plan_parser(sub, launch=None) -> None:
                    help="a model with several encoders: boundary rows per sample of encoder STAGE (repeat per "
                         "encoder; --image-tokens gives the vision stage's)")
     p.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step")
+    p.add_argument("--lengths", metavar="FILE|sft[:SEED[:SCALE]]",
+                   help="a length mix: language tokens per sample of the batch (a file of integers, or the seeded "
+                        "SFT-shaped mix of toy/length_mix.py), priced as --config's language_batching cuts it")
     p.add_argument("--machine", default="cpu", help="h100, h200, a100, cpu or calibrate (measure this machine)")
     p.add_argument("--recalibrate", action="store_true", help="with --machine calibrate: measure again")
     p.add_argument("--memory-gb", type=float, help="memory per device (default: the machine's)")
@@ -52,6 +55,25 @@ def add_plan_parser(sub, launch=None) -> None:
     p.set_defaults(func=run_plan, launch=launch)
 
 
+def read_lengths(source: str | None, global_batch: int) -> list[int] | None:
+    """`--lengths`: "sft", "sft:SEED" or "sft:SEED:SCALE" (the seeded SFT-shaped mix, one length per
+    sample of the batch), or a file of integers (whitespace, commas or a JSON list), at least one per sample."""
+    if source is None:
+        return None
+    if source == "sft" or source.startswith("sft:"):
+        from ..toy.length_mix import sft_lengths
+
+        parts = [int(x) for x in source.split(":")[1:]]
+        seed, scale = (parts[0] if parts else 0), (parts[1] if len(parts) > 1 else 1)
+        return sft_lengths(global_batch, scale=scale, seed=seed)
+    try:
+        with open(source) as f:
+            text = f.read()
+        return [int(x) for x in text.replace("[", " ").replace("]", " ").replace(",", " ").split()]
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--lengths {source}: {exc} (give a file of integer sample lengths, or sft[:SEED])") from exc
+
+
 def run_plan(args: argparse.Namespace) -> int:
     from ..config import read_ds_config
     from .calibrate import machine_profile
@@ -71,7 +93,8 @@ def run_plan(args: argparse.Namespace) -> int:
                       placements=(args.placement,) if args.placement else None,
                       micro_batches=tuple(args.micro_batches) if args.micro_batches else None,
                       modelled=not args.no_modelled, batch_slack=args.batch_slack,
-                      encoder_tokens=args.encoder_tokens, rows=parse_rows(args.rows))
+                      encoder_tokens=args.encoder_tokens, rows=parse_rows(args.rows),
+                      lengths=read_lengths(args.lengths, args.global_batch))
     except (HeteroConfigError, ValueError) as exc:
         print(f"plan: {exc}", file=sys.stderr)
         return 1

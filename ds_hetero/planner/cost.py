@@ -24,6 +24,7 @@ from .machine import MachineProfile
 from .memory import state_elements
 from ..models.shapes import ModelSpec, chunk_params_per_rank
 from .step_time import StageTimes
+from .language_mix import language_shape
 from .workload import Workload, samples_per_rank
 
 ADAM_BYTES_PER_PARAM = 36  # read + write of fp32 master, two moments, parameter, gradient (approximately)
@@ -99,6 +100,8 @@ def stage_times(spec: ModelSpec, wl: Workload, machine: MachineProfile, stage: s
             tp_bwd = 0.0
     else:
         n = spec.language.layers if layers is None else layers
+        if wl.lengths:  # a length mix: the slowest language dp rank as the runtime cuts it (language_mix.py)
+            samples, wl = language_shape(spec, wl, layout, m)
         params = chunk_params_per_rank(spec, layout.tp, n, first, last)
         work = language_work(spec, wl, samples, layout.tp, layout.cp, machine.causal, layout.sequence_parallel,
                              n, last)

@@ -104,12 +104,20 @@ def freeze_values(section: Any) -> dict[str, Any]:
     return out
 
 
+# how the language stage cuts its samples (config/batching.py): like freeze, every candidate keeps it,
+# and the planner prices it on a length mix (language_mix.py)
+BATCHING_KEYS = ("language_batching", "max_tokens_per_micro_batch")
+
+
 def kept_section(section: Any) -> dict[str, Any] | None:
-    """What of a user's hetero_parallel section every candidate keeps: each stage's `freeze`."""
+    """What of a user's hetero_parallel section every candidate keeps: each stage's `freeze`, and
+    the language batching keys."""
     values = freeze_values(section)
-    if not values:
+    batching = {k: section[k] for k in BATCHING_KEYS if isinstance(section, Mapping) and k in section}
+    if not values and not batching:
         return None
-    return {"stages": {name: {"freeze": list(v) if isinstance(v, tuple) else v} for name, v in values.items()}}
+    kept = {"stages": {name: {"freeze": list(v) if isinstance(v, tuple) else v} for name, v in values.items()}}
+    return kept | batching
 
 
 def carry_freeze(section: dict[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
@@ -120,6 +128,7 @@ def carry_freeze(section: dict[str, Any], base: Mapping[str, Any]) -> dict[str, 
     for name, options in (kept.get("stages") or {}).items():
         if name in section["stages"] and "freeze" in options:
             section["stages"][name]["freeze"] = options["freeze"]
+    section.update({k: kept[k] for k in BATCHING_KEYS if k in kept})
     return section
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from .activations import language_activation_bytes, vision_activation_bytes
 from .candidate import Candidate, StageChoice
 from ..models.shapes import ModelSpec, chunk_params_per_rank
+from .language_mix import language_shape
 from .workload import Workload, samples_per_rank
 
 
@@ -102,6 +103,8 @@ def language_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool,
     cut = cand.pp_layers or even_cut(spec.language.layers, layout.pp)
     first, last = stage == 0, stage == layout.pp - 1
     samples = wl.global_batch // (layout.dp * cand.micro_batches)
+    if wl.lengths:  # a length mix: the largest micro-batch a rank holds, as the runtime cuts it
+        samples, wl = language_shape(spec, wl, layout, cand.micro_batches, peak=True)
     f = wl.freeze.of("language")
     zero = f.zero(wl.zero if layout.zero is None else layout.zero)
     params = chunk_params_per_rank(spec, layout.tp, cut[stage], first, last)

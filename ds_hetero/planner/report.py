@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .cost import Prediction
+from .language_mix import language_load, shards
 from .search import Plan
 
 PARTS = ("compute", "tp", "cp", "dp", "optimizer", "pipeline p2p", "boundary", "bubble")
@@ -41,8 +42,30 @@ def ranked_table(plan: Plan, top: int = 10) -> str:
     for i, p in enumerate(plan.predictions[:top], 1):
         lines.append(_row(i, p))
     lines.append("")
+    lines += mix_lines(plan)
     lines += baseline_lines(plan)
     return "\n".join(lines)
+
+
+def mix_lines(plan: Plan) -> list[str]:
+    """The length mix, and the language's padding and max/mean in the pick and the Megatron baseline
+    (the runtime's cut of the same samples, language_mix.py)."""
+    wl = plan.workload
+    if not wl.lengths:
+        return []
+    lm, lengths = plan.spec.language, wl.lengths[:wl.global_batch]
+    out = [f"length mix: {len(lengths)} samples, mean {sum(lengths) / len(lengths):.0f}, max {max(lengths)} tokens; "
+           f"language_batching {wl.batching!r} (every row priced as the runtime cuts these samples)"]
+    for name, p in (("pick", plan.best_overall), ("Megatron (tuned)", plan.best_megatron())):
+        if p is None:
+            continue
+        lang, c = p.candidate.language, p.candidate
+        b = c.global_batch or wl.global_batch
+        f = language_load(lengths[:b], lang.dp, c.micro_batches, shards(lang), wl.batching == "packed", wl.budget,
+                          lm.hidden, lm.ffn)
+        out.append(f"  {name}: language real/computed tokens {f['real'] / f['computed']:.3f}, "
+                   f"max/mean load {f['max_mean']:.2f}")
+    return out + [""]
 
 
 def _ranked_table_several(plan: Plan, top: int = 10) -> str:

@@ -18,9 +18,10 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..config import SECTION
+from ..config.batching import parse_language_batching
 from ..families import adapter_for
 from .cost import Prediction
 from .enumerate import SearchSpace, enumerate_candidates
@@ -112,13 +113,15 @@ def plan(model: Any, world_size: int, seq_len: int, image_tokens: int | None, gl
          max_tp: int | None = None, placements: tuple[str, ...] | None = None,
          micro_batches: tuple[int, ...] | None = None, adapter=None, has_client_optimizer: bool = False,
          modelled: bool = True, batch_slack: float = 0.0, encoder_tokens: int | None = None,
-         rows: Mapping[str, int] | None = None) -> Plan:
+         rows: Mapping[str, int] | None = None, lengths: Sequence[int] | None = None) -> Plan:
     """Every valid configuration of `model` (an HF config, a path, a tiny name or a model), ranked.
 
     `adapter`: the model's stage adapter when the caller already holds the model (initialize);
     otherwise one is made from a model built on the meta device. One encoder: `image_tokens` (the
     language's) may be None when `encoder_tokens` (what the encoder sees) is given. Several: `rows`.
     `placements` (None: every one the model has: colocated, disaggregated, and mixed with several).
+    `lengths`: language tokens of each sample of the batch (a length mix, language_mix.py), cut as
+    the base config's `language_batching` says; None: every sample `seq_len` tokens.
     """
     hf_config, instance = load_model(model, build=adapter is None)
     adapter = adapter or adapter_for(instance)
@@ -126,6 +129,8 @@ def plan(model: Any, world_size: int, seq_len: int, image_tokens: int | None, gl
     several = len(spec.encoders) > 1
     base = base_config(base, global_batch, None, machine.dtype_bytes == 2 and not base)
     freeze = resolve_freeze(base.get(SECTION), adapter)
+    batching, budget = parse_language_batching(base.get(SECTION) or {})
+    mix = {"lengths": tuple(int(n) for n in lengths or ()), "batching": batching, "budget": budget}
     if several:
         if encoder_tokens is not None:
             raise ValueError("--encoder-tokens: give each encoder's boundary rows with --rows STAGE=N instead")
@@ -133,12 +138,14 @@ def plan(model: Any, world_size: int, seq_len: int, image_tokens: int | None, gl
                                                           and "vision" not in (rows or {}) else {})), seq_len)
         wl = Workload(seq_len=seq_len, image_tokens=sum(enc_rows.values()), global_batch=global_batch,
                       dtype_bytes=dtype_bytes(base), zero=zero_stage(base), freeze=freeze,
-                      rows=tuple(enc_rows.items()))
+                      rows=tuple(enc_rows.items()), **mix)
+        wl.check_lengths()
     else:
         if rows:
             raise ValueError("--rows is for models with several encoders; this one has one: use --image-tokens")
         wl = Workload(seq_len=seq_len, image_tokens=image_tokens_of(spec, image_tokens, encoder_tokens),
-                      global_batch=global_batch, dtype_bytes=dtype_bytes(base), zero=zero_stage(base), freeze=freeze)
+                      global_batch=global_batch, dtype_bytes=dtype_bytes(base), zero=zero_stage(base), freeze=freeze,
+                      **mix)
         wl.check(spec)
     max_tp = max_tp or min(world_size, machine.devices_per_node)
     default = ("colocated", "disaggregated", "mixed") if several else ("colocated", "disaggregated")

@@ -39,6 +39,7 @@ from .memory import even_cut, memo, peak_memory
 from ..models.shapes import ModelSpec
 from .step_time import (StageTimes, colocated_encoders_step, colocated_step, disaggregated_pipeline_step,
                         disaggregated_step, first_stage_step)
+from .language_mix import language_shape, whole_batch
 from .workload import Workload
 
 TINY = 64  # bytes of the engine's small agreement all-reduces
@@ -88,6 +89,8 @@ def boundary_seconds(cand: Candidate, spec: ModelSpec, wl: Workload, machine: Ma
 def _p2p(cand: Candidate, spec: ModelSpec, wl: Workload, machine: MachineProfile) -> float:
     lang = cand.language
     samples = wl.global_batch // (lang.dp * cand.micro_batches)
+    if wl.lengths:
+        samples, wl = language_shape(spec, wl, lang, cand.micro_batches)
     tokens = samples * wl.seq_len / lang.cp / (lang.tp if lang.sequence_parallel else 1)
     per_stage = lang.tp * lang.cp * lang.dp
     return machine.collective_time("all_to_all", tokens * spec.language.hidden * wl.dtype_bytes * 2, 2,
@@ -205,12 +208,13 @@ def predict(cand: Candidate, spec: ModelSpec, wl: Workload, machine: MachineProf
     flops = memo(cache, "flops", lambda: model_flops(spec, wl, machine.causal))
     limit = memory_limit if memory_limit is not None else machine.memory_bytes
     return Prediction(
-        candidate=cand, step_s=step, tokens_per_s=wl.global_batch * wl.seq_len / step,
+        candidate=cand, step_s=step, tokens_per_s=wl.real_tokens() / step,
         tflops_per_device=flops / step / world / 1e12, peak_memory=memory, boundary_bytes=exch_bytes,
         bubble=bubble, breakdown=breakdown, fits=max(memory.values()) <= limit, runnable=runnable)
 
 
 def model_flops(spec: ModelSpec, wl: Workload, causal: float) -> int:
     """Training FLOPs of one step of the whole model (tp = cp = 1, the whole batch)."""
+    samples, lwl = whole_batch(wl) if wl.lengths else (wl.global_batch, wl)
     return (sum(vision_work(spec.view(n), wl.of(n), wl.global_batch, 1).flops for n in spec.names)
-            + language_work(spec.view(spec.names[0]), wl, wl.global_batch, 1, 1, causal).flops)
+            + language_work(spec.view(spec.names[0]), lwl, samples, 1, 1, causal).flops)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .frozen import Freeze
 from ..models.shapes import ModelSpec
@@ -20,6 +20,12 @@ class Workload:
     freeze         what of each stage trains (the base config's `freeze`, frozen.py)
     rows           (encoder, boundary rows per sample) of a model with several encoders, whose
                    image_tokens is then their sum; () for one encoder (its rows: image_tokens)
+    lengths        language tokens of each sample of the batch, in batch order (a length mix); ()
+                   for every sample `seq_len` tokens. The language stage is then priced as the
+                   runtime cuts these samples (language_mix.py); the encoders keep image_tokens
+    batching       the base config's `language_batching` ("samples" or "packed") and
+    budget         its `max_tokens_per_micro_batch`: how the runtime cuts the length mix
+    memo           language_mix.py's rows of the mix per layout (not part of the workload's identity)
     """
 
     seq_len: int
@@ -29,6 +35,16 @@ class Workload:
     zero: int = 1
     freeze: Freeze = Freeze()
     rows: tuple[tuple[str, int], ...] = ()
+    lengths: tuple[int, ...] = ()
+    batching: str = "samples"
+    budget: int | None = None
+    # the language's rows per (dp, micro-batches, shards) of the length mix, filled by language_mix.py
+    # (the search asks for each layout many times); one plan's, shared by its replace()d copies
+    memo: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def real_tokens(self) -> int:
+        """Language tokens of the step's samples (no padding): what tokens/s counts."""
+        return sum(self.lengths[:self.global_batch]) if self.lengths else self.global_batch * self.seq_len
 
     def of(self, encoder: str) -> Workload:
         """The workload as the cost model prices one encoder (with the language): that encoder's rows
@@ -50,6 +66,11 @@ class Workload:
         merge (Qwen2-VL: 2x2 patches per image token), plus CLIP's CLS per image."""
         return self.images_per_sample(spec) * spec.vision.seq_per_image(self.tokens_per_image(spec))
 
+    def check_lengths(self) -> None:
+        if self.lengths and (len(self.lengths) < self.global_batch or min(self.lengths) < 1):
+            raise ValueError(f"--lengths: {len(self.lengths)} sample lengths for a global batch of "
+                             f"{self.global_batch}; give at least one positive length per sample")
+
     def check(self, spec: ModelSpec) -> None:
         if self.image_tokens > self.seq_len:
             hint = (f" (the encoder may see more: --encoder-tokens {self.image_tokens * spec.vision.merge} gives the "
@@ -57,6 +78,7 @@ class Workload:
                     if spec.vision.merge > 1 else "")
             raise ValueError(f"--image-tokens {self.image_tokens} (image tokens the language model receives) exceeds "
                              f"--seq-len {self.seq_len}{hint}")
+        self.check_lengths()
         t = spec.vision.tokens_per_image
         if t and self.image_tokens % t:
             raise ValueError(f"--image-tokens {self.image_tokens} is not a multiple of this model's {t} tokens per "

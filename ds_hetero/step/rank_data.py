@@ -71,7 +71,7 @@ class RankDataPath:
         """The step's plan; None for a malformed batch (the batch agreement then refuses it on every rank)."""
         try:
             return StepPlan(self.config, self.adapter.encoders(), samples, language_cost=self.adapter.language_cost)
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, RuntimeError):  # RuntimeError: torch's
             return None
 
     def split(self, batch) -> list[dict[str, Any]]:

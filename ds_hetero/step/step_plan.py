@@ -147,6 +147,17 @@ class StepPlan:
         """Positions of the samples whose items dp rank `dp` of `stage` encodes this step."""
         return {p for v in range(len(self.passes[stage])) for p, _ in self.encoder_items(stage, v, dp)}
 
+    def item_rows(self, n_samples: int) -> list[tuple[tuple[int, ...], ...]]:
+        """Per sample, per encoder stage (in the ports' order), the boundary rows of each of its
+        items: what `port.rows` gave when the plan was built, so the batch agreement digests the
+        same values without reading every sample's token ids again (O(items))."""
+        out = [[[] for _ in self.passes] for _ in range(n_samples)]
+        for j, passes in enumerate(self.passes.values()):
+            for p_ in passes:  # the passes of a stage cover the batch once, items in (sample, item) order
+                for image in p_.assignment.images:
+                    out[image.sample][j].append(image.rows)
+        return [tuple(tuple(rows) for rows in per_port) for per_port in out]
+
     def encoder_scale(self, stage: str) -> float:
         """The factor of the encoder's surrogate loss `sum(rows * row_grad)`: the row gradients
         carry the language stage's dp factor (language_scale), the encoder engine divides by its

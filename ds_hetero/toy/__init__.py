@@ -5,6 +5,7 @@
     omni_shapes.py     shapes heard and seen, for the Qwen2.5-Omni thinker
     messages.py        the captions as a TRL user holds them (messages + PIL images)
     processors.py      local processors (tokenizer, image processor) for the tiny models
+    length_mix.py      a seeded SFT-shaped mix of sample lengths (the packing benchmark's, the planner's)
 
 and every model family's tiny model (defined in its home, families/<family>/tiny.py), so that demos and
 tests import their models and data from one place.

@@ -154,3 +154,24 @@ def test_a_config_naming_an_encoder_the_model_lacks_is_refused_by_its_adapter():
     with pytest.raises(HeteroConfigError) as err:
         TwoEncoderAdapter().check_stages(one)
     assert err.value.field == "hetero_parallel.stages.audio" and "missing" in str(err.value)
+
+
+def test_the_plans_item_rows_are_what_the_batch_agreement_digests():
+    """The agreement digests the plan's item rows instead of reading every sample's token ids
+    again: they must be `port.rows` of every sample, per port in the adapter's order, whatever
+    the passes and the balance (and they must tell two batches apart that the rows tell apart)."""
+    from ds_hetero.data.agreement import digest
+
+    adapter = TwoEncoderAdapter()
+    samples = _batch()
+    direct = [tuple(tuple(port.rows(s)) for port in adapter.encoders().values()) for s in samples]
+    for balance in ("tokens", "position"):
+        cfg = _config({"dp": 4}, {"tp": 2, "dp": 2, "micro_batches": 1}, {"tp": 2, "dp": 2}, balance=balance)
+        plan = StepPlan(cfg, adapter.encoders(), samples)
+        assert plan.item_rows(len(samples)) == direct
+        assert digest(plan.item_rows(len(samples))) == digest(direct)
+    # negative control: a sample with one more audio clip changes the rows and the digest
+    other = samples[:3] + [_sample(0, [2])] + samples[4:]
+    other_plan = StepPlan(cfg, adapter.encoders(), other)
+    assert other_plan.item_rows(len(other)) != direct
+    assert digest(other_plan.item_rows(len(other))) != digest(direct)
