@@ -202,14 +202,15 @@ class HeteroEngine:
             plan = plan or StepPlan(self.config, self.adapter.encoders(), samples,
                                     language_cost=self.adapter.language_cost)
             self.schedule.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0}
+            self.schedule.aux_sum = 0.0  # a MoE language stage's aux-loss shares (stage_work.py)
             self.stages.start_step(step)  # the dropout streams restart from (seed, step): resumes draw the same
             loss_sum = self.schedule.run(samples, plan, n_labels, step)
             with self.timeline.span("optimizer.norm", "optimizer", step):
                 norms = global_step.stage_norms(self.stages)
             # Waiting here for the other rank set is idle time, not optimizer work.
             with self.timeline.span("boundary.combine", "boundary", step):
-                grad_norm, loss_sum, n_labels = global_step.combine_norms_and_loss(
-                    self.stages, norms, loss_sum, n_labels)
+                grad_norm, loss_sum, n_labels, aux = global_step.combine_norms_and_loss(
+                    self.stages, norms, loss_sum, n_labels, self.schedule.aux_sum)
             with self.timeline.span("optimizer.step", "optimizer", step):
                 applied = global_step.step_all(self.stages, grad_norm, self.config.gradient_clipping)
         except Exception as exc:  # failures.py: this rank's own error as itself, or which peer stopped
@@ -240,6 +241,7 @@ class HeteroEngine:
             busy_time=busy,
             bubble_fraction=bubble_fraction(busy, step_time),
             skipped=not all(applied),  # as the stage engines counted it (a non-finite norm skips all)
+            aux_loss=aux if self.adapter.has_aux_loss else None,
             language_tokens=plan.language_load(),  # O(samples) on the host, no communication
         )
 

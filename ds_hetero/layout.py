@@ -25,6 +25,9 @@ from typing import NamedTuple
 # The parallelism axes, once, in rank order (tp fastest, pp outermost): the layout's sizes, a rank's
 # coordinate, the config keys of a stage. An axis's own code lives in its folder (tensor_parallel/, ...).
 AXES = ("tp", "cp", "dp", "pp")
+# Axes folded into others, not multiplying the stage's size: ep carves the experts' groups out of
+# the dp x cp ranks (Megatron's "parallel folding"; expert_parallel/, docs/expert-parallel.md).
+FOLDED_AXES = ("ep",)
 
 
 class Coord(NamedTuple):
@@ -51,6 +54,9 @@ class StageLayout:
     ranks: tuple[int, ...]
     sequence_parallel: bool = False
     pp: int = 1  # pipeline stages (the language stage only; config/parse.py refuses it elsewhere)
+    # expert-parallel size (the language stage only): experts sharded over ep ranks carved out of
+    # the dp x cp ranks of each (tp, pp) coordinate ("parallel folding", docs/expert-parallel.md)
+    ep: int = 1
 
     def __post_init__(self) -> None:
         # Config validation gives users field-level messages; these asserts guard direct use.
@@ -66,6 +72,9 @@ class StageLayout:
             )
         if len(set(self.ranks)) != len(self.ranks):
             raise ValueError(f"stage {self.name!r}: duplicate ranks in {self.ranks}")
+        if not isinstance(self.ep, int) or self.ep < 1 or (self.cp * self.dp) % self.ep:
+            raise ValueError(f"stage {self.name!r}: ep={self.ep!r} must be a positive divisor of cp*dp "
+                             f"({self.cp * self.dp})")
 
     # ------------------------------------------------------------------ coordinates
     @property
@@ -95,7 +104,8 @@ class StageLayout:
 
     @property
     def shape(self) -> str:
-        return f"tp{self.tp}cp{self.cp}dp{self.dp}" + (f"pp{self.pp}" if self.pp > 1 else "")
+        return (f"tp{self.tp}cp{self.cp}dp{self.dp}" + (f"pp{self.pp}" if self.pp > 1 else "")
+                + (f"ep{self.ep}" if self.ep > 1 else ""))
 
     # ------------------------------------------------------------------ pipeline stages
     @property
@@ -109,7 +119,8 @@ class StageLayout:
         if not 0 <= k < self.pp:
             raise IndexError(f"pipeline stage {k} outside stage {self.name!r} (pp {self.pp})")
         n = self.chunk_size
-        return StageLayout(self.name, self.tp, self.cp, self.dp, self.ranks[k * n:(k + 1) * n], self.sequence_parallel)
+        return StageLayout(self.name, self.tp, self.cp, self.dp, self.ranks[k * n:(k + 1) * n], self.sequence_parallel,
+                           ep=self.ep)
 
     # ------------------------------------------------------------------ groups
     def _groups(self, varying: tuple[str, ...]) -> list[tuple[int, ...]]:
@@ -153,8 +164,35 @@ class StageLayout:
         without a pipeline (no group of one rank is created for it)."""
         return self._groups(("pp",)) if self.pp > 1 else []
 
+    def _folded(self, expert_parallel: bool) -> list[tuple[int, ...]]:
+        """Expert groups folded into each dp x cp group (Megatron's parallel folding, ep innermost):
+        the dp x cp ranks in local order (cp fastest) are cut into consecutive blocks of ep ranks;
+        `expert_parallel` gives the blocks (ep groups: together they hold every expert once),
+        otherwise the ranks at one position of every block (expert-data-parallel groups: they
+        hold the same experts, and reduce their gradients). None with ep 1."""
+        if self.ep == 1:
+            return []
+        out = []
+        for members in self.dp_cp_groups():
+            blocks = [members[i:i + self.ep] for i in range(0, len(members), self.ep)]
+            out += blocks if expert_parallel else [tuple(b[j] for b in blocks) for j in range(self.ep)]
+        return out
+
+    def ep_groups(self) -> list[tuple[int, ...]]:
+        return self._folded(True)
+
+    def edp_groups(self) -> list[tuple[int, ...]]:
+        return self._folded(False)
+
+    def ep_rank(self, rank: int) -> int:
+        """This rank's position in its ep group (which slice of the experts it holds)."""
+        c = self.coord(rank)
+        return (c.cp + self.cp * c.dp) % self.ep
+
     def groups_of(self, axis: str) -> list[tuple[int, ...]]:
         return {
+            "ep": self.ep_groups,
+            "edp": self.edp_groups,
             "pp": self.pp_groups,
             "tp": self.tp_groups,
             "cp": self.cp_groups,
@@ -170,5 +208,5 @@ class StageLayout:
         raise KeyError(f"rank {rank} is not in stage {self.name!r}")
 
 
-GROUP_KINDS = ("tp", "cp", "dp", "dp_cp", "model", "pp")
+GROUP_KINDS = ("tp", "cp", "dp", "dp_cp", "model", "pp", "ep", "edp")
 

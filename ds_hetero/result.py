@@ -23,6 +23,13 @@ class StepResult:
                                 an encoder that does not train: it has no backward exchange)
     busy_time       seconds this rank spent in forward, backward and optimizer work
     bubble_fraction 1 - busy_time / step_time: the share of the step this rank waited
+    aux_loss        a mixture-of-experts language stage's router load-balancing loss (None without
+                    one), as the Hugging Face model computes it (`load_balancing_loss_func`): per
+                    language micro-batch over all of that micro-batch's tokens (every dp x cp rank's
+                    share), then the mean over the micro-batches; with one micro-batch exactly the
+                    single process's aux loss on the global batch. `loss` includes
+                    `router_aux_loss_coef * aux_loss`; its lm part stays the mean over the global
+                    batch's label tokens (docs/expert-parallel.md)
     language_tokens the language stage's tokens of the step, from its plan (the same on every rank):
                     `real`, `computed` (every dp rank's rows padded, all ranks together) and
                     `max_mean` (the slowest language dp rank's cost over the mean); docs/packing.md
@@ -41,6 +48,7 @@ class StepResult:
     busy_time: float = 0.0
     bubble_fraction: float = 0.0
     skipped: bool = False
+    aux_loss: float | None = None
     language_tokens: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:

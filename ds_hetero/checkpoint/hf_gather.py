@@ -60,6 +60,13 @@ def full_tensor(stage, t: torch.Tensor, on_writer_replica: bool) -> torch.Tensor
     gathered = (deepspeed.zero.GatheredParameters([t], modifier_rank=None) if hasattr(t, "ds_id")
                 else contextlib.nullcontext())
     with gathered:
+        if getattr(t, "expert_parallel", False):  # the writer's ep group gathers its experts
+            from ..expert_parallel.gather import gather_experts, on_expert_writer
+
+            if not on_expert_writer(stage):
+                return None
+            full = gather_experts(t.data, t).cpu()
+            return full if on_writer_replica else None
         if not on_writer_replica:
             return None
         if getattr(t, "tensor_model_parallel", False):

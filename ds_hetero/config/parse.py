@@ -218,10 +218,26 @@ def _stage_specs(section: Mapping[str, Any], placement: str,
             raise HeteroConfigError(f"{sfield}.sequence_parallel", "applies to the language stage only; set it to false")
         if spec["sequence_parallel"] and spec["tp"] == 1:
             raise HeteroConfigError(f"{sfield}.sequence_parallel", "needs tp > 1 (it shards activations over tp)")
+        spec["ep"] = _expert_parallel(name, raw, spec, sfield)
         if spec["ranks"] is not None:
             spec["ranks"] = _rank_list(spec["ranks"], f"{sfield}.ranks")
         specs[name] = spec
     return specs
+
+
+def _expert_parallel(name: str, raw: Mapping[str, Any], spec: Mapping[str, Any], sfield: str) -> int:
+    """`stages.language.ep`: a divisor of the stage's cp x dp (the experts are folded into those
+    ranks; attention keeps tp). What the model must allow (its expert count) is checked with the
+    model (expert_parallel/checks.py)."""
+    ep = _positive_int(raw.get("ep", 1), f"{sfield}.ep")
+    if ep > 1 and name != LANGUAGE:
+        raise HeteroConfigError(f"{sfield}.ep", "expert parallelism applies to the language stage only; use ep 1")
+    if (spec["cp"] * spec["dp"]) % ep:
+        sizes = [d for d in range(1, spec["cp"] * spec["dp"] + 1) if (spec["cp"] * spec["dp"]) % d == 0]
+        raise HeteroConfigError(
+            f"{sfield}.ep", f"got {ep}, which does not divide cp x dp = {spec['cp'] * spec['dp']} (the experts are "
+            f"sharded over ep ranks carved out of the dp x cp ranks; attention keeps tp); use one of {sizes}")
+    return ep
 
 
 def _rank_list(value: Any, field: str) -> tuple[int, ...]:

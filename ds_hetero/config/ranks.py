@@ -148,5 +148,6 @@ def _layout(name: str, spec: dict[str, Any], ranks: tuple[int, ...]) -> StageLay
     return StageLayout(
         name=name, tp=spec["tp"], cp=spec["cp"], dp=spec["dp"], ranks=tuple(ranks),
         sequence_parallel=spec["sequence_parallel"], pp=spec.get("pp", 1),
+        ep=spec.get("ep", 1),
     )
 

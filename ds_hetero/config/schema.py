@@ -15,7 +15,8 @@ rejects unknown keys inside its own sections), so the plugin owns one top-level 
             "vision":   {"tp": 1, "dp": 4, "micro_batches": 1},   # encoder passes per step
             "audio":    {"tp": 2, "dp": 2, "balance": "position"}, # per-encoder balance (docs/multi-encoder.md)
             "language": {"tp": 2, "cp": 1, "dp": 2, "sequence_parallel": false,
-                         "pp": 1, "pp_layers": null}         # pipeline stages (config/pipeline_keys.py)
+                         "pp": 1, "pp_layers": null,          # pipeline stages (config/pipeline_keys.py)
+                         "ep": 1}                             # expert parallelism (docs/expert-parallel.md)
         }                                        # + recompute, zero_stage, freeze (stage_options.py)
     }
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from ..layout import AXES, StageLayout
+from ..layout import AXES, FOLDED_AXES, StageLayout
 from .stage_options import OPTION_KEYS, StageOptions
 
 SECTION = "hetero_parallel"
@@ -49,7 +50,7 @@ DEFAULT_TIMEOUT_S = 300.0  # a collective waiting longer than this raises instea
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # process-group timeouts are integer milliseconds: keep them finite and sane
 BALANCES = ("tokens", "position")  # how encoder images go to dp ranks (step/balance.py)
 LANGUAGE_BATCHINGS = ("samples", "packed")  # how the language stage cuts its micro-batches (step/packing.py)
-STAGE_KEYS = AXES + ("ranks", "sequence_parallel", "micro_batches", "balance", "pp_layers") + OPTION_KEYS
+STAGE_KEYS = AXES + FOLDED_AXES + ("ranks", "sequence_parallel", "micro_batches", "balance", "pp_layers") + OPTION_KEYS
 # DeepSpeed batch keys that ds_hetero derives per stage.
 DERIVED_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 

@@ -50,7 +50,8 @@ from ..errors import HeteroConfigError
 
 ATTENTION_NAME = "ds_hetero_sequence_shards"
 
-# Attention classes of the language decoders this supports (Llama, Qwen2, Qwen2-VL, Qwen2.5-VL, Qwen3-VL text).
+# Attention classes of the language decoders this supports (Llama, Qwen2, Qwen2-VL, Qwen2.5-VL, Qwen3-VL text,
+# Qwen3-VL-MoE text).
 _HF = "transformers.models."
 ATTENTION_CLASSES = (
     _HF + "llama.modeling_llama:LlamaAttention",
@@ -58,6 +59,7 @@ ATTENTION_CLASSES = (
     _HF + "qwen2_vl.modeling_qwen2_vl:Qwen2VLAttention",
     _HF + "qwen2_5_vl.modeling_qwen2_5_vl:Qwen2_5_VLAttention",
     _HF + "qwen3_vl.modeling_qwen3_vl:Qwen3VLTextAttention",
+    _HF + "qwen3_vl_moe.modeling_qwen3_vl_moe:Qwen3VLMoeTextAttention",  # as Qwen3-VL text
 )
 
 

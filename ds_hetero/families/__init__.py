@@ -22,6 +22,7 @@ from .qwen2_5_vl import FAMILY as QWEN2_5_VL
 from .qwen2_vl import FAMILY as QWEN2_VL
 from .qwen3_5 import FAMILY as QWEN3_5
 from .qwen3_vl import FAMILY as QWEN3_VL
+from .qwen3_vl_moe import FAMILY as QWEN3_VL_MOE
 from .refused import REFUSED, refusal
 from .shared_plans import TP_PLANS as SHARED_TP_PLANS
 
@@ -30,6 +31,7 @@ FAMILIES: tuple[Family, ...] = (
     QWEN2_VL,
     QWEN2_5_VL,
     QWEN3_VL,
+    QWEN3_VL_MOE,
     GEMMA3,
     INTERNVL,
     LLAVA_ONEVISION,

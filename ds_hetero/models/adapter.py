@@ -139,6 +139,12 @@ class StageAdapter:
         """Each encoder stage's modules that tensor parallelism shards over that stage's tp group."""
         return {"vision": self.vision_modules()}
 
+    # Whether the language stage adds a router load-balancing loss (a mixture-of-experts family
+    # with `output_router_logits`): StepResult.aux_loss is reported then.
+    @property
+    def has_aux_loss(self) -> bool:
+        return False
+
     @property
     def hidden_size(self) -> int:
         """Width of a boundary row: the language model's hidden size (Qwen3-VL: times 1 + DeepStack levels)."""
@@ -170,6 +176,9 @@ class StageAdapter:
         from ..context_parallel import check_context_parallel, is_sharded
 
         check_context_parallel(self.model.config.text_config, language.tp, language.cp, is_sharded(language))
+        from ..expert_parallel.checks import check_expert_parallel
+
+        check_expert_parallel(self.model.config.text_config, cfg)  # ep needs experts; a MoE stage's limits
 
     def shard(self, groups, cfg) -> None:
         """Shard each stage this rank holds over that stage's tp group (in place, no communication)."""

@@ -69,12 +69,23 @@ def _manual_norm_sq(engine, tp_group) -> torch.Tensor:
     tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
     device = next(engine.module.parameters()).device
     total = torch.zeros((), dtype=torch.float64, device=device)
+    # experts sharded over ep (expert_parallel/): each rank of an ep group holds other experts,
+    # replicated over tp and the expert-data-parallel group: counted on tp rank 0, summed over ep
+    ep_group = next((p.ep_group for p in engine.module.parameters() if getattr(p, "expert_parallel", False)), None)
+    experts = torch.zeros((), dtype=torch.float64, device=device)
     for p in params:
         if is_shared_copy(p):  # the last pipeline stage's copy of a tied weight: counted on the first
+            continue
+        if getattr(p, "expert_parallel", False):
+            if tp_rank == 0:
+                experts += p.grad.detach().double().pow(2).sum()
             continue
         # tp replicas hold identical gradients of replicated parameters: count them once
         if is_model_parallel_parameter(p) or tp_rank == 0:
             total += p.grad.detach().double().pow(2).sum()
+    if ep_group is not None:
+        dist.all_reduce(experts, group=ep_group)
+        total += experts
     if tp_group is not None and dist.get_world_size(tp_group) > 1:
         dist.all_reduce(total, group=tp_group)
     return total

@@ -36,15 +36,17 @@ def stage_norms(stages: StageSet) -> dict[str, torch.Tensor]:
 
 
 def combine_norms_and_loss(stages: StageSet, norms: dict[str, torch.Tensor], loss_sum: float | torch.Tensor,
-                           n_labels: int) -> tuple[float, float, int]:
-    """(all-stage gradient norm, global loss sum, global label count) on every rank, in one all-reduce.
+                           n_labels: int, aux_sum: float | torch.Tensor = 0.0) -> tuple[float, float, int, float]:
+    """(all-stage gradient norm, global loss sum, global label count, global aux-loss sum) on every
+    rank, in one all-reduce.
 
     The local loss sums come from tp rank 0 of every cp shard of every language dp replica
     (with a pipeline only the last pipeline stage has a loss: the others pass 0), the label
-    count from the language stage's first rank.
+    count from the language stage's first rank. `aux_sum`: a mixture-of-experts language stage's
+    shares of its micro-batches' load-balancing losses, from the same ranks (0 without one).
     """
     all_stages = list(stages)
-    vec = torch.zeros(len(all_stages) + 2, dtype=torch.float64, device=stages.device)
+    vec = torch.zeros(len(all_stages) + 3, dtype=torch.float64, device=stages.device)
     for i, stage in enumerate(all_stages):
         if stage.name in norms and stages.rank == stage.norm_rank:
             norm = norms[stage.name].to(vec.device, torch.float64)  # exact (from fp32 or fp64)
@@ -53,13 +55,14 @@ def combine_norms_and_loss(stages: StageSet, norms: dict[str, torch.Tensor], los
             vec[i] = torch.where((norm >= 0) & torch.isfinite(norm), norm * norm, float("inf"))
     language = stages.language
     if language.held and language.coord.tp == 0:  # cp ranks hold the loss sums of their sequence shards
-        vec[-2] = loss_sum
+        vec[-3] = loss_sum
+        vec[-2] = aux_sum
     if stages.rank == language.first_rank:
         vec[-1] = n_labels
     dist.all_reduce(vec, group=stages.boundary_group)
-    # one host read of the three (the norms summed on the device as before)
-    norm_sq, loss, labels = torch.cat([vec[: len(all_stages)].sum().reshape(1), vec[-2:]]).tolist()
-    return math.sqrt(norm_sq), loss, int(labels)
+    # one host read of the four (the norms summed on the device as before)
+    norm_sq, loss, aux, labels = torch.cat([vec[: len(all_stages)].sum().reshape(1), vec[-3:]]).tolist()
+    return math.sqrt(norm_sq), loss, int(labels), aux
 
 
 def step_all(stages: StageSet, grad_norm: float, clip: float) -> list[bool]:

@@ -82,14 +82,16 @@ class EvaluationSchedule(StageWork):
                 rows = self.encoder_forward(stage, samples, plan, m) if stage.held else self.empty_rows()
                 rows_in.append(self.send_rows(stage.name, rows, plan, m, step=None))
             if language.held:
-                loss_sum += self._micro_batch_loss_sum(samples, plan, m, rows_in)
+                loss_sum += self._micro_batch_loss_sum(samples, plan, m, rows_in, n_labels)
         total = (loss_sum if self._holds_loss_share() else torch.zeros_like(loss_sum)).reshape(1)
         dist.all_reduce(total, group=self.stages.boundary_group)
         return total.item() / n_labels
 
-    def _micro_batch_loss_sum(self, samples, plan: StepPlan, m: int, rows_in) -> torch.Tensor:
-        """This rank's share of micro-batch m's token-loss sum (float64)."""
-        return self.language_loss_sum(samples, plan, m, rows_in).double()
+    def _micro_batch_loss_sum(self, samples, plan: StepPlan, m: int, rows_in, n_labels: int | None = None
+                              ) -> torch.Tensor:
+        """This rank's share of micro-batch m's token-loss sum (float64; with a MoE language stage,
+        its aux-loss share: stage_work.language_loss_sum)."""
+        return self.language_loss_sum(samples, plan, m, rows_in, n_labels=n_labels).double()
 
     def _holds_loss_share(self) -> bool:
         """tp rank 0 of every cp shard of every language dp replica holds its share of the sum."""

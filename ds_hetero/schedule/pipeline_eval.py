@@ -27,7 +27,8 @@ class PipelineEvaluationSchedule(EvaluationSchedule):
         language = self.stages.language
         return language.held and language.coord.pp == language.layout.pp - 1 and language.coord.tp == 0
 
-    def _micro_batch_loss_sum(self, samples, plan: StepPlan, m: int, rows_in) -> torch.Tensor:
+    def _micro_batch_loss_sum(self, samples, plan: StepPlan, m: int, rows_in, n_labels: int | None = None
+                              ) -> torch.Tensor:
         language = self.stages.language
         coord, pp = language.coord, language.layout.pp
         neighbours, group = language.groups.ranks_of["pp"], language.groups.pp

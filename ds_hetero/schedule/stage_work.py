@@ -25,6 +25,7 @@ import torch
 
 from ..boundary.inputs import num_shards
 from ..context_parallel import is_sharded, shard_input_ids, shard_language_batch
+from ..expert_parallel import take_aux_loss
 from ..loss import token_loss_sum
 from ..models.packing import packed_language_inputs
 from ..stages.stage_set import Stage, StageSet
@@ -41,6 +42,7 @@ class StageWork:
         self.lm_head = head if isinstance(head, VocabParallelLMHead) else None
         self.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0}
         self.loss_observer = None  # (logits, labels, shifted) -> None, called after each language loss
+        self.aux_sum = 0.0  # this step's aux-loss shares of a MoE language stage (reset by the engine)
 
     def _span(self, name: str, category: str, step: int | None):
         """A timeline span of a training step; evaluation (step None) records none."""
@@ -125,8 +127,14 @@ class StageWork:
         return self.language_batch(mine, rows)
 
     def language_loss_sum(self, samples: Sequence[dict[str, Any]], plan: StepPlan, m: int,
-                          rows_in: Sequence[torch.Tensor], step: int | None = None) -> torch.Tensor:
-        """This rank's sum of token losses of micro-batch m (fp32, on the device)."""
+                          rows_in: Sequence[torch.Tensor], step: int | None = None,
+                          n_labels: int | None = None) -> torch.Tensor:
+        """This rank's sum of token losses of micro-batch m (fp32, on the device).
+
+        A mixture-of-experts language stage adds its share of the router's load-balancing loss
+        (expert_parallel/aux_loss.py), scaled so that the engine's division by the global label
+        count leaves `router_aux_loss_coef * aux_m / micro_batches`: the reported loss and the
+        gradient are then the lm loss plus the mean over micro-batches of each one's aux loss."""
         language = self.stages.language
         batch, counts, sharded = self.language_micro_batch(samples, plan, language.coord.dp, m)
         # rows_in follow the config's stage order; the language stage takes them in its ports' order
@@ -137,9 +145,26 @@ class StageWork:
             logits = language(batch["input_ids"], tuple(rows_in), batch["attention_mask"], batch["position_ids"],
                               n_placeholders=counts, grad=language.trains or any(r.requires_grad for r in rows_in))
             local = token_loss_sum(logits, batch["labels"], self.lm_head, shifted=sharded)
+            aux = take_aux_loss(language.module, *self.aux_group())
+            if aux is not None and n_labels is not None:
+                local = local + language.module.aux_coef * aux * (n_labels / plan.micro_batches)
+                # the shares, averaged over micro-batches: StepResult.aux_loss after the engine's all-reduce
+                self.aux_sum = self.aux_sum + aux.detach().double() / plan.micro_batches
             if self.loss_observer is not None:  # e.g. a client's token accuracy from this very pass
                 self.loss_observer(logits.detach(), batch["labels"], sharded)
             return local
+
+    def aux_group(self):
+        """(the group over which a MoE stage's aux loss counts a micro-batch's tokens, its size, the
+        tp group whose shares are summed or None):
+        the stage's dp x cp ranks, and under sequence parallelism its tp ranks too (they hold other
+        tokens then). Each rank's share is then its own tokens'; under sequence parallelism the tp
+        ranks' shares are summed on every tp rank (`expert_parallel.apply.share_over_tp`)."""
+        language = self.stages.language
+        layout = language.layout
+        if layout.sequence_parallel:
+            return language.groups.stage, layout.dp * layout.cp * layout.tp, language.groups.tp
+        return language.groups.dp_cp, layout.dp * layout.cp, None
 
     def language_step(self, samples: Sequence[dict[str, Any]], plan: StepPlan, m: int,
                       rows_in: Sequence[torch.Tensor], n_labels: int, step: int
@@ -150,7 +175,7 @@ class StageWork:
         tensor on the device: the schedule accumulates it and the engine reads it once per step,
         not once per micro-batch; the gradient of each encoder's rows).
         """
-        local = self.language_loss_sum(samples, plan, m, rows_in, step)
+        local = self.language_loss_sum(samples, plan, m, rows_in, step, n_labels)
         with self._span(f"language.backward[m={m}]", "backward", step):
             self.stages.language.backward(local / n_labels * plan.language_scale())
         grads = [r.grad if r.grad is not None else torch.zeros_like(r) for r in rows_in]

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from ..config import LANGUAGE, HeteroConfig
+from ..expert_parallel.zero import expert_param_groups
 from ..pipeline_parallel.cut import layer_cut
 from ..models.freeze import apply_freeze, trainable_parameters
 from ..pipeline_parallel.chunk import cut_language_stage
@@ -81,6 +82,8 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
             with stage_context(stage.mpu):
                 partition_over_sequence_shards(modules[name], groups[name], stage.mpu, ds_config, layout.cp)
                 params = param_groups(trainable, copy) if name == LANGUAGE else trainable
+                if name == LANGUAGE and stage.trains:  # experts: their own (MoE) optimizer groups
+                    params = expert_param_groups(params, modules[name], cfg.zero_stage_of(name))
                 stage.engine, *_ = deepspeed.initialize(
                     model=modules[name], model_parameters=params if stage.trains else None,
                     optimizer=optimizer if stage.trains else None, mpu=stage.mpu, config=ds_config)

@@ -158,7 +158,11 @@ def full_named_parameters(engine):
         # ZeRO-3 keeps each parameter partitioned over its dp group: gather it first
         gathered = deepspeed.zero.GatheredParameters([p]) if hasattr(p, "ds_id") else contextlib.nullcontext()
         with gathered:
-            if getattr(p, "tensor_model_parallel", False):
+            if getattr(p, "expert_parallel", False):  # experts sliced over the ep group on dim 0
+                from ds_hetero.expert_parallel.gather import gather_experts
+
+                out[name] = gather_experts(p.detach(), p).cpu()
+            elif getattr(p, "tensor_model_parallel", False):
                 out[name] = gather_full(p.detach(), p, group).cpu()  # the reference trains on the CPU
             else:
                 out[name] = p.detach().cpu().clone()

@@ -62,6 +62,8 @@ class StageGroups:
     stage: dist.ProcessGroup | None
     ranks_of: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     pp: dist.ProcessGroup | None = None  # this rank's pipeline neighbours (None without a pipeline)
+    ep: dist.ProcessGroup | None = None  # the ranks that together hold every expert once (None with ep 1)
+    edp: dist.ProcessGroup | None = None  # the ranks holding the same experts: expert gradients reduce here
 
     @property
     def is_member(self) -> bool:
@@ -144,6 +146,8 @@ def build_groups(
             dp_cp=mine.get("dp_cp"),
             model=mine.get("model"),
             pp=mine.get("pp"),
+            ep=mine.get("ep"),
+            edp=mine.get("edp"),
             stage=stage_group if layout.contains(rank) else None,
             ranks_of=ranks_of,
         )

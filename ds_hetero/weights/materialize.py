@@ -212,7 +212,7 @@ def _load_stage(stage, model, names, checkpoint: SafetensorsCheckpoint, tp_rank:
         load.tensors.append(name)
         load.bytes_read += nbytes
         load.bytes_full += full_bytes
-        if getattr(old, "tensor_model_parallel", False):
+        if getattr(old, "tensor_model_parallel", False) or getattr(old, "expert_parallel", False):
             load.sharded_bytes_read += nbytes
             load.sharded_bytes_full += full_bytes
     return load

@@ -62,6 +62,25 @@ def _files(directory: str) -> dict[str, str]:
                        f"(as save_pretrained writes them) are read")
 
 
+def _swaps(model: nn.Module, checkpoint_names) -> dict[str, tuple[int, int]]:
+    """checkpoint name -> the dims of its per-slice transpose (`_swap_of`), for those that have one."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, rename_source_key
+
+    transforms = get_model_conversion_mapping(model)
+    renamings = [t for t in transforms if not isinstance(t, WeightConverter)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    state = dict.fromkeys(model.state_dict())
+    prefix = getattr(model, "base_model_prefix", None)
+    out = {}
+    for name in checkpoint_names:
+        _, converter = rename_source_key(name, renamings, converters, prefix, state)
+        swap = None if converter is None else _swap_of(converters, converter)
+        if swap is not None:
+            out[name] = swap
+    return out
+
+
 def _model_names(model: nn.Module, checkpoint_names) -> dict[str, str]:
     """model state key -> checkpoint name, by transformers' own load-time renamings."""
     from transformers.conversion_mapping import get_model_conversion_mapping
@@ -75,6 +94,9 @@ def _model_names(model: nn.Module, checkpoint_names) -> dict[str, str]:
     mapping = {}
     for name in checkpoint_names:
         renamed, converter = rename_source_key(name, renamings, converters, prefix, state)
+        if converter is not None and _swap_of(converters, converter) is not None:
+            mapping.setdefault(renamed, name)  # a per-slice transpose: SafetensorsCheckpoint applies it
+            continue
         if converter is not None:
             raise WeightsError(
                 f"checkpoint tensor {name!r} needs transformers' conversion {converter!r} (an operation on whole "
@@ -84,6 +106,28 @@ def _model_names(model: nn.Module, checkpoint_names) -> dict[str, str]:
     return mapping
 
 
+def _swap_of(converters, pattern) -> tuple[int, int] | None:
+    """(d0, d1) when the converter of `pattern` is one transpose of two dims other than 0, from a
+    name to itself (Qwen3-VL-MoE's experts, stored [E, H, 2I] on the Hub, [E, 2I, H] in the model):
+    it commutes with reading a slice of dim 0 (the experts an ep rank holds), so per-shard
+    loading transposes each slice; None for any other conversion."""
+    from transformers.core_model_loading import Transpose
+
+    for c in converters:
+        sources = getattr(c, "source_patterns", ())
+        if pattern in sources and list(sources) == list(getattr(c, "target_patterns", ())):
+            ops = list(getattr(c, "operations", ()))
+            if len(ops) == 1 and isinstance(ops[0], Transpose) and 0 not in (ops[0].dim0, ops[0].dim1):
+                return ops[0].dim0, ops[0].dim1
+    return None
+
+
+def _swapped(shape, swap) -> tuple[int, ...]:
+    shape = list(shape)
+    shape[swap[0]], shape[swap[1]] = shape[swap[1]], shape[swap[0]]
+    return tuple(shape)
+
+
 class SafetensorsCheckpoint:
     """Names, shapes and dtypes of a checkpoint's tensors (from the headers), keyed by model name."""
 
@@ -91,6 +135,8 @@ class SafetensorsCheckpoint:
         self.directory = os.fspath(directory)
         self.file_of = _files(self.directory)  # checkpoint name -> file
         self.name_of = _model_names(model, self.file_of)  # model name -> checkpoint name
+        self.swap_of = _swaps(model, self.file_of)  # checkpoint name -> dims a per-slice transpose may swap
+        self.transposed: dict[str, tuple[int, int]] = {}  # those stored transposed (found by check)
         self.shape_of: dict[str, tuple[int, ...]] = {}
         self.dtype_of: dict[str, str] = {}
         by_file = defaultdict(list)
@@ -122,7 +168,12 @@ class SafetensorsCheckpoint:
                     f"weights={self.directory!r} has no tensor for {entries[0][0]!r} (nor any name transformers "
                     f"maps onto it); is this the checkpoint of this model ({type(model).__name__})?")
             name, t = present[0]
-            want, got = tuple(t.shape), self.shape_of[self.name_of[name]]
+            key = self.name_of[name]
+            want, got = tuple(t.shape), self.shape_of[key]
+            swap = self.swap_of.get(key)
+            if want != got and swap is not None and _swapped(got, swap) == want:
+                self.transposed[key] = swap
+                continue
             if want != got:
                 raise WeightsError(
                     f"weights={self.directory!r}: {self.name_of[name]!r} has shape {list(got)} but the model's "
@@ -134,7 +185,15 @@ class SafetensorsCheckpoint:
     def read_into(self, model_name: str, out: torch.Tensor, runs=None, dim: int = 0) -> int:
         """Copy the tensor (or its rows [start, stop) along `dim`, run after run) into `out`."""
         name = self.name_of[model_name]
-        return read_into(self.file_of[name], name, out, runs, dim)
+        swap = self.transposed.get(name)
+        if swap is None:
+            return read_into(self.file_of[name], name, out, runs, dim)
+        if dim in swap:
+            raise WeightsError(f"{name!r} is stored transposed on dims {swap}; a slice along dim {dim} cannot be read")
+        stored = torch.empty(_swapped(out.shape, swap), dtype=out.dtype, device=out.device)
+        numel = read_into(self.file_of[name], name, stored, runs, dim)
+        out.copy_(stored.transpose(*swap))
+        return numel
 
     def itemsize(self, name: str) -> int:
         """Bytes per element of checkpoint tensor `name` as stored."""

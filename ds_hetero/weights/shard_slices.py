@@ -26,7 +26,13 @@ class ShardSlices:
 
 
 def shard_slices(param: torch.Tensor, tp_rank: int, tp_size: int) -> ShardSlices | None:
-    """The runs of rows `param` (a tp shard) holds on tp rank `tp_rank`; None for a replicated tensor."""
+    """The runs of rows `param` (a tp shard) holds on tp rank `tp_rank`; None for a replicated tensor.
+
+    Experts sharded over ep (expert_parallel/layers.py) hold experts [r * n, (r + 1) * n) of dim 0
+    on ep rank r, whatever the tp rank (they are replicated over tp)."""
+    if getattr(param, "expert_parallel", False):
+        n = param.shape[0]
+        return ShardSlices(0, ((param.ep_rank * n, (param.ep_rank + 1) * n),), 0)
     if not getattr(param, "tensor_model_parallel", False):
         return None
     dim, stride, full = param.partition_dim, param.partition_stride, param.partition_full_size

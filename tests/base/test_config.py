@@ -104,7 +104,7 @@ INVALID = [
     ("missing_language", ds({"vision": V4, "audio": V4}), 4, "hetero_parallel.stages.language", "missing"),
     ("language_only", ds({"language": L22}), 4, "hetero_parallel.stages", "encoder"),
     ("stage_not_mapping", ds({"vision": 4, "language": L22}), 4, "hetero_parallel.stages.vision", "mapping"),
-    ("unknown_stage_key", ds({"vision": {"dp": 4, "ep": 1}, "language": L22}), 4, "hetero_parallel.stages.vision.ep", "valid keys"),
+    ("unknown_stage_key", ds({"vision": {"dp": 4, "xp": 1}, "language": L22}), 4, "hetero_parallel.stages.vision.xp", "valid keys"),
     ("missing_dp", ds({"vision": {"tp": 4}, "language": L22}), 4, "hetero_parallel.stages.vision.dp", "missing"),
     ("tp_zero", ds({"vision": {"tp": 0, "dp": 4}, "language": L22}), 4, "hetero_parallel.stages.vision.tp", "positive"),
     ("dp_negative", ds({"vision": {"dp": -4}, "language": L22}), 4, "hetero_parallel.stages.vision.dp", "positive"),

@@ -13,8 +13,6 @@ from ...models.shapes import EncoderSpec, LanguageSpec, ModelSpec, get, language
 
 def shapes(cfg: Any) -> ModelSpec:
     v, text = get(cfg, "vision_config"), get(cfg, "text_config")
-    if str(get(cfg, "model_type", "")) == "qwen3_vl_moe":
-        raise ValueError("qwen3_vl_moe: the planner (like the engine) has no expert parallelism")
     e, m, depth = get(v, "hidden_size"), get(v, "spatial_merge_size"), get(v, "depth")
     merged = e * m * m
     patch_in = get(v, "in_channels", 3) * get(v, "temporal_patch_size") * get(v, "patch_size") ** 2
@@ -34,4 +32,4 @@ def shapes(cfg: Any) -> ModelSpec:
     ), language)
 
 
-SHAPES = {"qwen3_vl": shapes, "qwen3_vl_moe": shapes}
+SHAPES = {"qwen3_vl": shapes}

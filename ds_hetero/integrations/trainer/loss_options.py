@@ -6,7 +6,8 @@ global label count: the Trainer's and TRL's default "nll" loss) in each stage's 
 name, at construction and on every rank, never silently dropped:
 
     compute_loss_func, label_smoothing_factor, TRL loss_type other than "nll" (e.g. "dft"), MoE
-    auxiliary losses (TRL's aux_loss_enabled), padding-free / packed batches, a PEFT method other than
+    auxiliary losses (TRL's aux_loss_enabled) of a family whose language stage does not add one
+    (Qwen3-VL-MoE's does, with TRL's coefficient: docs/expert-parallel.md), padding-free / packed batches, a PEFT method other than
     LoRA (LoRA layouts are checked by tensor_parallel/lora_checks.py), and a
     `compute_loss` override ds_hetero does not know (declare it loss-neutral with
     `ds_hetero.hetero(MyTrainer, engine_loss=True)`)
@@ -44,6 +45,18 @@ def defining_class(trainer, method: str):
     return None
 
 
+def _engine_adds_aux_loss(model) -> bool:
+    """Whether the engine's loss pass adds the model's router load-balancing loss (TRL set
+    `output_router_logits` and `router_aux_loss_coef` on its config: expert_parallel/aux_loss.py)."""
+    from ...families import adapter_for
+
+    base = getattr(model, "get_base_model", lambda: model)()  # a PEFT model: its base
+    try:
+        return bool(adapter_for(base).has_aux_loss)
+    except TypeError:  # no adapter: refused elsewhere, by name
+        return False
+
+
 def loss_problems(trainer) -> list[str]:
     args = trainer.args
     problems = []
@@ -59,9 +72,10 @@ def loss_problems(trainer) -> list[str]:
     for flag in ("enable_dft_loss", "enable_channel_loss"):  # ms-swift's loss variants
         if getattr(args, flag, False):
             problems.append(f"{flag}=True: the engine computes the plain token cross-entropy; set {flag}=False")
-    if getattr(trainer, "aux_loss_enabled", False):
-        problems.append("an MoE auxiliary loss (router_aux_loss_coef / output_router_logits) is enabled: the engine "
-                        "adds no auxiliary loss; disable it")
+    if getattr(trainer, "aux_loss_enabled", False) and not _engine_adds_aux_loss(getattr(trainer, "model", None)):
+        problems.append("an MoE auxiliary loss (router_aux_loss_coef / output_router_logits) is enabled, but the "
+                        "engine adds one only for the mixture-of-experts families it knows (Qwen3-VL-MoE); "
+                        "disable it")
     if getattr(args, "padding_free", False) or getattr(args, "packing", False):
         problems.append("padding_free / packing: the engine batches each stage's share itself; set padding_free=False "
                         "and packing=False, and for packed rows set hetero_parallel.language_batching to \"packed\" "

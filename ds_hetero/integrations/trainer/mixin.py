@@ -87,6 +87,7 @@ class HeteroTrainerMixin:
             else self.data_collator
         self.hetero: HeteroModel | None = None
         self._hetero_metrics = StepMetrics()
+        self._hetero_aux: list[float] = []  # StepResult.aux_loss of the steps since the last log (MoE)
         self._hetero_rows: RankBatch | None = None
         self._hetero_tokens: TokenMetrics | None = None
 
@@ -154,6 +155,8 @@ class HeteroTrainerMixin:
         model.last = r
         self.current_flos += framework_metrics.flops_share(self._hetero_flops, inputs, self.args.world_size)
         self._hetero_metrics.add(r)
+        if r.aux_loss is not None:
+            self._hetero_aux.append(r.aux_loss)
         if hasattr(self, "_total_train_tokens"):  # TRL's num_tokens: the non-padding tokens of every rank's batch
             self._total_train_tokens += sum(int(s["input_ids"].numel()) for s in inputs)
         return torch.tensor(r.loss, device=self.args.device)
@@ -163,6 +166,9 @@ class HeteroTrainerMixin:
             logs.update(self._hetero_metrics.reduce(self.hetero.engine.groups.boundary))
             if self._hetero_tokens is not None:  # where TRL's / ms-swift's log reads them
                 framework_metrics.publish(self, self._hetero_tokens, logs)
+                if self._hetero_aux and framework_metrics.framework(self) == "trl":  # TRL's aux_loss: their mean
+                    self._metrics["train"]["aux_loss"] = [sum(self._hetero_aux) / len(self._hetero_aux)]
+            self._hetero_aux.clear()
         super().log(logs, start_time)
 
     def floating_point_ops(self, inputs) -> float:

@@ -1,0 +1,70 @@
+"""Sharding a model's experts over the language stage's ep group, and handing over the aux loss."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .aux_loss import global_aux_term, per_rank_aux
+from .layers import ExpertParallelExperts
+from .zero import group_name, register
+
+
+def fused_experts(root: nn.Module):
+    """(parent, attribute, module) of every Hugging Face fused-experts module under `root`: a
+    module with 3-D `gate_up_proj` / `down_proj` and `num_experts` (Qwen3-VL-MoE, Qwen3-MoE)."""
+    for name, module in list(root.named_modules()):
+        if isinstance(module, ExpertParallelExperts):
+            continue
+        if all(hasattr(module, a) for a in ("gate_up_proj", "down_proj", "num_experts")) and \
+                getattr(module.gate_up_proj, "ndim", 0) == 3:
+            parent_name, _, attr = name.rpartition(".")
+            yield root.get_submodule(parent_name), attr, module
+
+
+def apply_expert_parallel(root: nn.Module, groups, stage: str = "language") -> int:
+    """Replace every fused-experts module under `root` by this rank's ep shard of it (no
+    communication: each rank slices identical full weights), and register the stage's groups
+    with DeepSpeed (zero.py). Returns how many modules were replaced."""
+    layout = groups.layout
+    name = group_name(stage, layout.ep)
+    register(name, groups.ep, groups.edp, groups.ranks_of["ep"], groups.ranks_of["edp"])
+    ep_rank = layout.ep_rank(groups.rank)
+    n = 0
+    for parent, attr, experts in fused_experts(root):
+        setattr(parent, attr, ExpertParallelExperts(experts, groups.ep, layout.ep, ep_rank, name, groups.edp))
+        n += 1
+    return n
+
+
+class RouterLogits:
+    """What a MoE language stage's forward leaves for the loss: its router logits (one [T, E]
+    tensor per MoE layer), the padding mask of its tokens, and the aux-loss settings."""
+
+    def __init__(self, logits, mask, top_k: int, num_experts: int, coef: float):
+        self.logits, self.mask, self.top_k, self.num_experts, self.coef = logits, mask, top_k, num_experts, coef
+
+
+def share_over_tp(term, tp_group):
+    """Under sequence parallelism each tp rank's term covers its own tokens: the value becomes the
+    tp ranks' sum (identical on each, as the lm loss is), the gradient stays each rank's own term's
+    (the sums over tp of the replicated weights' gradients are their grad hooks')."""
+    import torch.distributed as dist
+
+    total = term.detach().clone()
+    dist.all_reduce(total, group=tp_group)
+    return term + (total - term.detach())
+
+
+def take_aux_loss(module: nn.Module, group=None, group_size: int = 1, tp_group=None):
+    """This rank's share of the micro-batch's aux loss (aux_loss.py, not yet weighted by
+    `router_aux_loss_coef`), or None for a stage without router logits. Consumes what the forward left (one forward, one loss).
+    `module.aux_rule = "per_rank"` computes the wrong, per-rank rule (a negative control only)."""
+    pending = getattr(module, "router_logits", None)
+    if pending is None:
+        return None
+    module.router_logits = None
+    if getattr(module, "aux_rule", "global") == "per_rank":
+        term = per_rank_aux(pending.logits, pending.mask, pending.top_k, pending.num_experts) / group_size
+    else:
+        term = global_aux_term(pending.logits, pending.mask, pending.top_k, pending.num_experts, group)
+    return term if tp_group is None else share_over_tp(term, tp_group)
