@@ -1,6 +1,7 @@
 """ms-swift's own SFT entry point (`sft_main`, its llava1_5_hf template and collator) with the one line
 (`--external_plugins recipes/swift_plugin.py`, DS_HETERO_PARALLEL naming the section), against its stock
-ZeRO-1 run: 4 CPU ranks, a local tiny LLaVA (full tuning with ms-swift's default frozen vision tower),
+ZeRO-1 run: 4 CPU ranks, a local tiny LLaVA (full tuning with ms-swift's default frozen vision tower, and
+ms-swift's LoRA with its per-rank seeds, at dropout 0 and at its default 0.05),
 16 rows = one global batch, 2 steps (the second on the weights the first updated), AdamW, clipping active.
 
 ms-swift 4.6 requires transformers < 5.20, peft < 0.21, trl < 1.0, datasets < 4.8.5: it is installed
@@ -88,6 +89,41 @@ def runs(tmp_path_factory):
     plugin = ["--external_plugins", os.path.join(ROOT, "recipes", "swift_plugin.py")]
     return {"stock": _launch(data, data / "stock"),
             "hetero": _launch(data, data / "hetero", hetero_env, plugin)}
+
+
+@pytest.fixture(scope="module")
+def lora_runs(runs, tmp_path_factory):
+    """ms-swift's LoRA (`--tuner_type lora`: its own targets, rank and init; every rank seeded with
+    `seed + rank`, so each builds different adapters): stock and one-line at lora_dropout 0, and the
+    one-line run at ms-swift's default dropout (0.05) under language tp 2."""
+    data = tmp_path_factory.mktemp("swift_lora")
+    _write_inputs(data)
+    hetero_env = {"DS_HETERO_PARALLEL": str(data / "hetero.json")}
+    plugin = ["--external_plugins", os.path.join(ROOT, "recipes", "swift_plugin.py")]
+    lora = ["--tuner_type", "lora"]
+    return {"stock": _launch(data, data / "stock", extra=(*lora, "--lora_dropout", "0")),
+            "hetero": _launch(data, data / "hetero", hetero_env, (*plugin, *lora, "--lora_dropout", "0")),
+            "dropout": _launch(data, data / "dropout", hetero_env, (*plugin, *lora))}
+
+
+def test_lora_trains_rank_0s_model_as_stock_swift(lora_runs):
+    """Adapters that differ per rank (ms-swift's seed + rank) train rank 0's model, as stock DeepSpeed does."""
+    (stock, _), (mine, _) = lora_runs["stock"], lora_runs["hetero"]
+    assert len(stock) == len(mine) == 2
+    for s, m in zip(stock, mine):
+        assert m["loss"] == pytest.approx(s["loss"], rel=1e-5)
+        assert m["grad_norm"] == pytest.approx(s["grad_norm"], rel=1e-4)
+
+
+def test_lora_with_swifts_default_dropout_trains(lora_runs):
+    """ms-swift's default lora_dropout 0.05 at language tp 2: it runs, its first step equals the dropout-free
+    one (LoRA's B starts at zero, so the first forward does not see the masks), and its second step stays
+    within the dropout's noise of it (the masks differ from any other run's, so no exact reference exists)."""
+    (plain, _), (mine, _) = lora_runs["stock"], lora_runs["dropout"]
+    assert len(mine) == 2
+    assert mine[0]["loss"] == pytest.approx(plain[0]["loss"], rel=1e-5)
+    assert mine[1]["loss"] == pytest.approx(plain[1]["loss"], rel=2e-2)
+    assert mine[1]["loss"] < mine[0]["loss"]
 
 
 def test_one_line_trains_like_stock_swift(runs):

@@ -156,7 +156,7 @@ def _recompute_suite(rank, world_size):
         rc = train_plain("llava", with_rc, 3, dropout=0.2)
         # negative control: the same recompute without torch's RNG preservation
         right = build.enable_recompute
-        build.enable_recompute = lambda module, layers: right(module, layers, preserve_rng_state=False)
+        build.enable_recompute = lambda module, layers, **kw: right(module, layers, preserve_rng_state=False, **kw)
         try:
             wrong = train_plain("llava", with_rc, 3, dropout=0.2)
         finally:
