@@ -145,9 +145,8 @@ def test_validation_names_module_and_numbers():
 def test_unknown_module_is_rejected():
     import torch
 
+    from ds_hetero.families import tp_plans
     from ds_hetero.tensor_parallel import validate_tensor_parallel
 
-    from ds_hetero.families import tp_plans
-
     with pytest.raises(HeteroConfigError, match="no tensor-parallel plan matches any module of Sequential"):
-        validate_tensor_parallel(torch.nn.Sequential(torch.nn.Linear(4, 4)), 2)
+        validate_tensor_parallel(torch.nn.Sequential(torch.nn.Linear(4, 4)), 2, plans=tp_plans())
