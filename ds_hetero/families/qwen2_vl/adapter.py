@@ -33,8 +33,14 @@ class Qwen2VLVisionStage(nn.Module):
             grid = image_grid_thw.new_tensor([[1, m, m]])
             return empty_rows(self, {"pixel_values": pixel_values.new_zeros(m * m, pixel_values.shape[-1]),
                                      "image_grid_thw": grid})
-        dtype = self.visual.merger.mlp[-1].weight.dtype
-        return self.visual(pixel_values.to(dtype), grid_thw=image_grid_thw).pooler_output
+        return self.encode(pixel_values.to(self.input_dtype()), image_grid_thw)
+
+    def input_dtype(self) -> torch.dtype:
+        """The tower's compute dtype, read from its last layer (the patches arrive in fp32)."""
+        return self.visual.merger.mlp[-1].weight.dtype
+
+    def encode(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
+        return self.visual(pixel_values, grid_thw=image_grid_thw).pooler_output
 
 
 def split_qwen2_vl(model: nn.Module) -> dict[str, nn.Module]:

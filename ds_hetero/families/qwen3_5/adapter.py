@@ -26,23 +26,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...models.language_stage import LanguageStage, empty_rows
-from ..qwen2_vl.adapter import Qwen2VLAdapter
+from ...models.language_stage import LanguageStage
+from ..qwen2_vl.adapter import Qwen2VLAdapter, Qwen2VLVisionStage
 
 
-class Qwen3_5VisionStage(nn.Module):
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.visual = model.model.visual
+class Qwen3_5VisionStage(Qwen2VLVisionStage):
+    """Qwen2-VL's stage over Qwen3.5's tower (Qwen3-VL's merger, no DeepStack levels)."""
 
-    def forward(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
-        if image_grid_thw.shape[0] == 0:  # the smallest image: one merged token
-            m = self.visual.spatial_merge_size
-            grid = image_grid_thw.new_tensor([[1, m, m]])
-            return empty_rows(self, {"pixel_values": pixel_values.new_zeros(m * m, pixel_values.shape[-1]),
-                                     "image_grid_thw": grid})
-        dtype = self.visual.merger.linear_fc2.weight.dtype
-        return self.visual(pixel_values.to(dtype), grid_thw=image_grid_thw).pooler_output
+    def input_dtype(self) -> torch.dtype:
+        return self.visual.merger.linear_fc2.weight.dtype
 
 
 def split_qwen3_5(model: nn.Module) -> dict[str, nn.Module]:

@@ -26,23 +26,19 @@ import torch
 from torch import nn
 
 from ...models.item_cost import transformer_cost
-from ..qwen2_vl.adapter import Qwen2VLAdapter
-from ...models.language_stage import LanguageStage, empty_rows
+from ..qwen2_vl.adapter import Qwen2VLAdapter, Qwen2VLVisionStage
+from ...models.language_stage import LanguageStage
 
 
-class Qwen3VLVisionStage(nn.Module):
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.visual = model.model.visual
+class Qwen3VLVisionStage(Qwen2VLVisionStage):
+    """Qwen2-VL's stage over Qwen3-VL's tower: its rows carry the DeepStack levels beside the merged
+    embedding (Qwen3VLLanguageStage splits them)."""
 
-    def forward(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
-        if image_grid_thw.shape[0] == 0:  # the smallest image: one merged token
-            m = self.visual.spatial_merge_size
-            grid = image_grid_thw.new_tensor([[1, m, m]])
-            return empty_rows(self, {"pixel_values": pixel_values.new_zeros(m * m, pixel_values.shape[-1]),
-                                     "image_grid_thw": grid})
-        dtype = self.visual.merger.linear_fc2.weight.dtype
-        out = self.visual(pixel_values.to(dtype), grid_thw=image_grid_thw)
+    def input_dtype(self) -> torch.dtype:
+        return self.visual.merger.linear_fc2.weight.dtype
+
+    def encode(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
+        out = self.visual(pixel_values, grid_thw=image_grid_thw)
         return torch.cat([out.pooler_output, *out.deepstack_features], dim=-1)
 
 
