@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .aux_loss import global_aux_term, per_rank_aux
+from .aux_loss import add_stage_stats, aux_of_stats, global_aux_term, per_rank_aux, stage_stats
 from .layers import ExpertParallelExperts
 from .zero import group_name, register
 
@@ -55,9 +55,10 @@ def share_over_tp(term, tp_group):
     return term + (total - term.detach())
 
 
-def take_aux_loss(module: nn.Module, group=None, group_size: int = 1, tp_group=None):
+def take_aux_loss(module: nn.Module, groups=(), group_size: int = 1, tp_group=None):
     """This rank's share of the micro-batch's aux loss (aux_loss.py, not yet weighted by
     `router_aux_loss_coef`), or None for a stage without router logits. Consumes what the forward left (one forward, one loss).
+    `groups`: those whose ranks' tokens the aux loss counts (aux_group in schedule/stage_work.py).
     `module.aux_rule = "per_rank"` computes the wrong, per-rank rule (a negative control only)."""
     pending = getattr(module, "router_logits", None)
     if pending is None:
@@ -66,5 +67,22 @@ def take_aux_loss(module: nn.Module, group=None, group_size: int = 1, tp_group=N
     if getattr(module, "aux_rule", "global") == "per_rank":
         term = per_rank_aux(pending.logits, pending.mask, pending.top_k, pending.num_experts) / group_size
     else:
-        term = global_aux_term(pending.logits, pending.mask, pending.top_k, pending.num_experts, group)
+        term = global_aux_term(pending.logits, pending.mask, pending.top_k, pending.num_experts, groups)
+    return term if tp_group is None else share_over_tp(term, tp_group)
+
+
+def carry_router_stats(module: nn.Module, incoming, num_experts: int, device, groups=(), stages: int = 1):
+    """A pipeline stage's router statistics to send on (aux_loss.py): the `incoming` ones (None on
+    the first stage) plus those of the layers this chunk just ran. Consumes what the forward left.
+    `module.aux_rule = "per_stage"`: each stage's aux loss over its own layers (a negative control)."""
+    pending = getattr(module, "router_logits", None)
+    module.router_logits = None
+    local = stage_stats(() if pending is None else pending.logits, None if pending is None else pending.mask,
+                        0 if pending is None else pending.top_k, num_experts, device)
+    return add_stage_stats(incoming, local, num_experts, getattr(module, "aux_rule", "global"), groups, stages)
+
+
+def aux_of_carried(stats, num_experts: int, groups=(), tp_group=None):
+    """The last pipeline stage: this rank's share of the micro-batch's aux loss from every layer's sums."""
+    term = aux_of_stats(stats, num_experts, groups)
     return term if tp_group is None else share_over_tp(term, tp_group)

@@ -3,8 +3,8 @@
 The structural part of `stages.language.ep` (a divisor of cp x dp, the language stage only) is
 checked with the config (config/parse.py); here, with the model:
 - the model has experts, and ep divides their count;
-- the combinations built and tested so far: ZeRO 0-3 with ep > 1; no pipeline for a MoE
-  language stage (its aux loss couples every layer of the forward, across pipeline stages).
+- ZeRO 0-3 with ep > 1, and a pipelined MoE language stage (pp > 1, with or without ep: the
+  experts on every pipeline stage, the aux loss's sums carried between them, aux_loss.py).
 Each refusal names the field and what would be valid.
 """
 
@@ -24,8 +24,4 @@ def check_expert_parallel(text_config, cfg) -> None:
     if experts and experts % language.ep:
         sizes = [d for d in range(1, experts + 1) if experts % d == 0 and (language.cp * language.dp) % d == 0]
         raise HeteroConfigError(f"{field}.ep", f"ep={language.ep} does not divide the {experts} experts; use one of {sizes}")
-    if not experts:
-        return
-    if language.pp > 1:
-        raise HeteroConfigError(f"{field}.pp", "a mixture-of-experts language stage is not pipelined yet (its "
-                                "load-balancing loss spans every layer of the forward); use pp 1")
+

@@ -60,12 +60,12 @@ class ExpertParallelExperts(AutoEPMoELayer):
         return combine(out, d, top_k_weights, self.ep_group).to(hidden_states.dtype)
 
     def local_experts(self, rows: torch.Tensor, local_expert: torch.Tensor) -> torch.Tensor:
-        """Each row through its expert's gated MLP, as the HF experts compute it (weights after combine)."""
+        """Each row through its expert's gated MLP, as the HF experts compute it (weights after combine).
+        An expert that got no rows still runs (on none): `act_fn` is a submodule, and ZeRO 3 checks
+        that every rank calls the same submodules in the same order, whatever its routing."""
         out = torch.zeros_like(rows)
         for e in range(self.num_local_experts):
             idx = torch.nonzero(local_expert == e).flatten()
-            if idx.numel() == 0:
-                continue
             gate, up = nn.functional.linear(rows[idx], self.gate_up_proj[e]).chunk(2, dim=-1)
             out = out.index_add(0, idx, nn.functional.linear(self.act_fn(gate) * up, self.down_proj[e]))
         return out

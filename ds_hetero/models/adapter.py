@@ -145,6 +145,17 @@ class StageAdapter:
     def has_aux_loss(self) -> bool:
         return False
 
+    # With the aux loss: the number of experts whose router statistics it sums (the size of what a
+    # pipelined language stage passes between its pipeline stages, expert_parallel/aux_loss.py),
+    # and `router_aux_loss_coef`; 0 and 0.0 without one. Read at every step (TRL sets them late).
+    @property
+    def router_experts(self) -> int:
+        return 0
+
+    @property
+    def router_aux_coef(self) -> float:
+        return 0.0
+
     @property
     def hidden_size(self) -> int:
         """Width of a boundary row: the language model's hidden size (Qwen3-VL: times 1 + DeepStack levels)."""

@@ -60,15 +60,31 @@ class LanguageStage(nn.Module):
         embeds, extra = self.embed_inputs(input_ids, rows, n_placeholders)
         # use_cache False: training keeps no cache, and with one the decoder's mask code would not
         # look for packed sequences in `position_ids` (masking_utils, models/packing.py)
-        hidden = self.language_model(
+        out = self.language_model(
             inputs_embeds=embeds, attention_mask=self.decoder_mask(input_ids, embeds, attention_mask, position_ids),
-            position_ids=position_ids, use_cache=False, **extra,
-        ).last_hidden_state
-        return self.lm_head(hidden)
+            position_ids=position_ids, use_cache=False, **self.decoder_options(), **extra,
+        )
+        self.router_logits = self.router_logits_of(out, input_ids, attention_mask)
+        return self.lm_head(out.last_hidden_state)
 
-    # What the decoder needs beyond `inputs_embeds`, `attention_mask` and `position_ids` comes from
-    # the two hooks below, so that a pipeline chunk (pipeline_parallel/chunk.py) runs exactly what this
-    # forward runs: a family overrides the hooks, never `forward`.
+    # What the decoder needs beyond `inputs_embeds`, `attention_mask` and `position_ids`, and what
+    # the loss takes from its outputs beyond the hidden states, come from the hooks below, so that
+    # a pipeline chunk (pipeline_parallel/chunk.py) runs exactly what this forward runs: a family
+    # overrides the hooks, never `forward`.
+
+    # What the last forward left for the loss besides the logits: a mixture-of-experts family's
+    # router logits (expert_parallel.apply.RouterLogits), consumed by the loss; None otherwise.
+    router_logits = None
+
+    def decoder_options(self) -> dict:
+        """Keyword arguments of every decoder call (a mixture-of-experts family asks for its router
+        logits with `output_router_logits`); read at each forward, as the config may change."""
+        return {}
+
+    def router_logits_of(self, out, input_ids: torch.Tensor, attention_mask: torch.Tensor | None):
+        """What the loss needs of the decoder's output `out` beyond its hidden states (a MoE
+        family: the router logits of the layers it ran, with the padding of their tokens), or None."""
+        return None
 
     def embed_inputs(self, input_ids: torch.Tensor, rows, n_placeholders: Sequence[int] | None = None
                      ) -> tuple[torch.Tensor, dict]:

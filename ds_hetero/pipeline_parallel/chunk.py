@@ -65,6 +65,11 @@ class PipelineChunk(nn.Module):
         # The family's decoder mask (Gemma 3: image blocks bidirectional), built by every chunk from
         # the micro-batch's `input_ids`, as the pp-1 stage builds it (LanguageStage.decoder_mask).
         self._decoder_mask = stage.decoder_mask
+        # The family's decoder options and what its loss takes from the decoder's output (a MoE
+        # family's router logits, of this chunk's layers only: expert_parallel/aux_loss.py sums
+        # them over the chunks), as the pp-1 stage calls them (LanguageStage.router_logits_of).
+        self._decoder_options, self._router_logits_of = stage.decoder_options, stage.router_logits_of
+        self.router_logits = None
         self.lm_head = stage.lm_head if self.is_last else None
 
     def forward(
@@ -89,8 +94,10 @@ class PipelineChunk(nn.Module):
         mask = self._decoder_mask(input_ids, embeds, attention_mask, position_ids)
         # use_cache False: a cache built from the chunk's config has only the chunk's layers, but
         # the layers index it by their index in the whole decoder
-        hidden = self.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
-                              use_cache=False, **extra).last_hidden_state
+        out = self.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
+                           use_cache=False, **self._decoder_options(), **extra)
+        self.router_logits = self._router_logits_of(out, input_ids, attention_mask)
+        hidden = out.last_hidden_state
         return self.lm_head(hidden) if self.is_last else hidden
 
 

@@ -7,7 +7,8 @@ method per instruction. Activations go to the next pipeline stage and input grad
 previous one, point to point in the pp group (`isend` / blocking `recv`; every rank knows each tensor's
 shape from the plan: pipeline_parallel/hidden_shape.py). The encoders' work joins in through `inline`
 (first_stage and disaggregated: stage 0's forward and backward of a micro-batch) or `fill` (colocated:
-the pipeline's idle steps, pipeline_fill.py); pipeline.py says which and why.
+the pipeline's idle steps, pipeline_fill.py); pipeline.py says which and why. A mixture-of-experts
+language stage's router statistics travel with the hidden states and their gradients (router_carry.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from ..loss import token_loss_sum
 from ..pipeline_parallel.hidden_shape import hidden_shape as shard_shape
 from ..step.step_plan import StepPlan
+from .router_carry import RouterCarry
 
 
 class OneFOneB:
@@ -43,6 +45,8 @@ class OneFOneB:
         if fill is not None:
             self.arrived, self.row_grads = fill.arrived, fill.row_grads  # filled and emptied by the encoders' work
         self.next_forward = 0
+        experts = work.adapter.router_experts  # with a MoE aux loss: its statistics travel too
+        self.carry = RouterCarry(work, experts) if experts else None
 
     def run(self) -> tuple[Any, dict[int, dict[str, torch.Tensor]]]:
         from deepspeed.runtime.pipe import schedule as ds
@@ -90,6 +94,8 @@ class OneFOneB:
         x = torch.empty(self.hidden_shape(m), dtype=stages.dtype, device=stages.device)
         with self.work._span(f"pipeline.recv_activation[m={m}]", "pipeline", self.step):
             dist.recv(x, self.prev, group=self.group)
+            if self.carry is not None:
+                self.carry.recv(self.micro_batch(m), self.prev, self.group)
         self.micro_batch(m)["input"] = x.requires_grad_(True)
 
     def forward(self, buffer_id: int) -> None:
@@ -109,19 +115,29 @@ class OneFOneB:
             else:
                 out = language(s["input"], (), batch["attention_mask"], batch["position_ids"],
                                input_ids=batch["input_ids"])
+            if self.carry is not None:
+                self.carry.forward(s)
             if self.nxt is None:
                 out = token_loss_sum(out, batch["labels"], self.work.lm_head, shifted=s["sharded"])
+                if self.carry is not None:
+                    out = self.carry.add_aux(out, s, self.plan, self.n_labels)
         s["output"] = out
 
     def send_activation(self, buffer_id: int) -> None:
-        y = self.state[self.of_buffer[buffer_id]]["output"].detach().contiguous()
+        s = self.state[self.of_buffer[buffer_id]]
+        y = s["output"].detach().contiguous()
         self.sends.append((dist.isend(y, self.nxt, group=self.group), y))
+        if self.carry is not None:  # after the hidden states, to the same neighbour
+            c = s["carry"].detach().contiguous()
+            self.sends.append((dist.isend(c, self.nxt, group=self.group), c))
 
     def recv_grad(self, buffer_id: int) -> None:
         m = self.of_buffer[buffer_id]
         g = torch.empty_like(self.state[m]["output"])
         with self.work._span(f"pipeline.recv_grad[m={m}]", "pipeline", self.step):
             dist.recv(g, self.nxt, group=self.group)
+            if self.carry is not None:
+                self.carry.recv_grad(self.state[m], self.nxt, self.group)
         self.state[m]["output_grad"] = g
 
     def backward(self, buffer_id: int) -> None:
@@ -133,8 +149,11 @@ class OneFOneB:
                 language.backward(local / self.n_labels * self.plan.language_scale())
                 self.loss_sum += local.detach().double()
             else:  # the received gradient carries the last stage's scaling already
+                surrogate = (s["output"] * s.pop("output_grad")).sum()
+                if self.carry is not None:
+                    surrogate = surrogate + self.carry.surrogate(s)
                 with language.context():
-                    language.engine.backward((s["output"] * s.pop("output_grad")).sum(), scale_wrt_gas=False)
+                    language.engine.backward(surrogate, scale_wrt_gas=False)
         s.pop("output")
         first = self.coord.pp == 0
         if first:
@@ -145,6 +164,10 @@ class OneFOneB:
             self.inline.backward(m, self.row_grads.pop(m))
 
     def send_grad(self, buffer_id: int) -> None:
-        x = self.state.pop(self.of_buffer.pop(buffer_id))["input"]
+        s = self.state.pop(self.of_buffer.pop(buffer_id))
+        x = s["input"]
         g = (x.grad if x.grad is not None else torch.zeros_like(x)).contiguous()
         self.sends.append((dist.isend(g, self.prev, group=self.group), g))
+        if self.carry is not None:  # after the hidden states' gradient, to the same neighbour
+            c = self.carry.input_grad(s)
+            self.sends.append((dist.isend(c, self.prev, group=self.group), c))

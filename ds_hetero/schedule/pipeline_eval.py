@@ -6,7 +6,9 @@ stages one after the other, each sending its hidden states to the next with a bl
 point-to-point send in the pp group (evaluation has no backward to overlap, so no 1F1B).
 With cp or sequence parallelism each rank sends its sequence shard (pipeline_shapes.py).
 The last pipeline stage's tp rank 0 of every cp shard of every dp replica holds its share of
-the loss sum; one all-reduce over the boundary group gives every rank the loss.
+the loss sum; one all-reduce over the boundary group gives every rank the loss. A
+mixture-of-experts stage's router statistics follow the hidden states (router_carry.py), and
+the last pipeline stage adds each micro-batch's aux loss as the pp-1 evaluation does.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.distributed as dist
 from ..loss import token_loss_sum
 from ..step.step_plan import StepPlan
 from .evaluation import EvaluationSchedule
+from .router_carry import RouterCarry
 from ..pipeline_parallel.hidden_shape import hidden_shape
 
 
@@ -34,14 +37,25 @@ class PipelineEvaluationSchedule(EvaluationSchedule):
         neighbours, group = language.groups.ranks_of["pp"], language.groups.pp
         batch, counts, sharded = self.language_micro_batch(samples, plan, coord.dp, m)
         args = (batch["attention_mask"], batch["position_ids"])
+        experts = self.adapter.router_experts
+        carry, s = (RouterCarry(self, experts) if experts else None), {}
         if coord.pp == 0:
             out = language(batch["input_ids"], tuple(rows_in), *args, n_placeholders=counts)
         else:
             x = torch.empty(hidden_shape(language.layout, batch, sharded, self.adapter.language_hidden_size),
                             dtype=self.stages.dtype, device=self.stages.device)
             dist.recv(x, neighbours[coord.pp - 1], group=group)
+            if carry is not None:
+                carry.recv(s, neighbours[coord.pp - 1], group)
             out = language(x, (), *args, input_ids=batch["input_ids"])
+        if carry is not None:
+            carry.forward(s)
         if coord.pp < pp - 1:
             dist.send(out.contiguous(), neighbours[coord.pp + 1], group=group)
+            if carry is not None:
+                dist.send(s["carry"].contiguous(), neighbours[coord.pp + 1], group=group)
             return torch.zeros((), dtype=torch.float64, device=self.stages.device)
-        return token_loss_sum(out, batch["labels"], self.lm_head, shifted=sharded).double()
+        local = token_loss_sum(out, batch["labels"], self.lm_head, shifted=sharded)
+        if carry is not None and n_labels is not None:
+            local = carry.add_aux(local, s, plan, n_labels)
+        return local.double()

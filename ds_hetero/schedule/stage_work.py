@@ -147,24 +147,30 @@ class StageWork:
             local = token_loss_sum(logits, batch["labels"], self.lm_head, shifted=sharded)
             aux = take_aux_loss(language.module, *self.aux_group())
             if aux is not None and n_labels is not None:
-                local = local + language.module.aux_coef * aux * (n_labels / plan.micro_batches)
-                # the shares, averaged over micro-batches: StepResult.aux_loss after the engine's all-reduce
-                self.aux_sum = self.aux_sum + aux.detach().double() / plan.micro_batches
+                local = self.add_aux(local, aux, plan, n_labels)
             if self.loss_observer is not None:  # e.g. a client's token accuracy from this very pass
                 self.loss_observer(logits.detach(), batch["labels"], sharded)
             return local
 
+    def add_aux(self, local: torch.Tensor, aux: torch.Tensor, plan: StepPlan, n_labels: int) -> torch.Tensor:
+        """`local` plus this rank's aux-loss share of a micro-batch, scaled so that the engine's
+        division by the global label count leaves `router_aux_loss_coef * aux_m / micro_batches`;
+        the shares, averaged over micro-batches, are StepResult.aux_loss after the engine's all-reduce."""
+        self.aux_sum = self.aux_sum + aux.detach().double() / plan.micro_batches
+        return local + self.adapter.router_aux_coef * aux * (n_labels / plan.micro_batches)
+
     def aux_group(self):
-        """(the group over which a MoE stage's aux loss counts a micro-batch's tokens, its size, the
-        tp group whose shares are summed or None):
-        the stage's dp x cp ranks, and under sequence parallelism its tp ranks too (they hold other
-        tokens then). Each rank's share is then its own tokens'; under sequence parallelism the tp
+        """(the groups over which a MoE stage's aux loss counts a micro-batch's tokens, their ranks,
+        the tp group whose shares are summed or None):
+        the stage's dp x cp ranks (of this pipeline stage), and under sequence parallelism its tp
+        ranks too (they hold other tokens then; the counts are whole numbers, summed exactly in
+        either order). Each rank's share is then its own tokens'; under sequence parallelism the tp
         ranks' shares are summed on every tp rank (`expert_parallel.apply.share_over_tp`)."""
         language = self.stages.language
         layout = language.layout
         if layout.sequence_parallel:
-            return language.groups.stage, layout.dp * layout.cp * layout.tp, language.groups.tp
-        return language.groups.dp_cp, layout.dp * layout.cp, None
+            return (language.groups.dp_cp, language.groups.tp), layout.dp * layout.cp * layout.tp, language.groups.tp
+        return (language.groups.dp_cp,), layout.dp * layout.cp, None
 
     def language_step(self, samples: Sequence[dict[str, Any]], plan: StepPlan, m: int,
                       rows_in: Sequence[torch.Tensor], n_labels: int, step: int

@@ -11,7 +11,9 @@ own aux loss (`model(**micro_batch)`, its `.aux_loss`).
 `control`: a deliberately wrong engine, whose losses or weights must end far from the reference:
 "drop" (a capacity of one assignment per expert and source rank: the rest dropped), "wrong_rank"
 (each assignment sent to the next ep rank's expert of the same local index), "per_rank_aux"
-(each rank's aux loss on its own tokens, averaged).
+(each rank's aux loss on its own tokens, averaged), "per_stage_aux" (with pp > 1: each pipeline
+stage's aux loss over its own layers only, averaged over the stages, instead of one over all layers).
+With pp > 1 every rank holds its pipeline stage's weights: the weights of all ranks are compared.
 """
 
 from __future__ import annotations
@@ -111,8 +113,8 @@ def apply_control(engine, control):
     from ds_hetero.expert_parallel import ExpertParallelExperts
 
     module = engine.stages.language.module
-    if control == "per_rank_aux":
-        module.aux_rule = "per_rank"
+    if control in ("per_rank_aux", "per_stage_aux"):
+        module.aux_rule = control[:-4]
         return
     for m in module.modules():
         if isinstance(m, ExpertParallelExperts):
@@ -132,9 +134,10 @@ def _expert_partition(engine):
 
 
 def train_moe(rank, world_size, layout, micro_batches=1, steps=5, batch_size=8, control=None, model_kw=None,
-              zero_stage=0, hetero=None, reference_micro_batches=None):
+              zero_stage=0, hetero=None, reference_micro_batches=None, evaluate=False):
     """`reference_micro_batches`: the reference's aux-loss rule computed for another micro-batch
-    count (a negative control of the several-micro-batch rule)."""
+    count (a negative control of the several-micro-batch rule). `evaluate`: also `eval_batch` of
+    the first batch after training, against the trained reference's loss on it by the same rule."""
     import ds_hetero
 
     def make_optimizer(params):  # eps 1e-4: see ds_hetero/testing/parity.py
@@ -164,18 +167,42 @@ def train_moe(rank, world_size, layout, micro_batches=1, steps=5, batch_size=8, 
     results = [engine.train_batch(samples) for samples in batches]
     partition = _expert_partition(engine)
     got = full_named_parameters(engine)
+    parts = _every_rank(got, world_size) if layout["language"].get("pp", 1) > 1 else [got]
+    evaluated = engine.eval_batch(batches[0]) if evaluate else None
     ref_losses, ref_norms, ref_aux = reference_train(reference, batches, make_optimizer, CLIP,
                                                      reference_micro_batches or micro_batches)
     out = {
         "losses": [r.loss for r in results], "ref_losses": ref_losses,
         "aux": [r.aux_loss for r in results], "ref_aux": ref_aux,
         "norms": [r.grad_norm for r in results], "ref_norms": ref_norms,
-        "weight_err": max_rel_err(got, {n: p.detach() for n, p in reference.named_parameters()}),
+        "weight_err": _worst(parts, {n: p.detach() for n, p in reference.named_parameters()}),
         "n_params": len(dict(reference.named_parameters())),
         "expert_partition": partition,
     }
+    if evaluate:
+        from ds_hetero.families import adapter_for
+
+        with torch.no_grad():
+            want, _ = reference_loss(reference, adapter_for(reference), batches[0], micro_batches)
+        out["eval"] = (evaluated, float(want))
     engine.groups.destroy()
     return out
+
+
+def _every_rank(got, world_size):
+    """Every rank's weights (a pipeline: each holds its own pipeline stage's)."""
+    import torch.distributed as dist
+
+    parts = [None] * world_size
+    dist.all_gather_object(parts, got)
+    return parts
+
+
+def _worst(parts, want):
+    """max_rel_err's worst over every rank's weights; compared: the distinct weights compared."""
+    errs = [max_rel_err(part, want) for part in parts]
+    err, where, _, _ = max(errs, key=lambda e: e[0])
+    return err, where, max(e[2] for e in errs), len(set().union(*parts) & set(want))
 
 
 def dispatch_adjoint(rank, world_size, ep=4, tokens=13, hidden=6, experts=8, top_k=2):

@@ -7,11 +7,15 @@ vision dp4 + language dp4 ep4 (one micro-batch each: the aux loss is the global 
 language dp4 ep2 with 2 micro-batches (the aux loss per micro-batch, averaged: docs/expert-parallel.md),
 language tp2 dp2 with sequence parallelism ep2, language cp2 dp2 ep4 with 2 micro-batches, and
 language dp4 ep2 with ZeRO 3 (each expert partitioned over its 2 expert-data-parallel ranks),
-a frozen router with recompute (tp2 dp2 ep2), frozen experts under ZeRO 3 (and refused under ZeRO 2).
+a frozen router with recompute (tp2 dp2 ep2), frozen experts under ZeRO 3 (and refused under ZeRO 2),
+and pipelined: language dp2 pp2 ep2 with 4 micro-batches (ZeRO 1, and ZeRO 3), language tp2 pp2
+with sequence parallelism (ep 1): the experts on both pipeline stages, the aux loss over every
+layer of each micro-batch (its sums carried between the pipeline stages), and eval_batch after it.
 StepResult.aux_loss equals the model's aux loss (the mean of the micro-batches' with several).
 Negative controls, each of which must fail the same bar: routing with a capacity that drops
-assignments, routing to the wrong expert rank, the aux loss computed per rank, and with 2
-micro-batches a reference whose aux loss is the whole batch's (the rule must matter).
+assignments, routing to the wrong expert rank, the aux loss computed per rank, with 2
+micro-batches a reference whose aux loss is the whole batch's (the rule must matter), and with
+pp2 each pipeline stage's aux loss over its own layers only.
 The dispatch and combine all-to-alls pass an adjoint test; save_pretrained from ep2 tp2 is the
 engine's weights and loads per shard into ep4 with the same eval loss; the main job's script runs
 the family with ep. The pure checks (groups, config errors) run without processes.
@@ -47,8 +51,19 @@ LAYOUTS = {
                                           "freeze": ["*.mlp.gate.weight"]}}),
     "language dp4 ep2 zero3, frozen experts": dict(
         layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 2, "freeze": ["*.mlp.experts.*"]}}, zero_stage=3),
+    # pipelined: the experts on both pipeline stages (layers 0-1 | 2), the aux loss's sums carried
+    # between them (expert_parallel/aux_loss.py); 4 micro-batches of 2 samples, 1 per dp rank
+    "language dp2 pp2 ep2, 4 micro-batches, zero1": dict(
+        layout={"vision": V, "language": {"dp": 2, "pp": 2, "ep": 2}}, micro_batches=4, zero_stage=1, evaluate=True),
+    "language dp2 pp2 ep2, 4 micro-batches, zero3": dict(
+        layout={"vision": V, "language": {"dp": 2, "pp": 2, "ep": 2}}, micro_batches=4, zero_stage=3),
+    # pp without ep (the experts replicated), under sequence parallelism (the counts over tp too)
+    "language tp2 pp2 sequence parallel (ep 1), 2 micro-batches": dict(
+        layout={"vision": V, "language": {"tp": 2, "dp": 1, "pp": 2, "sequence_parallel": True}}, micro_batches=2,
+        evaluate=True),
 }
-CONTROLS = ("drop", "wrong_rank", "per_rank_aux", "global_aux_over_micro_batches")
+PP = "language dp2 pp2 ep2, 4 micro-batches, zero1"
+CONTROLS = ("drop", "wrong_rank", "per_rank_aux", "global_aux_over_micro_batches", "per_stage_aux")
 
 
 def _cases(tmp):
@@ -61,6 +76,8 @@ def _cases(tmp):
     # the engine's per-micro-batch rule against a reference taking one aux loss over the whole batch
     cases[CONTROLS[3]] = (train_moe, dict(LAYOUTS["language dp4 ep2, 2 micro-batches, zero1"], steps=2,
                                           reference_micro_batches=1))
+    # pp2: each pipeline stage's aux loss over its own layers (averaged over the stages)
+    cases[CONTROLS[4]] = (train_moe, dict(LAYOUTS[PP], steps=2, evaluate=False, control=CONTROLS[4]))
     cases["save_and_load"] = (save_and_load, dict(tmp=tmp, layout=LAYOUTS["vision dp4 + language tp2 dp2 ep2 zero0"]["layout"]))
     cases["recipe"] = (_recipe, dict(tmp=tmp))
     cases["frozen experts zero2"] = (_refused, dict(layout={"vision": V, "language": {
@@ -133,6 +150,9 @@ def test_expert_parallel_matches_single_process_reference(runs, name):
             ranks, full, local = r["expert_partition"]
             assert ranks == 2 and local == -(-full // 2), r["expert_partition"]
         assert err <= RTOL and abs_err <= ATOL, (rank, err, where, abs_err)
+        if "eval" in r:  # eval_batch after training: the lm loss plus each micro-batch's aux loss, averaged
+            got, want = r["eval"]
+            assert abs(got - want) <= RTOL * abs(want), (rank, r["eval"])
 
 
 @pytest.mark.parametrize("control", CONTROLS)
@@ -209,8 +229,8 @@ def test_model_checks_name_the_field():
         adapter_for(tiny_qwen3_vl_moe(num_experts=6)).check_layouts(_config({"dp": 4, "ep": 4}))
     moe.check_layouts(_config({"dp": 4, "ep": 2}, zero=2))  # ZeRO 1/2: MoE optimizer groups over edp
     moe.check_layouts(_config({"dp": 4, "ep": 2}, zero=3))  # ZeRO 3: experts partitioned over edp
-    with pytest.raises(HeteroConfigError, match="not pipelined"):
-        moe.check_layouts(_config({"dp": 2, "pp": 2, "ep": 2}))
+    moe.check_layouts(_config({"dp": 2, "pp": 2, "ep": 2}))  # pipelined: experts on every pipeline stage
+    moe.check_layouts(_config({"tp": 2, "dp": 1, "pp": 2}))  # pp without ep
     moe.check_layouts(_config({"cp": 2, "dp": 2, "ep": 4}))  # sequence shards: ep folds over cp too
     moe.check_layouts(_config({"tp": 2, "dp": 2, "sequence_parallel": True, "ep": 2}))
 
@@ -248,3 +268,36 @@ def test_trl_moe_aux_loss_is_accepted_for_a_family_whose_engine_adds_it():
 def test_frozen_experts_under_zero12_are_refused_by_name(runs):
     for msg in runs["frozen experts zero2"]:
         assert msg is not None and msg.startswith("hetero_parallel.stages.language.freeze") and "ZeRO 0 or 3" in msg
+
+
+@pytest.mark.parametrize("cut", [(0, 3, 5), (0, 1, 2, 5), (0, 5)])
+def test_aux_sums_carried_over_pipeline_stages_are_the_models_aux_loss(cut):
+    """The pipeline stages' partial sums added stage by stage (aux_loss.add_stage_stats), the value
+    formed at the last: HF's load_balancing_loss_func over all layers, and autograd through the
+    carried vector gives every layer's logits HF's gradient. Each stage's aux loss over its own
+    layers (the negative control's rule) does not."""
+    import torch
+    from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import load_balancing_loss_func
+
+    from ds_hetero.expert_parallel.aux_loss import add_stage_stats, aux_of_stats, stage_stats
+
+    gen = torch.Generator().manual_seed(3)
+    experts, k, tokens = 8, 2, 13
+    logits = [torch.randn(tokens, experts, generator=gen, requires_grad=True) for _ in range(cut[-1])]
+    mask = (torch.rand(1, tokens, generator=gen) > 0.3).long()
+    want = load_balancing_loss_func(tuple(logits), experts, k, mask)
+    want_grad = torch.autograd.grad(want, logits)
+
+    def carried(rule):
+        c = None
+        for a, b in zip(cut, cut[1:]):
+            c = add_stage_stats(c, stage_stats(logits[a:b], mask, k, experts, "cpu"), experts, rule,
+                                stages=len(cut) - 1)
+        return aux_of_stats(c, experts)
+
+    got = carried("global")
+    assert abs(float(got) - float(want)) <= 1e-6 * float(want)
+    for g, w in zip(torch.autograd.grad(got, logits), want_grad):
+        assert torch.allclose(g, w, rtol=1e-5, atol=1e-7)
+    if len(cut) > 2:
+        assert abs(float(carried("per_stage")) - float(want)) > 1e-4 * float(want)

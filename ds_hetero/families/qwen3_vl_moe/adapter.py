@@ -40,20 +40,19 @@ class Qwen3VLMoeLanguageStage(Qwen3VLLanguageStage):
     def aux_coef(self) -> float:
         return float(self.text_config.router_aux_loss_coef)
 
-    def forward(self, input_ids, rows, attention_mask=None, position_ids=None, n_placeholders=None):
+    def decoder_options(self) -> dict:
+        return {"output_router_logits": self.with_aux}
+
+    def router_logits_of(self, out, input_ids, attention_mask):
+        """The router logits of the layers the decoder ran (every MoE layer, or a pipeline chunk's),
+        with the padding of this rank's tokens and the aux-loss settings; None without the aux loss."""
         from ...expert_parallel.apply import RouterLogits
 
-        embeds, extra = self.embed_inputs(input_ids, rows, n_placeholders)
-        with_aux = self.with_aux
-        out = self.language_model(
-            inputs_embeds=embeds, attention_mask=self.decoder_mask(input_ids, embeds, attention_mask, position_ids),
-            position_ids=position_ids, output_router_logits=with_aux, **extra)
-        if with_aux:
-            t = self.text_config
-            self.router_logits = RouterLogits(out.router_logits, self.token_padding(input_ids, attention_mask),
-                                              t.num_experts_per_tok, t.num_experts, self.aux_coef)
-        return self.lm_head(out.last_hidden_state)
-
+        if not self.with_aux:
+            return None
+        t = self.text_config
+        return RouterLogits(out.router_logits, self.token_padding(input_ids, attention_mask),
+                            t.num_experts_per_tok, t.num_experts, self.aux_coef)
 
     def token_padding(self, input_ids, attention_mask):
         """1 where this rank's tokens (the rows its router saw) are not padding, as the HF aux loss
@@ -83,6 +82,15 @@ class Qwen3VLMoeAdapter(Qwen3VLAdapter):
     @property
     def has_aux_loss(self) -> bool:
         return bool(self.model.config.text_config.output_router_logits)
+
+    @property
+    def router_experts(self) -> int:
+        t = self.model.config.text_config
+        return int(t.num_experts) if t.output_router_logits else 0
+
+    @property
+    def router_aux_coef(self) -> float:
+        return float(self.model.config.text_config.router_aux_loss_coef)
 
     def split(self) -> dict[str, nn.Module]:
         language = Qwen3VLMoeLanguageStage(self.model)
