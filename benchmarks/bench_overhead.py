@@ -2,13 +2,16 @@
 
     python benchmarks/bench_overhead.py                 # bench_layouts' default and --quick sizes (~6 min)
     python benchmarks/bench_overhead.py --sizes quick   # one size only
+    python benchmarks/bench_overhead.py --sizes quick --world 2   # 2 ranks, each bound to its own core
 
 The same seeded LLaVA (bench_layouts' "balanced" scenario), the same global batches, ZeRO 1,
 AdamW, clipping 1.0, on 4 CPU ranks: "ds_hetero dp4" (vision tp1 dp4 + language tp1 dp4,
 colocated: two stage engines, a boundary that moves nothing) against "plain DS dp4" (one
 `deepspeed.initialize` over the whole model, benchmarks/layouts_plain.py). Both engines live in
 ONE set of processes and step round-robin (A B, B A, ...), so a shared machine's drift hits both
-alike.
+alike. `--world 2`: the same rows at dp2 on 2 ranks, each bound to its own core
+(`os.sched_setaffinity`), so a rank waiting in a collective waits for real instead of handing
+its core to another rank (at 4 ranks on 2 cores every collective also costs context switches).
 
 Reported per size:
 - wall time per step (the slowest rank, from a common barrier) and the median of the per-round
@@ -16,7 +19,8 @@ Reported per size:
 - CPU seconds per step (all ranks, time.process_time): robust to other jobs on the machine, since
   a rank waiting in a gloo collective sleeps;
 - where ds_hetero's CPU time goes against plain DeepSpeed's, phase by phase (cProfile on CPU time,
-  rank 0): model forward, backward, the boundary exchange, the gradient norm, the optimizer step,
+  rank 0, over as many further rounds: the timed rounds run unprofiled): model forward, backward,
+  the boundary exchange, the gradient norm, the optimizer step,
   the batch agreement and the step plan, and the rest.
 """
 
@@ -35,9 +39,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the layouts_* 
 from bench_layouts import parse_args as layouts_args  # noqa: E402
 from cpu_ranks import launch  # noqa: E402
 from layouts_measure import make_engine  # noqa: E402
-from layouts_rows import make_batches  # noqa: E402
+from layouts_rows import Layout, Plain, make_batches  # noqa: E402
 
-ROWS = ("ds_hetero dp4", "plain DS dp4")
+ROWS = ("ds_hetero dp4", "plain DS dp4")  # the names bench_layouts knows; --world renames them (rows_of)
+
+
+def rows_of(world: int) -> tuple[str, str]:
+    return (f"ds_hetero dp{world}", f"plain DS dp{world}")
+
+
+def layouts_of(world: int) -> dict:
+    hetero, plain = rows_of(world)
+    return {hetero: Layout((1, world), (1, world)), plain: Plain()}
 
 # phase -> functions (file suffix, name) whose cumulative CPU time it is, for each engine. Nested
 # entries are subtracted where one phase runs inside another (the boundary's backward exchange
@@ -88,50 +101,64 @@ def run(rank, world, a, steps):
     """Both engines in this process, stepped round-robin; per-step wall and CPU, rank 0's profiles."""
     import torch.distributed as dist
 
+    cores = sorted(os.sched_getaffinity(0))
+    if world <= len(cores):  # one rank per core: waiting is real
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
+    rows = rows_of(world)
     engines = {}
-    for name in ROWS:
+    for name in rows:
         model, engine = make_engine(name, a)
         if hasattr(engine, "timeline"):
             engine.timeline.synchronize = False  # as in training: no device sync per span
         engines[name] = engine
-    batches = make_batches(model, a, steps + 2)
+    batches = make_batches(model, a, 2 * steps + 2)
     for b in batches[:2]:  # warm-up: DeepSpeed's first steps allocate
         for engine in engines.values():
             engine.train_batch(b)
-    profiles = {name: cProfile.Profile(time.process_time) for name in ROWS}
+    # the timed rounds run without the profiler (it costs per Python call, and ds_hetero makes more
+    # of them than plain DeepSpeed: profiled, the ratio reads high); the profiled rounds follow
+    profiles = {name: cProfile.Profile(time.process_time) for name in rows}
     rounds = []
     for i, b in enumerate(batches[2:]):
-        order = ROWS if i % 2 == 0 else ROWS[::-1]
+        order = rows if i % 2 == 0 else rows[::-1]
         rec = {}
         for name in order:
+            profile = profiles[name] if i >= steps else None
             dist.barrier()
             t0, c0 = time.perf_counter(), time.process_time()
-            profiles[name].enable()
+            if profile:
+                profile.enable()
             engines[name].train_batch(b)
-            profiles[name].disable()
+            if profile:
+                profile.disable()
             rec[name] = (time.perf_counter() - t0, time.process_time() - c0)
-        rounds.append(rec)
+        if i < steps:
+            rounds.append(rec)
     out = {"rounds": rounds}
     if rank == 0:
-        out["breakdown"] = {name: breakdown(pstats.Stats(profiles[name]), "hetero" if name == ROWS[0] else "plain",
-                                            steps) for name in ROWS}
+        out["breakdown"] = {name: breakdown(pstats.Stats(profiles[name]), "hetero" if name == rows[0] else "plain",
+                                            steps) for name in rows}
     return out
 
 
 def report(size: str, a: dict, per_rank: list[dict], steps: int) -> None:
-    wall = {n: [max(r["rounds"][i][n][0] for r in per_rank) for i in range(steps)] for n in ROWS}
-    cpu = {n: [sum(r["rounds"][i][n][1] for r in per_rank) for i in range(steps)] for n in ROWS}
-    ratio = [wall[ROWS[0]][i] / wall[ROWS[1]][i] for i in range(steps)]
-    cpu_ratio = [cpu[ROWS[0]][i] / cpu[ROWS[1]][i] for i in range(steps)]
+    rows = rows_of(a["world"])
+    binding = "one per core" if a["world"] <= len(os.sched_getaffinity(0)) else f"on {len(os.sched_getaffinity(0))} cores"
+    wall = {n: [max(r["rounds"][i][n][0] for r in per_rank) for i in range(steps)] for n in rows}
+    cpu = {n: [sum(r["rounds"][i][n][1] for r in per_rank) for i in range(steps)] for n in rows}
+    ratio = [wall[rows[0]][i] / wall[rows[1]][i] for i in range(steps)]
+    cpu_ratio = [cpu[rows[0]][i] / cpu[rows[1]][i] for i in range(steps)]
     print(f"\n== {size} sizes (vision {a['vision_hidden']}x{a['vision_layers']}, language "
-          f"{a['text_hidden']}x{a['text_layers']}, {a['image_size']} px, batch {a['batch']}), {steps} rounds; "
+          f"{a['text_hidden']}x{a['text_layers']}, {a['image_size']} px, batch {a['batch']}), {a['world']} ranks "
+          f"{binding}, {steps} rounds; "
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"{'row':<16}{'wall s/step':>12}{'min':>8}{'CPU s/step':>12}")
-    for n in ROWS:
+    for n in rows:
         print(f"{n:<16}{statistics.median(wall[n]):>12.3f}{min(wall[n]):>8.3f}{statistics.median(cpu[n]):>12.3f}")
     print(f"overhead ds_hetero / plain DeepSpeed: wall {statistics.median(ratio):.3f} (median of per-round ratios; "
-          f"fastest steps {min(wall[ROWS[0]]) / min(wall[ROWS[1]]):.3f}), CPU {statistics.median(cpu_ratio):.3f}")
-    hetero, plain = (per_rank[0]["breakdown"][n] for n in ROWS)
+          f"fastest steps {min(wall[rows[0]]) / min(wall[rows[1]]):.3f}), CPU {statistics.median(cpu_ratio):.3f} "
+          f"(cheapest steps {min(cpu[rows[0]]) / min(cpu[rows[1]]):.3f}: other jobs only add)")
+    hetero, plain = (per_rank[0]["breakdown"][n] for n in rows)
     print(f"\nwhere the CPU time goes, rank 0, ms per step:\n{'phase':<38}{'ds_hetero':>10}{'plain DS':>10}{'diff':>8}")
     for phase in hetero:
         print(f"{phase:<38}{hetero[phase]:>10.1f}{plain[phase]:>10.1f}{hetero[phase] - plain[phase]:>+8.1f}")
@@ -141,12 +168,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", nargs="+", choices=["default", "quick"], default=["default", "quick"])
     p.add_argument("--steps", type=int, default=8, help="measured rounds (each steps both engines once)")
+    p.add_argument("--world", type=int, default=4, choices=[2, 4],
+                   help="ranks (dp of both rows); at most one per core, each rank is bound to its own core")
     args = p.parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     for size in args.sizes:
         _, runs = layouts_args((["--quick"] if size == "quick" else []) + ["--scenario", "balanced", "--rows", *ROWS])
-        a = runs[0][1]
-        per_rank = launch(run, a, args.steps, timeout=3600.0)
+        a = dict(runs[0][1], world=args.world, extra_layouts=layouts_of(args.world))
+        per_rank = launch(run, a, args.steps, world=args.world, timeout=3600.0)
         report(size, a, per_rank, args.steps)
     return 0
 

@@ -25,7 +25,7 @@ from .data import agreement
 from .data.loader import GlobalBatchLoader
 from .data.samples import as_sample_list
 from .failures import is_collective_failure, own_failure, peer_failure
-from .loss import label_token_count
+from .loss import label_token_total
 from .families import adapter_for
 from .result import StepResult
 from .schedule import ColocatedSchedule, DisaggregatedSchedule, PipelineSchedule
@@ -178,8 +178,7 @@ class HeteroEngine:
                 shares = (plan.language_positions(language.coord.dp) if plan is not None and self.config.packed
                           else [p for m in range(self.config.micro_batches)
                                 for p in stage_samples(self.config, language.name, language.coord.dp, m)])
-                for p in shares:
-                    mine += label_token_count(samples[p]["labels"])
+                mine = label_token_total([samples[p]["labels"] for p in shares])
         return agreement.agree(problem, mine, self.stages.boundary_group, self.device, inputs)
 
     def train_batch(self, samples: Sequence[dict[str, Any]] | None = None) -> StepResult:

@@ -133,3 +133,24 @@ def test_bad_batches_are_refused_on_every_rank_and_a_dead_peer_is_named(tmp_path
     assert "ds_hetero: rank 0 (vision) failed in step 2" in out["error"], out["error"]
     assert "rank 1 left no report (it died" in out["error"], out["error"]  # the dead peer, named
     assert out["after_s"] < RAISE_WITHIN_S, out
+
+
+@pytest.mark.parametrize("shape", [(1,), (7,), (1, 9), (3, 5)])
+def test_label_total_counts_as_the_per_sample_loop(shape):
+    """The agreement's label count (one concatenation) is the per-sample count summed, exactly;
+    control: counting the labels unshifted (the first position included) differs."""
+    import torch
+
+    from ds_hetero.loss import IGNORE_INDEX, label_token_count, label_token_total
+
+    g = torch.Generator().manual_seed(0)
+    labels = []
+    for i in range(6):
+        x = torch.randint(0, 50, (*shape[:-1], shape[-1] + i), generator=g)
+        x[torch.rand(x.shape, generator=g) < 0.4] = IGNORE_INDEX
+        x[..., 0] = 7  # a label on the first position: no earlier token predicts it
+        labels.append(x)
+    assert label_token_total(labels) == sum(label_token_count(x) for x in labels)
+    assert label_token_total([]) == 0
+    unshifted = sum(int((x != IGNORE_INDEX).sum()) for x in labels)
+    assert unshifted != label_token_total(labels)
