@@ -303,3 +303,27 @@ def test_language_load_reports_padding_and_balance():
     assert loads["samples"]["computed"] > real  # each share padded to its longest sample
     assert loads["packed"]["computed"] - real < 2 * 2 * 2  # only up to the 2 shards, per rank and micro-batch
     assert 1.0 <= loads["packed"]["max_mean"] < loads["samples"]["max_mean"]
+
+
+@pytest.mark.parametrize("placement, vision_passes", [("colocated", 1), ("disaggregated", None)])
+@pytest.mark.parametrize("balance", ["position", "tokens"])
+def test_data_path_reads_every_sample_a_rank_uses(balance, placement, vision_passes):
+    """Packed: a rank's language and encoder samples are known only from the plan; what it reads
+    before the batch and once the plan is known covers every sample it touches (disaggregated:
+    encoder-only ranks too; any encoder balance)."""
+    from ds_hetero.step.rank_data import HeldShare, RankDataPath
+
+    model = tiny_llava("clip", seed=1)
+    adapter = adapter_for(model)
+    vision = {"dp": 2, **({"micro_batches": vision_passes} if vision_passes else {})}
+    ds = _ds({"dp": 2}, vision, batch=16, micro_batches=4, balance=balance, placement=placement)
+    cfg = load_config(ds, 4 if placement == "disaggregated" else 2)
+    for batch in uneven_batches("llava", model, 2, 16):
+        plan = StepPlan(cfg, adapter.encoders(), batch, language_cost=adapter.language_cost)
+        for stage, passes in (("vision", vision_passes or 4), ("language", 4)):
+            for dp in range(2):
+                path = RankDataPath(cfg, adapter, [HeldShare(stage, dp, passes)], None)
+                read = path.needed_positions() | path.balanced_positions(plan)
+                used = plan.language_positions(dp) if stage == "language" else plan.encoder_positions(stage, dp)
+                assert used <= read, (stage, dp, sorted(used - read))
+                assert not path.needed_positions()  # nothing is known before the plan
