@@ -10,7 +10,8 @@ prices too), shaped like the public VLM SFT mixes (LLaVA mix665k, ShareGPT4V) an
 2-4 images + lognormal(5.0, 0.6); 20% text only, lognormal(6.4, 0.9) + 16; texts divided by the
 scale too, every sample capped at 8192 / scale tokens. And the shipped dataset (recipes/data/shapes_llava.json,
 what `recipes/train_llava.py --data` reads: 48 LLaVA-JSON rows, one or two images or none, 17-162 tokens),
-encoded with the bench model's processor (ds_hetero/toy/processors.py), a seeded draw of the batch per step.
+encoded with the bench model's processor (ds_hetero/toy/processors.py), a seeded draw of the batch per step
+(with replacement only when the batch is larger than the 48 rows).
 
 Rows (colocated, vision dp = language dp = world, ZeRO 1, AdamW, clipping 1.0, 2 micro-batches):
 
@@ -88,7 +89,9 @@ def shipped_batches(model, a, n: int):
 
     data = SFTDataset.from_file(SHIPPED, tiny_processor(model))
     rows = [data[i] for i in range(len(data))]
-    return [[rows[i] for i in random.Random(2000 + step).sample(range(len(rows)), a.batch)] for step in range(n)]
+    def draw(rng):  # without replacement while the rows last (a larger batch repeats some)
+        return rng.sample(range(len(rows)), a.batch) if a.batch <= len(rows) else rng.choices(range(len(rows)), k=a.batch)
+    return [[rows[i] for i in draw(random.Random(2000 + step))] for step in range(n)]
 
 
 def config(row, a, world):
@@ -122,7 +125,8 @@ def run(rank, world, a):
     torch.set_num_threads(1)
     engines = {row: ds_hetero.initialize(make_model(a), config(row, a, world)) for row in ROWS}
     model, n = engines["samples"].model, a.warmup + a.rounds
-    data = {"mix": batches(model, a, n), "shipped": shipped_batches(model, a, n)}
+    make = {"mix": batches, "shipped": shipped_batches}
+    data = {ds: make[ds](model, a, n) for ds in a.datasets}
     rec = {(ds, row): [] for ds in a.datasets for row in ROWS}
     for i in range(n):
         for ds in a.datasets:  # interleaved: every round both datasets, both rows, the order alternating
