@@ -3,8 +3,8 @@
 With `hetero_parallel.language_batching` "packed" the language stage does not give dp rank d the
 d-th contiguous share of a consecutive micro-batch padded to its longest sample. Instead every
 sample of the global batch goes to one of `micro_batches x dp` bins (bin m * dp + d: dp rank d's
-part of language micro-batch m) by longest-processing-time-first on its language cost (step/
-balance.py `lpt`; the cost counts attention's quadratic term, as the encoder's does), and each
+part of language micro-batch m) by its language cost (the cost counts attention's quadratic
+term, as the encoder's does), and each
 bin's samples are laid end to end in one packed row (or, under `max_tokens_per_micro_batch`, a
 few rows of at most that many tokens; a longer sample has a row of its own). Each sample keeps
 its own positions (restarting at 0), so the decoder's mask keeps attention inside it
@@ -20,10 +20,10 @@ gives its other ranks work up to its length, and the short samples fill the rest
 bin takes no more tokens than `TOKEN_SLACK` times the mean bin's (or the longest sample) while
 another bin has room (the activations of one micro-batch stay near the flat split's), and every
 bin gets at least one sample. And it is never slower than the split inside the samples cut's
-micro-batches (LPT per micro-batch): where that one's summed slowest bins cost less, it is kept. A flat LPT over the bins (equal bins) and the samples cut's
-micro-batches split by LPT (a long sample among few: max/mean 1.47 at 4 ranks on the SFT mix)
-both leave the ranks of a long sample's micro-batch waiting; tests/step/test_packing_plan.py
-compares them. A sample therefore moves out of the micro-batch the samples cut puts it in: the
+micro-batches (step/balance.py `lpt` per micro-batch, this module's first rule: a long sample
+among few left max/mean 1.47 at 4 ranks on the SFT mix): where that one's summed slowest bins
+cost less, it is kept. Why not a flat LPT over all the bins (every bin equal): the other ranks
+of a long sample's micro-batch would still wait for it. A sample therefore moves out of the micro-batch the samples cut puts it in: the
 StepPlan's encoder passes then cover the samples of the micro-batches they feed (step/
 step_plan.py), and the data paths read them once the plan is known (step/rank_data.py). Inside a
 bin, and inside each row, samples keep ascending batch order: the boundary's destination order
@@ -37,9 +37,8 @@ same on every rank without communication; O(n (log n + M)) for n samples and M m
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
-
 import heapq
+from typing import Callable, Sequence
 
 from .balance import lpt
 
