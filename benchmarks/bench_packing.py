@@ -1,4 +1,4 @@
-"""Packed, token-balanced language micro-batches against the samples cut, on an SFT-shaped mix; one run.
+"""Packed, token-balanced language micro-batches against the samples cut, on an SFT mix and the shipped data; one run.
 
     python benchmarks/bench_packing.py            # 2 ranks, one per core; global batch 16 (~5 min loaded)
     python benchmarks/bench_packing.py --quick    # fewer rounds
@@ -8,19 +8,25 @@ The mix (a seeded generator, `ds_hetero/toy/length_mix.py` `sft_mix`, which `ds-
 prices too), shaped like the public VLM SFT mixes (LLaVA mix665k, ShareGPT4V) and scaled down by
 `--scale` for CPU: 70% one image (576 tokens / scale) + a text of lognormal(5.2, 0.8) tokens; 10%
 2-4 images + lognormal(5.0, 0.6); 20% text only, lognormal(6.4, 0.9) + 16; texts divided by the
-scale too, every sample capped at 8192 / scale tokens.
+scale too, every sample capped at 8192 / scale tokens. And the shipped dataset (recipes/data/shapes_llava.json,
+what `recipes/train_llava.py --data` reads: 48 LLaVA-JSON rows, one or two images or none, 17-162 tokens),
+encoded with the bench model's processor (ds_hetero/toy/processors.py), a seeded draw of the batch per step
+(with replacement only when the batch is larger than the 48 rows).
 
 Rows (colocated, vision dp = language dp = world, ZeRO 1, AdamW, clipping 1.0, 2 micro-batches):
 
     samples   hetero_parallel.language_batching "samples": each language dp rank takes a contiguous
               share of every micro-batch, padded to its longest sample
-    packed    "packed": the micro-batch's samples to dp ranks by token cost (LPT), one packed row each
+    packed    "packed": the global batch's samples to (micro-batch, dp rank) bins by token cost, across
+              micro-batches (step/packing.py), one packed row each
 
 Both rows' engines live in ONE set of processes and step alternately on the same batches (A B, B A,
 ...), so the drift of a shared machine hits both alike. Per row: the step time (slowest rank,
 median of rounds), the ratio to "samples", real / computed language tokens (computed: every rank's
 rows padded to its longest), and the language stage's max/mean load over the dp ranks (the step
-plan's cost per rank, worst micro-batch, mean over steps; step/packing.py `load_figures`).
+plan's cost per rank, worst micro-batch, mean over steps; step/packing.py `load_figures`) and the step's
+(`step_max_mean`: the slowest rank's cost summed over the micro-batches over the means', the step's time over
+a balanced one's; mean over steps).
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ from cpu_ranks import launch  # noqa: E402
 from ds_hetero.toy.length_mix import sft_mix  # noqa: E402  (the mix `ds-hetero plan --lengths sft` prices)
 
 ROWS = ("samples", "packed")
+DATASETS = ("mix", "shipped")
+SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "recipes", "data", "shapes_llava.json")
 
 
 def make_model(a):
@@ -72,6 +80,20 @@ def batches(model, a, n: int):
     return out
 
 
+def shipped_batches(model, a, n: int):
+    """`n` global batches of the shipped dataset: a seeded draw of `a.batch` rows each (48 rows in all)."""
+    import random
+
+    from ds_hetero.sft_data import SFTDataset
+    from ds_hetero.toy.processors import tiny_processor
+
+    data = SFTDataset.from_file(SHIPPED, tiny_processor(model))
+    rows = [data[i] for i in range(len(data))]
+    def draw(rng):  # without replacement while the rows last (a larger batch repeats some)
+        return rng.sample(range(len(rows)), a.batch) if a.batch <= len(rows) else rng.choices(range(len(rows)), k=a.batch)
+    return [[rows[i] for i in draw(random.Random(2000 + step))] for step in range(n)]
+
+
 def config(row, a, world):
     return {
         "train_batch_size": a.batch, "zero_optimization": {"stage": 1}, "gradient_clipping": 1.0,
@@ -83,19 +105,11 @@ def config(row, a, world):
 
 
 def plan_figures(engine, samples):
-    """(real, computed, worst micro-batch max/mean) of the step's language work, from its plan."""
-    from ds_hetero.step.packing import load_figures
+    """The step's language figures from its plan: real, computed, max_mean (worst micro-batch), step_max_mean."""
     from ds_hetero.step.step_plan import StepPlan
 
     plan = StepPlan(engine.config, engine.adapter.encoders(), samples, language_cost=engine.adapter.language_cost)
-    lengths = [int(s["input_ids"].numel()) for s in samples]
-    real = computed = 0
-    worst = 1.0
-    for m in range(plan.micro_batches):
-        rows = [plan.language_rows(d, m) for d in range(engine.config.language.dp)]
-        f = load_figures(rows, lengths, cost=engine.adapter.language_cost, packed=plan.packed)
-        real, computed, worst = real + f["real"], computed + f["computed"], max(worst, f["max_mean"])
-    return real, computed, worst
+    return plan.language_load()
 
 
 def run(rank, world, a):
@@ -110,18 +124,21 @@ def run(rank, world, a):
     os.sched_setaffinity(0, {cores[rank % len(cores)]})  # one rank per core at 2 ranks: waiting is real
     torch.set_num_threads(1)
     engines = {row: ds_hetero.initialize(make_model(a), config(row, a, world)) for row in ROWS}
-    data = batches(engines["samples"].model, a, a.warmup + a.rounds)
-    rec = {row: [] for row in ROWS}
-    for i, samples in enumerate(data):
-        for row in (ROWS if i % 2 == 0 else ROWS[::-1]):
-            engine = engines[row]
-            dist.barrier()
-            t0 = time.perf_counter()
-            r = engine.train_batch(samples)
-            wall = time.perf_counter() - t0
-            if i >= a.warmup:
-                real, computed, worst = plan_figures(engine, samples)
-                rec[row].append(dict(wall=wall, loss=r.loss, real=real, computed=computed, max_mean=worst))
+    model, n = engines["samples"].model, a.warmup + a.rounds
+    make = {"mix": batches, "shipped": shipped_batches}
+    data = {ds: make[ds](model, a, n) for ds in a.datasets}
+    rec = {(ds, row): [] for ds in a.datasets for row in ROWS}
+    for i in range(n):
+        for ds in a.datasets:  # interleaved: every round both datasets, both rows, the order alternating
+            samples = data[ds][i]
+            for row in (ROWS if i % 2 == 0 else ROWS[::-1]):
+                engine = engines[row]
+                dist.barrier()
+                t0 = time.perf_counter()
+                r = engine.train_batch(samples)
+                wall = time.perf_counter() - t0
+                if i >= a.warmup:
+                    rec[ds, row].append(dict(wall=wall, loss=r.loss, **plan_figures(engine, samples)))
     for e in engines.values():
         e.groups.destroy()
     return rec
@@ -129,27 +146,31 @@ def run(rank, world, a):
 
 def summarize(per_rank):
     table = {}
-    for row in ROWS:
-        steps = list(zip(*(r[row] for r in per_rank)))
+    for key in per_rank[0]:
+        steps = list(zip(*(r[key] for r in per_rank)))
         first = [s[0] for s in steps]
-        table[row] = dict(step=statistics.median(max(x["wall"] for x in s) for s in steps),
+        table[key] = dict(step=statistics.median(max(x["wall"] for x in s) for s in steps),
                           real=sum(x["real"] for x in first), computed=sum(x["computed"] for x in first),
                           max_mean=statistics.mean(x["max_mean"] for x in first),
+                          step_max_mean=statistics.mean(x["step_max_mean"] for x in first),
                           losses=[x["loss"] for x in first])
-    for x, y in zip(table["samples"]["losses"], table["packed"]["losses"]):  # the same function, less work
-        assert abs(x - y) <= 1e-4 * abs(x), (table["samples"]["losses"], table["packed"]["losses"])
+    for ds in {k[0] for k in table}:  # the same function, less work
+        x, y = table[ds, "samples"]["losses"], table[ds, "packed"]["losses"]
+        assert all(abs(p - q) <= 1e-4 * abs(p) for p, q in zip(x, y)), (ds, x, y)
     return table
 
 
 def print_table(table, a, world):
     binding = "one per core" if world <= len(os.sched_getaffinity(0)) else f"on {len(os.sched_getaffinity(0))} cores"
     print(f"\nLLaVA (text {a.text_hidden} x {a.text_layers} layers), {world} ranks {binding}, global batch "
-          f"{a.batch}, 2 micro-batches, SFT mix / {a.scale}; medians of {a.rounds} rounds (machine shared: ratios only)")
-    base = table["samples"]["step"]
-    print(f"{'row':8}  {'step s':>7}  {'vs samples':>10}  {'real/computed':>13}  {'language max/mean':>17}")
-    for row, r in table.items():
-        print(f"{row:8}  {r['step']:7.3f}  {base / r['step']:9.2f}x  {r['real'] / r['computed']:13.3f}  "
-              f"{r['max_mean']:17.2f}")
+          f"{a.batch}, 2 micro-batches; mix: SFT mix / {a.scale}, shipped: {os.path.basename(SHIPPED)}; medians of "
+          f"{a.rounds} rounds (machine shared: ratios only; load {os.getloadavg()[0]:.1f})")
+    print(f"{'data':8}  {'row':8}  {'step s':>7}  {'vs samples':>10}  {'real/computed':>13}  "
+          f"{'max/mean (worst mb)':>19}  {'max/mean (step)':>15}")
+    for (ds, row), r in table.items():
+        base = table[ds, "samples"]["step"]
+        print(f"{ds:8}  {row:8}  {r['step']:7.3f}  {base / r['step']:9.2f}x  {r['real'] / r['computed']:13.3f}  "
+              f"{r['max_mean']:19.2f}  {r['step_max_mean']:15.2f}")
 
 
 def parse_args(argv=None):
@@ -162,7 +183,11 @@ def parse_args(argv=None):
     p.add_argument("--text-layers", type=int, default=4)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--rounds", type=int, default=None)
+    p.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated: mix, shipped")
     a = p.parse_args(argv)
+    a.datasets = tuple(d for d in a.datasets.split(",") if d)
+    if not a.datasets or set(a.datasets) - set(DATASETS):
+        p.error(f"--datasets: a comma-separated choice of {DATASETS}")
     a.rounds = a.rounds if a.rounds is not None else (3 if a.quick else 8)
     return a
 

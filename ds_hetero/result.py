@@ -32,7 +32,8 @@ class StepResult:
                     batch's label tokens (docs/expert-parallel.md)
     language_tokens the language stage's tokens of the step, from its plan (the same on every rank):
                     `real`, `computed` (every dp rank's rows padded, all ranks together) and
-                    `max_mean` (the slowest language dp rank's cost over the mean); docs/packing.md
+                    `max_mean` (the slowest language dp rank's cost over the mean, worst micro-batch),
+                    `step_max_mean` (the slowest ranks' summed over micro-batches over the means'); docs/packing.md
     """
 
     loss: float

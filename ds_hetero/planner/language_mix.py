@@ -4,7 +4,8 @@ Without a length mix (`Workload.lengths` empty) every sample is `seq_len` tokens
 rank's micro-batch is `samples` rows of that length: the planner's formulas (flops.py,
 activations.py, collectives.py) take (samples, seq_len). With one, each language dp rank's
 samples and rows come from the runtime's own functions (step/shares.py `dp_share` for the samples
-cut, step/packing.py `pack_micro_batch` for "packed", the cost step/packing.py's
+cut, step/packing.py `pack_batch` for "packed": the whole batch to (micro-batch, dp rank) bins, as
+the StepPlan assigns it, across micro-batches; the cost step/packing.py's
 `language_cost_of` with the model's widths, as the adapter's `language_cost`), so the plan's
 padded tokens and max/mean are the StepPlan's on the same samples (tests/planner/
 test_planner_lengths.py).
@@ -27,7 +28,7 @@ from typing import Sequence
 from ..boundary.inputs import num_shards
 from ..layout import StageLayout
 from ..models.shapes import ModelSpec
-from ..step.packing import language_cost_of, load_figures, pack_micro_batch
+from ..step.packing import batch_load, language_cost_of, pack_batch
 from ..step.shares import dp_share
 from .workload import Workload
 
@@ -43,13 +44,13 @@ class RankWork:
     real: int
 
 
-def micro_batch_rows(lengths: Sequence[int], m: int, size: int, dp: int, packed: bool, cost,
-                     budget: int | None) -> list[tuple[tuple[int, ...], ...]]:
-    """Per dp rank, the rows (batch positions) of micro-batch m of `size` samples: StepPlan's."""
+def batch_rows(lengths: Sequence[int], micro_batches: int, dp: int, packed: bool, cost,
+               budget: int | None) -> list[list[tuple[tuple[int, ...], ...]]]:
+    """`out[m][d]`: dp rank d's rows (batch positions) in micro-batch m: StepPlan.language_rows."""
     if packed:
-        mb = dp_share(m, size, 1, 0)
-        return list(pack_micro_batch(mb, [lengths[p] for p in mb], dp, cost, budget))
-    return [tuple((p,) for p in dp_share(m, size, dp, d)) for d in range(dp)]
+        return [list(per_mb) for per_mb in pack_batch(lengths, micro_batches, dp, cost, budget)]
+    size = len(lengths) // micro_batches
+    return [[tuple((p,) for p in dp_share(m, size, dp, d)) for d in range(dp)] for m in range(micro_batches)]
 
 
 def rank_work(rows: Sequence[Sequence[int]], lengths: Sequence[int], multiple: int, packed: bool) -> RankWork:
@@ -64,24 +65,16 @@ def step_work(lengths: tuple[int, ...], dp: int, micro_batches: int, multiple: i
               budget: int | None, hidden: int, ffn: int) -> tuple[tuple[RankWork, ...], ...]:
     """`out[m][d]`: dp rank d's work in micro-batch m."""
     cost = language_cost_of(hidden, ffn)
-    size = len(lengths) // micro_batches
-    return tuple(tuple(rank_work(r, lengths, multiple, packed)
-                       for r in micro_batch_rows(lengths, m, size, dp, packed, cost, budget))
-                 for m in range(micro_batches))
+    return tuple(tuple(rank_work(r, lengths, multiple, packed) for r in per_mb)
+                 for per_mb in batch_rows(lengths, micro_batches, dp, packed, cost, budget))
 
 
 def language_load(lengths: Sequence[int], dp: int, micro_batches: int, multiple: int, packed: bool,
                   budget: int | None, hidden: int, ffn: int) -> dict[str, float]:
-    """`real`, `computed` tokens and `max_mean` (worst micro-batch) of a step: StepPlan.language_load's
-    figures, from the same rows and `load_figures`."""
+    """`real`, `computed` tokens, `max_mean` (worst micro-batch) and `step_max_mean` of a step:
+    StepPlan.language_load's figures, from the same rows and `batch_load`."""
     cost = language_cost_of(hidden, ffn)
-    size = len(lengths) // micro_batches
-    real = computed = 0
-    worst = 1.0
-    for m in range(micro_batches):
-        f = load_figures(micro_batch_rows(lengths, m, size, dp, packed, cost, budget), lengths, multiple, cost, packed)
-        real, computed, worst = real + f["real"], computed + f["computed"], max(worst, f["max_mean"])
-    return {"real": real, "computed": computed, "max_mean": worst}
+    return batch_load(batch_rows(lengths, micro_batches, dp, packed, cost, budget), lengths, multiple, cost, packed)
 
 
 def equivalent(tokens: float, attention: float) -> tuple[float, float]:

@@ -64,7 +64,7 @@ def mix_lines(plan: Plan) -> list[str]:
         f = language_load(lengths[:b], lang.dp, c.micro_batches, shards(lang), wl.batching == "packed", wl.budget,
                           lm.hidden, lm.ffn)
         out.append(f"  {name}: language real/computed tokens {f['real'] / f['computed']:.3f}, "
-                   f"max/mean load {f['max_mean']:.2f}")
+                   f"max/mean load {f['max_mean']:.2f} (worst micro-batch), {f['step_max_mean']:.2f} (step)")
     return out + [""]
 
 

@@ -61,13 +61,14 @@ def loads(costs: Sequence[int], ranks: Sequence[int], n: int) -> list[int]:
 class EncoderAssignment:
     """The images of one encoder micro-batch and the dp rank of each.
 
-    samples       global-batch positions of the micro-batch
+    samples       global-batch positions of the micro-batch, in source order (the samples cut:
+                  a range; packed language batching: its micro-batches' samples, step/step_plan.py)
     images        every image of those samples, in (sample, image) order
     rank          the dp rank encoding each image
     token_counts  boundary rows per sample (its images' rows together)
     """
 
-    samples: range
+    samples: Sequence[int]
     images: tuple[Image, ...]
     rank: tuple[int, ...]
     token_counts: tuple[int, ...]
@@ -133,7 +134,7 @@ def assign_images(images: Sequence[Image], position_rank: Sequence[int], dp: int
     return balanced
 
 
-def assign_pass(samples: Sequence[dict[str, Any]], positions: range, dp: int, balance: str, port
+def assign_pass(samples: Sequence[dict[str, Any]], positions: Sequence[int], dp: int, balance: str, port
                 ) -> EncoderAssignment:
     """The assignment of one encoder pass over the samples at `positions`, to `dp` ranks.
 

@@ -6,7 +6,9 @@ A rank needs in full only the samples of its stage shares (every language dp ran
 samples, every encoder dp rank the items it encodes); of every other sample only the token ids (the plan
 reads each sample's item rows from them). Shares by position are known before the batch; an encoder
 balanced by "tokens" takes items that depend on the batch's token ids, known once the plan is, and so
-does the language stage with packed batching (step/packing.py).
+does the language stage with packed batching (step/packing.py), and with it every encoder stage: a
+packed micro-batch is any set of samples, and an encoder pass covers those of the micro-batches it
+feeds, so even an encoder by position encodes samples known only from the token ids.
 """
 
 from __future__ import annotations
@@ -39,14 +41,14 @@ class RankDataPath:
         """Global-batch positions whose full sample this rank reads, known before the batch is:
         its language shares, and its encoders' shares where they go by position. With balance
         "tokens" an encoder's share depends on the batch's token ids (`balanced_positions`), and so
-        does the language stage's with packed batching. `cover`: the language shares by position
+        do the language stage's and every encoder's with packed batching. `cover`: the language shares by position
         even then (the Trainer's data path learns every sample's token ids from the ranks that
         collated it, so every position must be some language rank's; integrations/trainer/
         rank_batch.py)."""
         needed: set[int] = set()
         language = self.config.language.name
         for share in self.held:
-            if share.stage != language and self.config.balance_of(share.stage) == "tokens":
+            if share.stage != language and self._by_plan(share.stage):
                 continue
             if share.stage == language and self.config.packed and not cover:
                 continue
@@ -55,17 +57,20 @@ class RankDataPath:
         return needed
 
     def balanced_positions(self, plan: StepPlan) -> set[int]:
-        """Positions of the samples whose items this rank's token-balanced encoder stages encode
-        this step, and its packed language shares: known only once the batch's token ids are (the
+        """Positions of the samples whose items this rank's token-balanced encoder stages (every
+        encoder stage with packed batching) encode this step, and its packed language shares: known only once the batch's token ids are (the
         rest of `needed_positions`)."""
         language = self.config.language.name
-        out = {p for share in self.held
-               if share.stage != language and self.config.balance_of(share.stage) == "tokens"
+        out = {p for share in self.held if share.stage != language and self._by_plan(share.stage)
                for p in plan.encoder_positions(share.stage, share.dp)}
         for share in self.held:
             if share.stage == language and self.config.packed:
                 out |= plan.language_positions(share.dp)
         return out
+
+    def _by_plan(self, stage: str) -> bool:
+        """Whether encoder `stage`'s samples are known only from the plan (not by position)."""
+        return self.config.packed or self.config.balance_of(stage) == "tokens"
 
     def plan_of(self, samples: Sequence[dict[str, Any]]) -> StepPlan | None:
         """The step's plan; None for a malformed batch (the batch agreement then refuses it on every rank)."""

@@ -21,22 +21,27 @@ covers `micro_batches / passes` consecutive language micro-batches, and its dp r
 the items `balance` gives it. Stages with different dp cut the same samples differently, which
 is what the boundary reconciles.
 
-With `language_batching` "packed" (step/packing.py) a language micro-batch keeps the same
-samples, but they go to the language dp ranks by token cost and each rank's are packed into
-rows (`language_rows`); the boundary then delivers each row to its packed position.
+With `language_batching` "packed" (step/packing.py) the global batch's samples go to (language
+micro-batch, dp rank) bins by token cost and each bin's are packed into rows (`language_rows`): a
+micro-batch is then any set of samples (`micro_batch_samples`, ascending), and an encoder pass
+covers the samples of the micro-batches it feeds, micro-batch after micro-batch (`EncoderPass.
+samples`: the order the boundary delivers its rows in, so a language rank's rows of consecutive
+micro-batches arrive one micro-batch after the other); the boundary then delivers each row to its
+packed position. The samples cut's plan is unchanged (consecutive ranges).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable, Mapping, Sequence
 
 from ..boundary.inputs import BoundaryInputs, seq_lens, shard_bounds
 from ..config import LANGUAGE, HeteroConfig
 from ..context_parallel.sequence import image_positions, is_sharded, padded_length, padded_lengths
 from .balance import EncoderAssignment, assign_pass
-from .packing import language_cost_of, load_figures, pack_micro_batch
+from .packing import batch_load, language_cost_of, pack_batch
 from .shares import dp_share
 
 
@@ -49,6 +54,21 @@ class EncoderPass:
     assignment: EncoderAssignment  # its samples, items, and the dp rank encoding each item
     boundary: BoundaryInputs  # the exchange that takes its rows to the language stage
     feeds: range  # the language micro-batches its rows go to, in order
+
+    @property
+    def samples(self):
+        """Its samples' batch positions in boundary order (the samples cut: a range)."""
+        return self.assignment.samples
+
+    @cached_property
+    def _index(self) -> dict[int, int]:
+        return {p: i for i, p in enumerate(self.samples)}
+
+    def index_of(self, p: int) -> int:
+        """Sample p's index in this pass (its entry in `boundary` and `assignment.token_counts`)."""
+        if isinstance(self.samples, range):
+            return p - self.samples.start
+        return self._index[p]
 
 
 class StepPlan:
@@ -73,22 +93,28 @@ class StepPlan:
         language = config.stages[LANGUAGE]
         self.language_share = self.micro_batch_size // language.dp  # samples per language dp rank
         self.packed = config.packed
-        self._rows, self._language_dp = (), {}
+        self._rows, self._language_dp, self._micro_batch_of = (), {}, {}
         self._lengths = [int(s["input_ids"].numel()) for s in samples]
         self._language_cost = language_cost or language_cost_of()
-        if self.packed:
-            lengths, cost = self._lengths, self._language_cost
-            self._rows = tuple(
-                pack_micro_batch(mb, [lengths[p] for p in mb], language.dp, cost, config.max_tokens_per_micro_batch)
-                for mb in (dp_share(m, self.micro_batch_size, 1, 0) for m in range(self.micro_batches)))
-            self._language_dp = {p: d for per_mb in self._rows for d, rows in enumerate(per_mb)
-                                 for row in rows for p in row}
+        if self.packed:  # every sample to a (micro-batch, dp rank) bin, across micro-batches
+            self._rows = pack_batch(self._lengths, self.micro_batches, language.dp, self._language_cost,
+                                    config.max_tokens_per_micro_batch)
+            for m, per_mb in enumerate(self._rows):
+                for d, rows in enumerate(per_mb):
+                    for p in (p for row in rows for p in row):
+                        self._language_dp[p], self._micro_batch_of[p] = d, m
         self.passes: dict[str, tuple[EncoderPass, ...]] = {}
         for name, port in ports.items():
             n = self.micro_batches if per_micro_batch else config.micro_batches_of(name)
             self.passes[name] = tuple(self._encoder_pass(name, port, samples, v, n) for v in range(n))
 
     # ------------------------------------------------------------------ language
+    def micro_batch_samples(self, m: int) -> Sequence[int]:
+        """Batch positions of language micro-batch m, all dp ranks together (ascending)."""
+        if self.packed:
+            return tuple(sorted(p for rows in self._rows[m] for row in rows for p in row))
+        return dp_share(m, self.micro_batch_size, 1, 0)
+
     def language_samples(self, dp: int, m: int) -> Sequence[int]:
         """Batch positions language dp rank `dp` handles in micro-batch m (ascending)."""
         if self.packed:
@@ -104,16 +130,13 @@ class StepPlan:
 
     def language_load(self) -> dict[str, float]:
         """The language stage's tokens this step: `real` (the samples'), `computed` (every dp
-        rank's rows padded to its longest, rounded up to the shard count; all ranks together) and
-        `max_mean` (the slowest dp rank's language cost over the mean, worst micro-batch)."""
+        rank's rows padded to its longest, rounded up to the shard count; all ranks together),
+        `max_mean` (the slowest dp rank's language cost over the mean, worst micro-batch) and
+        `step_max_mean` (the slowest ranks' costs summed over the micro-batches over the means':
+        the step's time over a balanced step's, step/packing.py `step_max_mean`)."""
         language = self.config.stages[LANGUAGE]
-        real = computed = 0
-        worst = 1.0
-        for m in range(self.micro_batches):
-            rows = [self.language_rows(d, m) for d in range(language.dp)]
-            f = load_figures(rows, self._lengths, padded_length(1, language), self._language_cost, self.packed)
-            real, computed, worst = real + f["real"], computed + f["computed"], max(worst, f["max_mean"])
-        return {"real": real, "computed": computed, "max_mean": worst}
+        per_mb = [[self.language_rows(d, m) for d in range(language.dp)] for m in range(self.micro_batches)]
+        return batch_load(per_mb, self._lengths, padded_length(1, language), self._language_cost, self.packed)
 
     def language_dp_of(self, p: int) -> int:
         """The language dp rank that consumes sample p."""
@@ -167,8 +190,12 @@ class StepPlan:
     def _encoder_pass(self, name: str, port, samples, v: int, n: int) -> EncoderPass:
         cfg = self.config
         per = self.micro_batches // n
-        size = self.micro_batch_size * per
-        positions = dp_share(v, size, 1, 0)
+        feeds = range(v * per, (v + 1) * per)
+        if self.packed:  # the samples of the micro-batches it feeds, micro-batch after micro-batch
+            positions = tuple(p for m in feeds for p in self.micro_batch_samples(m))
+        else:
+            positions = dp_share(v, self.micro_batch_size * per, 1, 0)
+        size = len(positions)
         dp = cfg.stages[name].dp
         a = assign_pass(samples, positions, dp, cfg.balance_of(name), port)
         inputs = BoundaryInputs(
@@ -186,7 +213,7 @@ class StepPlan:
             replica = [(p // self.micro_batch_size, d) for p, d in zip(positions, inputs.dst_dp)]
             inputs = dataclasses.replace(inputs, positions=image_positions(mine, port.ids),
                                          seq_len=padded_lengths(mine, replica, language))
-        return EncoderPass(name, v, a, inputs, range(v * per, (v + 1) * per))
+        return EncoderPass(name, v, a, inputs, feeds)
 
     def _packed_positions(self, samples, positions, port) -> dict[str, list]:
         """Boundary positions and seq_len of the samples at `positions` in their packed rows: a
@@ -197,7 +224,7 @@ class StepPlan:
         for p in positions:
             if p in where:
                 continue
-            rows = self._rows[p // self.micro_batch_size][self._language_dp[p]]
+            rows = self._rows[self._micro_batch_of[p]][self._language_dp[p]]
             length = padded_length(max(sum(int(samples[q]["input_ids"].numel()) for q in row) for row in rows),
                                    language)
             for row in rows:
@@ -214,13 +241,14 @@ class StepPlan:
         sharded sequence, those of global `rank`'s shard (the rows it receives: the positions of
         the placeholders in its shard of each sample's padded sequence)."""
         p_ = self.pass_feeding(stage, m)
-        counts, offset = p_.assignment, p_.assignment.samples.start
+        counts = p_.assignment.token_counts
         language = self.config.stages[LANGUAGE]
         if rank is None or not is_sharded(language):
-            return sum(counts.token_counts[p - offset] for p in self.language_samples(dp, m))
+            return sum(counts[p_.index_of(p)] for p in self.language_samples(dp, m))
         lens = seq_lens(p_.boundary)
         total = 0
         for p in self.language_samples(dp, m):
-            start, stop = shard_bounds(language, rank, lens[p - offset])
-            total += sum(start <= q < stop for q in p_.boundary.positions[p - offset])
+            i = p_.index_of(p)
+            start, stop = shard_bounds(language, rank, lens[i])
+            total += sum(start <= q < stop for q in p_.boundary.positions[i])
         return total

@@ -5,7 +5,12 @@ The reference is the unmodified Hugging Face model on the UNPACKED, padded batch
 positions restarting per sample (tests/helpers/packing_parity.py). fp32, 5 steps, clipping
 active: losses 1e-5 relative, grad norms 1e-4, every weight 1e-5; boundary bytes equal the
 lower bound. LLaVA with tp2 dp2, sp, cp2, pp2, first_stage and disaggregated; Qwen2-VL (variable
-image tokens, text-only samples) with ZeRO 2 and with ZeRO 3 under a token budget. Negative controls: positions not restarted (attention and RoPE across samples),
+image tokens, text-only samples) with ZeRO 2 and with ZeRO 3 under a token budget. Across micro-batches
+(the samples go to (micro-batch, dp rank) bins of the whole batch): batches sorted longest first, so
+the samples cut's first micro-batch holds every long sample, 4 micro-batches of 16 samples: LLaVA
+with one vision pass feeding all four (the pass takes their union), Qwen2-VL with pp2 (1F1B shapes
+per micro-batch) and with cp2 + sp; every run reports how many samples left their samples-cut
+micro-batch (the skewed ones must move some). Negative controls: positions not restarted (attention and RoPE across samples),
 and the loss taken across a sample boundary, each far from the reference.
 """
 
@@ -37,6 +42,9 @@ def _llava_suite(rank, world_size):
         "llava packed first_stage vision tp2 + language pp2tp2 zero1 adamw": dict(
             layout={"vision": {"tp": 2, "dp": 1}, "language": {"tp": 2, "dp": 1, "pp": 2}}, optimizer="adamw",
             placement="first_stage", micro_batches=4),
+        "llava packed skewed, 4 micro-batches, one vision pass dp4 + language tp2dp2 zero1 sgd": dict(
+            layout={"vision": {"dp": 4, "micro_batches": 1}, "language": L22}, micro_batches=4, batch_size=16,
+            skewed=True),
     }
     out = {name: train_packed(rank, world_size, "llava", **kw) for name, kw in runs.items()}
     for kind in CONTROLS:
@@ -52,6 +60,11 @@ def _qwen_suite(rank, world_size):
         "qwen2-vl packed vision tp2dp2 + language dp4, one micro-batch, rows of <= 20 tokens, zero3 sgd": dict(
             layout={"vision": {"tp": 2, "dp": 2}, "language": {"dp": 4}}, zero_stage=3, micro_batches=1,
             hetero={"max_tokens_per_micro_batch": 20}),
+        "qwen2-vl packed skewed, 4 micro-batches, vision dp4 + language pp2dp2 zero1 sgd": dict(
+            layout={"vision": V4, "language": {"dp": 2, "pp": 2}}, micro_batches=4, batch_size=16, skewed=True),
+        "qwen2-vl packed skewed, 4 micro-batches, vision dp4 + language tp2 cp2 sp zero1 sgd": dict(
+            layout={"vision": V4, "language": {"tp": 2, "cp": 2, "dp": 1, "sequence_parallel": True}},
+            micro_batches=4, batch_size=16, skewed=True),
     }
     out = {name: train_packed(rank, world_size, "qwen2_vl", **kw) for name, kw in runs.items()}
     out["control: positions not restarted"] = train_packed(
@@ -68,6 +81,8 @@ def _check(results):
             assert max(r["most_in_a_row"]) > 1, (name, "no row held two samples: nothing was packed")
             got, want = r["eval"]  # eval_batch packs as training does
             assert abs(got - want) <= RTOL * abs(want), (name, r["eval"])
+            if "skewed" in name:  # the long samples of the first micro-batch were spread over the others
+                assert r["moved"] > 0, (name, r["moved"])
     for per_rank in results:
         for name, r in per_rank.items():
             if name.startswith("control"):

@@ -52,12 +52,18 @@ def _packing_figures(engine, batches):
     from ds_hetero.testing.parity import build_model, reference_forward
 
     language = engine.stages.language
-    shared, computed, real = [], 0, 0
+    shared, computed, real, moved = [], 0, 0, 0
     for b in batches:
         plan = StepPlan(engine.config, engine.adapter.encoders(), b, language_cost=engine.adapter.language_cost)
         dp = engine.config.language.dp
         shared.append(max(len(row) for d in range(dp) for m in range(plan.micro_batches)
                           for row in plan.language_rows(d, m)))
+        # samples out of the samples cut's micro-batch, and every encoder pass on its feeds' union
+        moved += sum(p // plan.micro_batch_size != m for m in range(plan.micro_batches)
+                     for p in plan.micro_batch_samples(m))
+        for passes in plan.passes.values():
+            assert all(list(p_.samples) == [q for m in p_.feeds for q in plan.micro_batch_samples(m)]
+                       for p_ in passes)
         for m in range(plan.micro_batches):
             for d in range(dp):
                 rows = plan.language_rows(d, m)
@@ -68,17 +74,30 @@ def _packing_figures(engine, batches):
     family = "llava" if type(engine.model).__name__.startswith("Llava") else "qwen2_vl"
     model = build_model(family, seed=7)
     evaluated = (engine.eval_batch(batches[0]), reference_forward(family, model, adapter_for(model), batches[0])[2])
-    return {"most_in_a_row": shared, "real_computed": real / computed, "held": language.held, "eval": evaluated}
+    return {"most_in_a_row": shared, "real_computed": real / computed, "held": language.held, "eval": evaluated,
+            "moved": moved}
+
+
+def longest_first(family, model, steps, batch_size):
+    """uneven_batches with each batch's longest sample first and the rest shortest first: the
+    samples cut's first micro-batch is one long sample among the shortest, more than a rank's
+    share of it, so balancing needs samples from the other micro-batches."""
+    out = []
+    for b in uneven_batches(family, model, steps, batch_size):
+        b = sorted(b, key=lambda s: int(s["input_ids"].numel()))
+        out.append([b[-1]] + b[:-1])
+    return out
 
 
 def train_packed(rank, world_size, family, layout, zero_stage=1, steps=5, clip=0.3, optimizer="sgd",
-                 micro_batches=2, placement="colocated", control=None, hetero=None):
+                 micro_batches=2, placement="colocated", control=None, hetero=None, batch_size=8, skewed=False):
+    """`skewed`: `longest_first` batches (every long sample in the samples cut's first micro-batch)."""
     restore = _wrong_packing(control) if control else (lambda: None)
     try:
         return train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimizer=optimizer,
-                          micro_batches=micro_batches, placement=placement,
-                          hetero={"language_batching": "packed", **(hetero or {})}, make_data=uneven_batches,
-                          inspect=_packing_figures)
+                          micro_batches=micro_batches, placement=placement, batch_size=batch_size,
+                          hetero={"language_batching": "packed", **(hetero or {})},
+                          make_data=longest_first if skewed else uneven_batches, inspect=_packing_figures)
     finally:  # later cases in the same launch pack right
         restore()
 

@@ -1,8 +1,12 @@
 """Packed language batching without processes: the config keys, the plan, the boundary bytes.
 
-The plan: deterministic, every sample once, in its samples-cut micro-batch, each rank's samples
-ascending, every rank busy, rows under the token budget, the cost balanced (never worse than the
-contiguous cut on a skewed mix) and O(n log n). The boundary: for packed plans of real samples,
+The plan: deterministic, every sample once, in one (micro-batch, dp rank) bin of the whole batch
+(samples move across the samples cut's micro-batches: a batch whose long samples all sit in one
+of them is balanced over all), each bin's samples ascending, every bin busy, rows under the token
+budget, the cost balanced (within LPT's bound; never worse than the contiguous cut on a skewed
+mix; a per-micro-batch split as the negative control misses the 1.10 bar the cross-micro-batch
+one meets) and O(n log n); the encoder passes cover exactly the samples of the micro-batches they
+feed (one pass per micro-batch, one pass for several). The boundary: for packed plans of real samples,
 every layout pair up to 4 ranks and both encoder balances, rows land at their packed positions
 and the bytes equal both lower bounds (tests/helpers/plan_simulator.py); the positions the plan
 hands the boundary are where the packed rows hold the placeholders.
@@ -22,7 +26,8 @@ from ds_hetero.families import adapter_for
 from ds_hetero.models.packing import packed_language_inputs
 from ds_hetero.toy import tiny_llava, tiny_qwen2_vl
 from ds_hetero.validation import check_all
-from ds_hetero.step.packing import assign_samples, cut_rows, language_cost_of, load_figures, pack_micro_batch
+from ds_hetero.step.packing import (assign_bins, assign_samples, batch_load, cut_rows, language_cost_of,
+                                    load_figures, pack_batch)
 from ds_hetero.step.step_plan import StepPlan
 from ds_hetero.testing.uneven import uneven_batches
 from tests.helpers.plan_simulator import check
@@ -109,11 +114,11 @@ def test_rows_stay_under_the_budget_and_in_order():
     rows = cut_rows(lengths, 20)
     assert rows == [[0], [1], [2], [3], [4, 5], [6]]
     assert cut_rows(lengths, None) == [list(range(7))]
-    packed = pack_micro_batch(range(100, 107), lengths, 2, language_cost_of(64, 256), 40)
-    for mine in packed:
+    packed = pack_batch(lengths, 1, 2, language_cost_of(64, 256), 40)
+    for mine in packed[0]:
         flat = [p for row in mine for p in row]
         assert flat == sorted(flat)
-        assert all(sum(lengths[p - 100] for p in row) <= 40 or len(row) == 1 for row in mine)
+        assert all(sum(lengths[p] for p in row) <= 40 or len(row) == 1 for row in mine)
 
 
 def test_planning_is_n_log_n():
@@ -124,6 +129,7 @@ def test_planning_is_n_log_n():
         lengths = sft_lengths(rng, n)
         start = time.perf_counter()
         assign_samples(lengths, 32, cost)
+        assign_bins(lengths, 8, 32, cost)  # 8 micro-batches: O(n (log n + 8))
         times[n] = time.perf_counter() - start
     assert times[32768] < 8 * 8 * times[4096] + 0.05  # 8x the samples: far below quadratic (64x)
 
@@ -136,16 +142,89 @@ def _plan(family, language, vision=None, steps=3, **section):
                           for b in uneven_batches(family, model, steps, 8)]
 
 
-def test_plan_keeps_micro_batches_and_packs_each_rank():
+def test_plan_packs_each_bin_and_covers_the_batch_once():
     adapter, cfg, plans = _plan("qwen2_vl", {"tp": 2, "dp": 2})
+    moved = 0
     for plan in plans:
+        seen = []
         for m in range(plan.micro_batches):
             mine = [plan.language_samples(d, m) for d in range(2)]
-            assert sorted(p for s in mine for p in s) == list(range(m * 4, m * 4 + 4))
+            assert sorted(p for s in mine for p in s) == list(plan.micro_batch_samples(m))
             assert all(list(s) == sorted(s) and s for s in mine)
             assert all(len(plan.language_rows(d, m)) == 1 for d in range(2))
             for d in range(2):
                 assert all(plan.language_dp_of(p) == d for p in mine[d])
+            seen += plan.micro_batch_samples(m)
+            moved += sum(p // 4 != m for p in plan.micro_batch_samples(m))
+        assert sorted(seen) == list(range(8))
+    assert moved  # some sample left its samples-cut micro-batch
+
+
+def _one_long(dp, micro_batches, short=40):
+    """A batch whose one long sample (well over a rank's share of its micro-batch, but not over
+    the step's: the other ranks can be given as much) sits in the samples cut's first
+    micro-batch, every other sample short."""
+    per = 8 * dp
+    return [{2: 1000, 4: 600}[dp]] + [short] * (per * micro_batches - 1), per
+
+
+def _inside(lengths, per, micro_batches, dp, cost):
+    """The split inside each samples-cut micro-batch only (the negative control)."""
+    return [tuple(tuple(tuple(p + m * per for p in row) for row in mine)
+                  for mine in pack_batch(lengths[m * per:(m + 1) * per], 1, dp, cost)[0])
+            for m in range(micro_batches)]
+
+
+@pytest.mark.parametrize("dp, micro_batches", [(2, 2), (4, 2), (2, 4), (4, 4)])
+def test_a_long_sample_gets_short_ones_from_other_micro_batches(dp, micro_batches):
+    cost = language_cost_of()
+    lengths, per = _one_long(dp, micro_batches)
+    rows = pack_batch(lengths, micro_batches, dp, cost)
+    flat = [p for per_mb in rows for mine in per_mb for row in mine for p in row]
+    assert sorted(flat) == list(range(len(lengths)))
+    assert rows == pack_batch(lengths, micro_batches, dp, cost)  # deterministic
+    assert all(mine and list(mine[0]) == sorted(mine[0]) for per_mb in rows for mine in per_mb)
+    moved = sum(p // per != m for m, per_mb in enumerate(rows) for mine in per_mb for row in mine for p in row)
+    assert moved > 0  # samples left the samples cut's micro-batch
+    mb_of_long = next(m for m, per_mb in enumerate(rows) for mine in per_mb for row in mine if 0 in row)
+    assert len([p for mine in rows[mb_of_long] for row in mine for p in row]) > per  # its ranks got more work
+    packed = batch_load(rows, lengths, cost=cost)
+    inside = batch_load(_inside(lengths, per, micro_batches, dp, cost), lengths, cost=cost)
+    # negative control: balanced inside each samples-cut micro-batch, the long sample's ranks wait
+    assert inside["step_max_mean"] > 1.10 and inside["max_mean"] > 1.10, inside
+    assert packed["step_max_mean"] <= 1.10 and packed["step_max_mean"] < inside["step_max_mean"], packed
+
+
+def test_sft_mix_step_is_balanced_at_4_ranks():
+    """The issue's bar (<= 1.10, real/computed >= 0.97) on the benchmark's mix at a batch with room
+    (64 samples: 8 bins of 8); at batch 16 (2 samples a bin) a long sample alone is more than a
+    rank's share, which no assignment can split (docs/packing.md has the figures)."""
+    from ds_hetero.toy.length_mix import sft_lengths
+
+    cost = language_cost_of(128, 512)
+    for seed in range(3):
+        lengths = sft_lengths(64, 9, seed=1000 + seed)
+        per = 32
+        packed = batch_load(pack_batch(lengths, 2, 4, cost), lengths, cost=cost)
+        inside = batch_load(_inside(lengths, per, 2, 4, cost), lengths, cost=cost)
+        assert packed["step_max_mean"] <= min(1.10, inside["step_max_mean"]), (packed, inside)  # never slower
+        assert packed["real"] / packed["computed"] >= 0.97, packed
+
+
+@pytest.mark.parametrize("vision_passes", [None, 1, 2])
+def test_encoder_passes_cover_exactly_the_samples_they_feed(vision_passes):
+    vision = {"dp": 4, **({"micro_batches": vision_passes} if vision_passes else {})}
+    adapter, cfg, plans = _plan("llava", {"tp": 2, "dp": 2}, vision, micro_batches=4)
+    for plan in plans:
+        covered = []
+        for p_ in plan.passes["vision"]:
+            want = [p for m in p_.feeds for p in plan.micro_batch_samples(m)]
+            assert list(p_.samples) == want  # micro-batch after micro-batch: the rows' arrival order
+            assert [p_.index_of(p) for p in want] == list(range(len(want)))
+            assert p_.boundary.dst_dp == tuple(plan.language_dp_of(p) for p in want)
+            assert all(plan.pass_feeding("vision", m) is p_ for m in p_.feeds)
+            covered += want
+        assert sorted(covered) == list(range(8))
 
 
 def test_samples_cut_is_unchanged():
@@ -169,16 +248,16 @@ def test_boundary_positions_are_the_packed_rows_placeholders(family, language):
     layout = cfg.language
     for plan, batch in zip(plans, uneven_batches(family, adapter.model, 3, 8)):
         for m in range(plan.micro_batches):
-            inputs = plan.encoder_pass("vision", m).boundary
-            start = plan.encoder_pass("vision", m).assignment.samples.start
+            p_ = plan.encoder_pass("vision", m)
+            inputs = p_.boundary
             for d in range(layout.dp):
                 rows = plan.language_rows(d, m)
                 packed = packed_language_inputs(adapter, [[batch[p] for p in row] for row in rows],
                                                 num_shards(layout))
                 for r, row in enumerate(rows):
                     where = torch.nonzero(packed["input_ids"][r] == adapter.image_token_id).flatten().tolist()
-                    assert [q for p in row for q in inputs.positions[p - start]] == where
-                    assert all(inputs.seq_len[p - start] == packed["input_ids"].shape[-1] for p in row)
+                    assert [q for p in row for q in inputs.positions[p_.index_of(p)]] == where
+                    assert all(inputs.seq_len[p_.index_of(p)] == packed["input_ids"].shape[-1] for p in row)
                 # the rows a shard receives are what its shard of the packed rows holds
                 for rank in layout.ranks:
                     if layout.coord(rank).dp != d:
@@ -224,3 +303,27 @@ def test_language_load_reports_padding_and_balance():
     assert loads["samples"]["computed"] > real  # each share padded to its longest sample
     assert loads["packed"]["computed"] - real < 2 * 2 * 2  # only up to the 2 shards, per rank and micro-batch
     assert 1.0 <= loads["packed"]["max_mean"] < loads["samples"]["max_mean"]
+
+
+@pytest.mark.parametrize("placement, vision_passes", [("colocated", 1), ("disaggregated", None)])
+@pytest.mark.parametrize("balance", ["position", "tokens"])
+def test_data_path_reads_every_sample_a_rank_uses(balance, placement, vision_passes):
+    """Packed: a rank's language and encoder samples are known only from the plan; what it reads
+    before the batch and once the plan is known covers every sample it touches (disaggregated:
+    encoder-only ranks too; any encoder balance)."""
+    from ds_hetero.step.rank_data import HeldShare, RankDataPath
+
+    model = tiny_llava("clip", seed=1)
+    adapter = adapter_for(model)
+    vision = {"dp": 2, **({"micro_batches": vision_passes} if vision_passes else {})}
+    ds = _ds({"dp": 2}, vision, batch=16, micro_batches=4, balance=balance, placement=placement)
+    cfg = load_config(ds, 4 if placement == "disaggregated" else 2)
+    for batch in uneven_batches("llava", model, 2, 16):
+        plan = StepPlan(cfg, adapter.encoders(), batch, language_cost=adapter.language_cost)
+        for stage, passes in (("vision", vision_passes or 4), ("language", 4)):
+            for dp in range(2):
+                path = RankDataPath(cfg, adapter, [HeldShare(stage, dp, passes)], None)
+                read = path.needed_positions() | path.balanced_positions(plan)
+                used = plan.language_positions(dp) if stage == "language" else plan.encoder_positions(stage, dp)
+                assert used <= read, (stage, dp, sorted(used - read))
+                assert not path.needed_positions()  # nothing is known before the plan
