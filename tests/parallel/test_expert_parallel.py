@@ -61,9 +61,15 @@ LAYOUTS = {
     "language tp2 pp2 sequence parallel (ep 1), 2 micro-batches": dict(
         layout={"vision": V, "language": {"tp": 2, "dp": 1, "pp": 2, "sequence_parallel": True}}, micro_batches=2,
         evaluate=True),
+    # Qwen3.5-MoE: Gated DeltaNet layers by heads over tp, routed experts over ep, the shared expert over tp
+    "qwen3.5-moe vision dp4 + language tp2 dp2 ep2 zero1": dict(
+        layout={"vision": V, "language": {"tp": 2, "dp": 2, "ep": 2}}, zero_stage=1, family="qwen3_5_moe"),
+    "qwen3.5-moe language dp4 ep4, 2 micro-batches": dict(
+        layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 4}}, micro_batches=2, family="qwen3_5_moe"),
 }
 PP = "language dp2 pp2 ep2, 4 micro-batches, zero1"
-CONTROLS = ("drop", "wrong_rank", "per_rank_aux", "global_aux_over_micro_batches", "per_stage_aux")
+CONTROLS = ("drop", "wrong_rank", "per_rank_aux", "global_aux_over_micro_batches", "per_stage_aux",
+            "qwen3.5-moe wrong_rank")
 
 
 def _cases(tmp):
@@ -78,7 +84,13 @@ def _cases(tmp):
                                           reference_micro_batches=1))
     # pp2: each pipeline stage's aux loss over its own layers (averaged over the stages)
     cases[CONTROLS[4]] = (train_moe, dict(LAYOUTS[PP], steps=2, evaluate=False, control=CONTROLS[4]))
+    cases[CONTROLS[5]] = (train_moe, dict(LAYOUTS["qwen3.5-moe vision dp4 + language tp2 dp2 ep2 zero1"], steps=2,
+                                          control="wrong_rank"))
     cases["save_and_load"] = (save_and_load, dict(tmp=tmp, layout=LAYOUTS["vision dp4 + language tp2 dp2 ep2 zero0"]["layout"]))
+    # its checkpoint stores each expert apart (transformers' conversion for the family): read per expert
+    cases["qwen3.5-moe save_and_load"] = (save_and_load, dict(
+        tmp=tmp + "/qwen3_5_moe", layout=LAYOUTS["qwen3.5-moe vision dp4 + language tp2 dp2 ep2 zero1"]["layout"],
+        family="qwen3_5_moe"))
     cases["recipe"] = (_recipe, dict(tmp=tmp))
     cases["frozen experts zero2"] = (_refused, dict(layout={"vision": V, "language": {
         "tp": 1, "dp": 4, "ep": 2, "freeze": ["*.mlp.experts.*"]}}, zero_stage=2))
@@ -168,8 +180,9 @@ def test_dispatch_and_combine_are_adjoint_and_dropless(runs):
         assert r["arrived"] == r["expected"]  # every assignment for this rank's experts, none dropped
 
 
-def test_save_pretrained_and_per_shard_load_across_ep(runs):
-    for r in runs["save_and_load"]:
+@pytest.mark.parametrize("case", ["save_and_load", "qwen3.5-moe save_and_load"])
+def test_save_pretrained_and_per_shard_load_across_ep(runs, case):
+    for r in runs[case]:
         err, where, _, compared = r["export_err"]
         assert compared > 0 and err == 0.0, (err, where)
         after, reloaded = r["eval"]
