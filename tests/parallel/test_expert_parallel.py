@@ -92,6 +92,7 @@ def _cases(tmp):
         tmp=tmp + "/qwen3_5_moe", layout=LAYOUTS["qwen3.5-moe vision dp4 + language tp2 dp2 ep2 zero1"]["layout"],
         family="qwen3_5_moe"))
     cases["recipe"] = (_recipe, dict(tmp=tmp))
+    cases["qwen3.5-moe recipe"] = (_recipe, dict(tmp=tmp, family="qwen3.5-moe"))
     cases["frozen experts zero2"] = (_refused, dict(layout={"vision": V, "language": {
         "tp": 1, "dp": 4, "ep": 2, "freeze": ["*.mlp.experts.*"]}}, zero_stage=2))
     return cases
@@ -107,7 +108,7 @@ def _refused(rank, world_size, **kw):
     return None
 
 
-def _recipe(rank, world_size, tmp):
+def _recipe(rank, world_size, tmp, family="qwen3-vl-moe"):
     import importlib.util
     import json
     import os
@@ -116,8 +117,8 @@ def _recipe(rank, world_size, tmp):
     spec = importlib.util.spec_from_file_location("train_llava", os.path.join(root, "recipes", "train_llava.py"))
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
-    summary = os.path.join(tmp, "recipe.json")
-    recipe.main(["--steps", "3", "--samples", "64", "--model-family", "qwen3-vl-moe", "--summary-json", summary,
+    summary = os.path.join(tmp, f"recipe_{family}.json")
+    recipe.main(["--steps", "3", "--samples", "64", "--model-family", family, "--summary-json", summary,
                  "--deepspeed_config", os.path.join(root, "ds_configs", "qwen3_vl_moe_ep.json")])
     if rank == 0:
         with open(summary) as f:
@@ -190,8 +191,9 @@ def test_save_pretrained_and_per_shard_load_across_ep(runs, case):
         assert "CheckpointError" in r["checkpoint_refused"] and "save_pretrained" in r["checkpoint_refused"]
 
 
-def test_main_job_trains_the_moe_family_with_ep(runs):
-    summary = runs["recipe"][0]
+@pytest.mark.parametrize("case", ["recipe", "qwen3.5-moe recipe"])
+def test_main_job_trains_the_moe_family_with_ep(runs, case):
+    summary = runs[case][0]
     assert summary is not None and len(summary.get("losses", [1, 2, 3])) >= 1, summary
 
 
