@@ -264,6 +264,40 @@ def test_validate_takes_the_tiny_moe_model_and_the_planner_refuses_it_clearly(ca
     assert "no expert-parallel axis yet" in capsys.readouterr().err
 
 
+def test_qwen3_5_moe_validates_plans_and_refuses_what_it_cannot_run(capsys):
+    """`validate` takes tiny-qwen3.5-moe with the MoE job's config; the planner prices it and the dense
+    Qwen3.5 (families/qwen3_5*/shapes.py); Qwen3.5's refusals (cp, sequence parallelism) and the MoE
+    checks (ep dividing the experts) name their fields."""
+    import pathlib
+
+    from ds_hetero.cli import main
+    from ds_hetero.families import adapter_for
+    from ds_hetero.families.qwen3_5_moe import tiny_qwen3_5_moe
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    assert main(["validate", str(root / "ds_configs/qwen3_vl_moe_ep.json"), "--world-size", "4",
+                 "--model", "tiny-qwen3.5-moe"]) == 0
+    assert "valid for 4 ranks" in capsys.readouterr().out
+    for model in ("tiny-qwen3.5-moe", "tiny-qwen3.5"):
+        assert main(["plan", "--model", model, "--world-size", "4", "--seq-len", "64", "--image-tokens", "16",
+                     "--global-batch", "8", "--machine", "h100", "--top", "3"]) == 0, capsys.readouterr().err
+    moe = adapter_for(tiny_qwen3_5_moe())
+    moe.check_layouts(_config({"tp": 2, "dp": 2, "ep": 2}))
+    moe.check_layouts(_config({"dp": 4, "ep": 4}, zero=2))
+    for language, field, match in (({"cp": 2, "dp": 2, "ep": 2}, "language.cp", "recurrent state"),
+                                   ({"tp": 2, "dp": 2, "sequence_parallel": True, "ep": 2},
+                                    "language.sequence_parallel", "sequence parallelism"),
+                                   ({"dp": 4, "ep": 4}, "language.ep", None)):
+        if match is None:  # 6 experts: ep 4 does not divide them
+            moe6 = adapter_for(tiny_qwen3_5_moe(num_experts=6))
+            with pytest.raises(HeteroConfigError, match="does not divide the 6 experts") as info:
+                moe6.check_layouts(_config(language))
+        else:
+            with pytest.raises(HeteroConfigError, match=match) as info:
+                moe.check_layouts(_config(language))
+        assert info.value.field.endswith(field), info.value.field
+
+
 def test_trl_moe_aux_loss_is_accepted_for_a_family_whose_engine_adds_it():
     """TRL's aux_loss_enabled (router_aux_loss_coef != 0 on an MoE model) was refused; the engine now
     adds the aux loss for Qwen3-VL-MoE (from the config TRL sets), so only other families are refused."""
