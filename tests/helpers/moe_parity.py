@@ -172,6 +172,8 @@ def train_moe(rank, world_size, layout, micro_batches=1, steps=5, batch_size=8, 
         apply_control(engine, control)
     results = [engine.train_batch(samples) for samples in batches]
     partition = _expert_partition(engine)
+    # what this rank's language stage holds (tp shards, E / ep experts), as the planner counts it
+    local = sum(p.numel() for p in engine.stages.language.module.parameters()) if zero_stage < 3 else None
     got = full_named_parameters(engine)
     parts = _every_rank(got, world_size) if layout["language"].get("pp", 1) > 1 else [got]
     evaluated = engine.eval_batch(batches[0]) if evaluate else None
@@ -183,7 +185,7 @@ def train_moe(rank, world_size, layout, micro_batches=1, steps=5, batch_size=8, 
         "norms": [r.grad_norm for r in results], "ref_norms": ref_norms,
         "weight_err": _worst(parts, {n: p.detach() for n, p in reference.named_parameters()}),
         "n_params": len(dict(reference.named_parameters())),
-        "expert_partition": partition,
+        "expert_partition": partition, "language_params": local,
     }
     if evaluate:
         from ds_hetero.families import adapter_for
@@ -279,6 +281,8 @@ def save_and_load(rank, world_size, tmp, layout, family="qwen3_vl_moe"):
     export_err = max_rel_err(got, dict(saved.named_parameters()))
     other = {"vision": {"dp": 4}, "language": {"tp": 1, "dp": 4, "ep": 4}}
     loaded = ds_hetero.initialize(ds_hetero.meta_model(tmp, dtype=torch.float32), config(other), weights=tmp)
+    language = loaded.load_report["language"]  # ep4, tp1: the experts are the only sharded tensors
     reloaded = loaded.eval_batch(batches[1])
     loaded.groups.destroy()
-    return {"export_err": export_err, "eval": (after, reloaded), "checkpoint_refused": refused}
+    return {"export_err": export_err, "eval": (after, reloaded), "checkpoint_refused": refused,
+            "experts_read": (language.sharded_bytes_read, language.sharded_bytes_full)}

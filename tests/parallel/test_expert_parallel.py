@@ -168,6 +168,19 @@ def test_expert_parallel_matches_single_process_reference(runs, name):
             assert abs(got - want) <= RTOL * abs(want), (rank, r["eval"])
 
 
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if n.startswith("qwen3.5-moe")])
+def test_planner_counts_what_a_qwen3_5_moe_rank_holds(runs, name):
+    """families/qwen3_5_moe/shapes.py: a language rank's parameters at its tp and ep (the Gated DeltaNet,
+    attention and shared expert split over tp, the routers replicated, E / ep routed experts)."""
+    from ds_hetero.families.qwen3_5_moe import tiny_qwen3_5_moe
+    from ds_hetero.planner.model_spec import model_spec
+
+    language = LAYOUTS[name]["layout"]["language"]
+    lm = model_spec(tiny_qwen3_5_moe().config).language
+    for r in runs[name]:
+        assert r["language_params"] == lm.params_per_rank(language["tp"], language["ep"]), r["language_params"]
+
+
 @pytest.mark.parametrize("control", CONTROLS)
 def test_negative_controls_fail_the_bar(runs, control):
     for r in runs[control]:
@@ -188,6 +201,8 @@ def test_save_pretrained_and_per_shard_load_across_ep(runs, case):
         assert compared > 0 and err == 0.0, (err, where)
         after, reloaded = r["eval"]
         assert abs(after - reloaded) <= RTOL * abs(after), r["eval"]
+        read, full = r["experts_read"]  # each ep4 rank read its quarter of the experts only
+        assert full > 0 and read * 4 == full, r["experts_read"]
         assert "CheckpointError" in r["checkpoint_refused"] and "save_pretrained" in r["checkpoint_refused"]
 
 
