@@ -38,18 +38,29 @@ class RouterLogitsStage:
         return float(self.text_config.router_aux_loss_coef)
 
     def forward(self, input_ids, rows, attention_mask=None, position_ids=None, n_placeholders=None):
-        from ..expert_parallel.apply import RouterLogits
-
+        """LanguageStage's forward with the two hooks below: what the decoder is asked for, what the loss
+        takes from its output."""
         embeds, extra = self.embed_inputs(input_ids, rows, n_placeholders)
-        with_aux = self.with_aux
         out = self.language_model(
             inputs_embeds=embeds, attention_mask=self.decoder_mask(input_ids, embeds, attention_mask, position_ids),
-            position_ids=position_ids, use_cache=False, output_router_logits=with_aux, **extra)
-        if with_aux:
-            t = self.text_config
-            self.router_logits = RouterLogits(out.router_logits, self.token_padding(input_ids, attention_mask),
-                                              t.num_experts_per_tok, t.num_experts, self.aux_coef)
+            position_ids=position_ids, use_cache=False, **self.decoder_options(), **extra)
+        self.router_logits = self.router_logits_of(out, input_ids, attention_mask)
         return self.lm_head(out.last_hidden_state)
+
+    def decoder_options(self) -> dict:
+        """Read at every forward: the config may change after the model was built."""
+        return {"output_router_logits": self.with_aux}
+
+    def router_logits_of(self, out, input_ids, attention_mask):
+        """The router logits of the layers the decoder ran, with the padding of this rank's tokens and
+        the aux-loss settings; None without the aux loss."""
+        from ..expert_parallel.apply import RouterLogits
+
+        if not self.with_aux:
+            return None
+        t = self.text_config
+        return RouterLogits(out.router_logits, self.token_padding(input_ids, attention_mask),
+                            t.num_experts_per_tok, t.num_experts, self.aux_coef)
 
     def token_padding(self, input_ids, attention_mask):
         """1 where this rank's tokens (the rows its router saw) are not padding, as the HF aux loss
