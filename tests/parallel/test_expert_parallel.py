@@ -19,6 +19,12 @@ pp2 each pipeline stage's aux loss over its own layers only.
 The dispatch and combine all-to-alls pass an adjoint test; save_pretrained from ep2 tp2 is the
 engine's weights and loads per shard into ep4 with the same eval loss; the main job's script runs
 the family with ep. The pure checks (groups, config errors) run without processes.
+
+Qwen3.5-MoE (Gated DeltaNet layers by heads over tp, a shared expert over tp, routed experts over ep)
+in the same launch, to the same bar: vision dp4 + language tp2 dp2 ep2 (ZeRO 1) and language dp4 ep4
+with 2 micro-batches; routing to the wrong expert rank must fail; save_pretrained (each expert stored
+apart) and per-shard loading into ep4 reading a quarter of the experts; each rank's parameter count as
+the planner's; the main job with `--model-family qwen3.5-moe`.
 """
 
 import pytest
