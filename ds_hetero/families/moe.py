@@ -18,8 +18,9 @@ from torch import nn
 
 
 class RouterLogitsStage:
-    """Mixed into a family's LanguageStage subclass (before it): the forward runs the decoder with
-    `output_router_logits` and leaves them, with the tokens' padding mask, for `take_aux_loss`.
+    """Mixed into a family's LanguageStage subclass (before it): LanguageStage's two hooks, which its
+    forward and every pipeline chunk call (pipeline_parallel/chunk.py), ask the decoder for
+    `output_router_logits` and leave them, with the tokens' padding mask, for `take_aux_loss`.
     The subclass's `__init__` calls `init_router_logits(text_config)`."""
 
     def init_router_logits(self, text_config) -> None:
@@ -37,23 +38,13 @@ class RouterLogitsStage:
     def aux_coef(self) -> float:
         return float(self.text_config.router_aux_loss_coef)
 
-    def forward(self, input_ids, rows, attention_mask=None, position_ids=None, n_placeholders=None):
-        """LanguageStage's forward with the two hooks below: what the decoder is asked for, what the loss
-        takes from its output."""
-        embeds, extra = self.embed_inputs(input_ids, rows, n_placeholders)
-        out = self.language_model(
-            inputs_embeds=embeds, attention_mask=self.decoder_mask(input_ids, embeds, attention_mask, position_ids),
-            position_ids=position_ids, use_cache=False, **self.decoder_options(), **extra)
-        self.router_logits = self.router_logits_of(out, input_ids, attention_mask)
-        return self.lm_head(out.last_hidden_state)
-
     def decoder_options(self) -> dict:
-        """Read at every forward: the config may change after the model was built."""
+        """Read at every forward: the config may change after the model was built (TRL)."""
         return {"output_router_logits": self.with_aux}
 
     def router_logits_of(self, out, input_ids, attention_mask):
-        """The router logits of the layers the decoder ran, with the padding of this rank's tokens and
-        the aux-loss settings; None without the aux loss."""
+        """The router logits of the layers the decoder ran (every MoE layer, or a pipeline chunk's), with
+        the padding of this rank's tokens and the aux-loss settings; None without the aux loss."""
         from ..expert_parallel.apply import RouterLogits
 
         if not self.with_aux:
@@ -91,6 +82,15 @@ class ExpertParallelAdapter:
     @property
     def has_aux_loss(self) -> bool:
         return bool(self.model.config.text_config.output_router_logits)
+
+    @property
+    def router_experts(self) -> int:
+        t = self.model.config.text_config
+        return int(t.num_experts) if t.output_router_logits else 0
+
+    @property
+    def router_aux_coef(self) -> float:
+        return float(self.model.config.text_config.router_aux_loss_coef)
 
     def router_stage(self, stage: nn.Module) -> nn.Module:
         stage.cp_chunk = getattr(self, "_cp_chunk", (0, 1))

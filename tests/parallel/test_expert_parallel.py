@@ -21,8 +21,8 @@ engine's weights and loads per shard into ep4 with the same eval loss; the main 
 the family with ep. The pure checks (groups, config errors) run without processes.
 
 Qwen3.5-MoE (Gated DeltaNet layers by heads over tp, a shared expert over tp, routed experts over ep)
-in the same launch, to the same bar: vision dp4 + language tp2 dp2 ep2 (ZeRO 1) and language dp4 ep4
-with 2 micro-batches; routing to the wrong expert rank must fail; save_pretrained (each expert stored
+in the same launch, to the same bar: vision dp4 + language tp2 dp2 ep2 (ZeRO 1), language dp4 ep4
+with 2 micro-batches and language dp2 pp2 ep2 with 4 micro-batches (eval too); routing to the wrong expert rank must fail; save_pretrained (each expert stored
 apart) and per-shard loading into ep4 reading a quarter of the experts; each rank's parameter count as
 the planner's; the main job with `--model-family qwen3.5-moe`.
 """
@@ -72,6 +72,10 @@ LAYOUTS = {
         layout={"vision": V, "language": {"tp": 2, "dp": 2, "ep": 2}}, zero_stage=1, family="qwen3_5_moe"),
     "qwen3.5-moe language dp4 ep4, 2 micro-batches": dict(
         layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 4}}, micro_batches=2, family="qwen3_5_moe"),
+    # pipelined: two Gated DeltaNet layers | a Gated DeltaNet and the full-attention layer, experts on both
+    "qwen3.5-moe language dp2 pp2 ep2, 4 micro-batches": dict(
+        layout={"vision": V, "language": {"dp": 2, "pp": 2, "ep": 2}}, micro_batches=4, zero_stage=1,
+        family="qwen3_5_moe", evaluate=True),
 }
 PP = "language dp2 pp2 ep2, 4 micro-batches, zero1"
 CONTROLS = ("drop", "wrong_rank", "per_rank_aux", "global_aux_over_micro_batches", "per_stage_aux",
@@ -174,7 +178,7 @@ def test_expert_parallel_matches_single_process_reference(runs, name):
             assert abs(got - want) <= RTOL * abs(want), (rank, r["eval"])
 
 
-@pytest.mark.parametrize("name", [n for n in LAYOUTS if n.startswith("qwen3.5-moe")])
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if n.startswith("qwen3.5-moe") and "pp" not in LAYOUTS[n]["layout"]["language"]])
 def test_planner_counts_what_a_qwen3_5_moe_rank_holds(runs, name):
     """families/qwen3_5_moe/shapes.py: a language rank's parameters at its tp and ep (the Gated DeltaNet,
     attention and shared expert split over tp, the routers replicated, E / ep routed experts)."""
