@@ -12,7 +12,7 @@ from tests.helpers.family_data import QWEN25_GRIDS, qwen_multi_samples
 
 def _qwen3_5_moe_grads(model, adapter, samples, with_aux=True):
     """(the split's loss, logits and every gradient) with the loss the model adds: the lm loss plus
-    router_aux_loss_coef x the aux loss of the forward's router logits (one process: group None)."""
+    router_aux_loss_coef x the aux loss of the forward's router logits (one process: no groups)."""
     from ds_hetero.expert_parallel.aux_loss import global_aux_term
 
     model.zero_grad(set_to_none=True)
@@ -25,7 +25,7 @@ def _qwen3_5_moe_grads(model, adapter, samples, with_aux=True):
     pending = stages["language"].router_logits
     if with_aux:
         loss = loss + t.router_aux_loss_coef * global_aux_term(pending.logits, pending.mask, pending.top_k,
-                                                               pending.num_experts, None)
+                                                               pending.num_experts, ())
     loss.backward()
     return loss, logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
