@@ -21,6 +21,7 @@ from .qwen2_5_omni import FAMILY as QWEN2_5_OMNI
 from .qwen2_5_vl import FAMILY as QWEN2_5_VL
 from .qwen2_vl import FAMILY as QWEN2_VL
 from .qwen3_5 import FAMILY as QWEN3_5
+from .qwen3_5_moe import FAMILY as QWEN3_5_MOE
 from .qwen3_vl import FAMILY as QWEN3_VL
 from .qwen3_vl_moe import FAMILY as QWEN3_VL_MOE
 from .refused import REFUSED, refusal
@@ -37,6 +38,7 @@ FAMILIES: tuple[Family, ...] = (
     LLAVA_ONEVISION,
     QWEN2_5_OMNI,
     QWEN3_5,
+    QWEN3_5_MOE,
 )
 
 

@@ -21,6 +21,7 @@ from ..families.qwen2_5_vl.tiny import tiny_qwen2_5_vl
 from ..families.qwen2_vl.sample_format import Qwen2VLFormat
 from ..families.qwen2_vl.tiny import QWEN_SPECIAL_IDS, tiny_qwen2_vl
 from ..families.qwen3_5.tiny import tiny_qwen3_5
+from ..families.qwen3_5_moe.tiny import tiny_qwen3_5_moe
 from ..families.qwen3_vl.tiny import tiny_qwen3_vl
 from .shapes import COLOURS, SHAPES, RawFormat, Shape, ShapesCaptionDataset, Vocabulary
 
@@ -28,5 +29,5 @@ __all__ = [
     "COLOURS", "GEMMA3_IDS", "INTERNVL_IDS", "LLAVA_IMAGE_TOKEN", "LlavaFormat", "OMNI_SPECIAL_IDS", "QWEN_SPECIAL_IDS",
     "Qwen2VLFormat", "RawFormat", "SHAPES", "Shape", "ShapesCaptionDataset", "Vocabulary", "llava_tokens_per_image",
     "tiny_gemma3", "tiny_internvl", "tiny_llava", "tiny_llava_onevision", "tiny_qwen2_5_omni", "tiny_qwen2_5_vl",
-    "tiny_qwen2_vl", "tiny_qwen3_5", "tiny_qwen3_vl",
+    "tiny_qwen2_vl", "tiny_qwen3_5", "tiny_qwen3_5_moe", "tiny_qwen3_vl",
 ]

@@ -10,8 +10,10 @@ are the model's own (its `state_dict` keys). transformers 5 writes some families
 layout (`save_pretrained` reverts its load-time renamings: LLaVA's `language_model.model.*`,
 Qwen2-VL's `model.layers.*`); the checkpoint's names are mapped onto the model's with
 transformers' own conversion table (`get_model_conversion_mapping` + `rename_source_key`), the
-same one `from_pretrained` applies. Renamings only: a family whose conversion needs a tensor
-operation (concatenating experts, fusing qkv, ...) needs whole tensors and is refused by name.
+same one `from_pretrained` applies. Renamings, and two operations that commute with reading a
+slice of the experts: a transpose inside each expert (Qwen3-VL-MoE) and experts stored one tensor
+per expert (Qwen3.5-MoE: merged_experts.py). Any other operation (fusing qkv, ...) needs whole tensors
+and is refused by name.
 
 Reads go through safetensors' `safe_open(...).get_slice(...)` on its memory map, so only the pages
 of the requested slice are touched. The file is opened for each tensor and closed right after
@@ -29,6 +31,8 @@ from typing import Iterator
 
 import torch
 from torch import nn
+
+from .merged_experts import MergedExperts, converter_of, is_merge
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -81,8 +85,9 @@ def _swaps(model: nn.Module, checkpoint_names) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _model_names(model: nn.Module, checkpoint_names) -> dict[str, str]:
-    """model state key -> checkpoint name, by transformers' own load-time renamings."""
+def _model_names(model: nn.Module, checkpoint_names) -> tuple[dict[str, str], dict[str, MergedExperts]]:
+    """(model state key -> checkpoint name, by transformers' own load-time renamings; model state key ->
+    its experts' checkpoint tensors, for those stored one per expert: named after themselves in the first)."""
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import WeightConverter, rename_source_key
 
@@ -91,11 +96,16 @@ def _model_names(model: nn.Module, checkpoint_names) -> dict[str, str]:
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
     state = dict.fromkeys(model.state_dict())  # names only: the values may be on the meta device
     prefix = getattr(model, "base_model_prefix", None)
-    mapping = {}
+    mapping, merged = {}, {}
     for name in checkpoint_names:
         renamed, converter = rename_source_key(name, renamings, converters, prefix, state)
         if converter is not None and _swap_of(converters, converter) is not None:
             mapping.setdefault(renamed, name)  # a per-slice transpose: SafetensorsCheckpoint applies it
+            continue
+        merge = None if converter is None else converter_of(converters, converter)
+        if merge is not None and is_merge(merge):  # one tensor per expert: SafetensorsCheckpoint stacks them
+            merged.setdefault(renamed, MergedExperts(tuple(merge.source_patterns), {})).add(name, converter)
+            mapping[renamed] = renamed
             continue
         if converter is not None:
             raise WeightsError(
@@ -103,7 +113,7 @@ def _model_names(model: nn.Module, checkpoint_names) -> dict[str, str]:
                 f"tensors), which per-shard loading does not apply; load this model fully built "
                 f"(from_pretrained) and pass it without weights=")
         mapping.setdefault(renamed, name)
-    return mapping
+    return mapping, merged
 
 
 def _swap_of(converters, pattern) -> tuple[int, int] | None:
@@ -134,7 +144,8 @@ class SafetensorsCheckpoint:
     def __init__(self, model: nn.Module, directory: str | os.PathLike):
         self.directory = os.fspath(directory)
         self.file_of = _files(self.directory)  # checkpoint name -> file
-        self.name_of = _model_names(model, self.file_of)  # model name -> checkpoint name
+        # model name -> checkpoint name (a fused expert tensor stored per expert: its own name, in `merged`)
+        self.name_of, self.merged = _model_names(model, self.file_of)
         self.swap_of = _swaps(model, self.file_of)  # checkpoint name -> dims a per-slice transpose may swap
         self.transposed: dict[str, tuple[int, int]] = {}  # those stored transposed (found by check)
         self.shape_of: dict[str, tuple[int, ...]] = {}
@@ -150,6 +161,11 @@ class SafetensorsCheckpoint:
                 for name in names:
                     sl = f.get_slice(name)
                     self.shape_of[name], self.dtype_of[name] = tuple(sl.get_shape()), sl.get_dtype()
+        for name, experts in self.merged.items():
+            missing = experts.complete()
+            if missing:
+                raise WeightsError(f"weights={self.directory!r}: {name!r} is stored one tensor per expert, but {missing}")
+            self.shape_of[name], self.dtype_of[name] = experts.shape(self.shape_of), self.dtype_of[experts.pieces(0)[0]]
 
     def check(self, model: nn.Module) -> None:
         """Every parameter and persistent buffer is in the checkpoint with its full (unsharded) shape.
@@ -185,6 +201,8 @@ class SafetensorsCheckpoint:
     def read_into(self, model_name: str, out: torch.Tensor, runs=None, dim: int = 0) -> int:
         """Copy the tensor (or its rows [start, stop) along `dim`, run after run) into `out`."""
         name = self.name_of[model_name]
+        if name in self.merged:
+            return self._read_experts(self.merged[name], out, runs, dim)
         swap = self.transposed.get(name)
         if swap is None:
             return read_into(self.file_of[name], name, out, runs, dim)
@@ -193,6 +211,21 @@ class SafetensorsCheckpoint:
         stored = torch.empty(_swapped(out.shape, swap), dtype=out.dtype, device=out.device)
         numel = read_into(self.file_of[name], name, stored, runs, dim)
         out.copy_(stored.transpose(*swap))
+        return numel
+
+    def _read_experts(self, experts: MergedExperts, out: torch.Tensor, runs, dim: int) -> int:
+        """Experts (all, or those of each run along dim 0) from their own tensors, concatenated inside each."""
+        if runs is not None and dim != 0:
+            raise WeightsError(f"{experts.patterns[0]!r} is stored one tensor per expert; only whole experts "
+                               f"(a slice along dim 0) can be read, not dim {dim}")
+        wanted = [e for a, b in (runs or [(0, experts.experts())]) for e in range(a, b)]
+        numel = 0
+        for k, e in enumerate(wanted):
+            offset = 0
+            for piece in experts.pieces(e):
+                rows = self.shape_of[piece][0]
+                numel += read_into(self.file_of[piece], piece, out[k].narrow(0, offset, rows))
+                offset += rows
         return numel
 
     def itemsize(self, name: str) -> int:

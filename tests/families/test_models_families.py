@@ -185,9 +185,10 @@ def test_planner_spec_counts_the_families_parameters_and_sees_windows_and_poolin
     from ds_hetero.planner.model_spec import model_spec
     from ds_hetero.planner.workload import Workload
 
-    from ds_hetero.toy import tiny_internvl, tiny_llava_onevision, tiny_qwen3_vl
+    from ds_hetero.toy import tiny_internvl, tiny_llava_onevision, tiny_qwen3_5, tiny_qwen3_5_moe, tiny_qwen3_vl
 
-    for model in (tiny_qwen2_5_vl(), tiny_gemma3(), tiny_qwen3_vl(), tiny_internvl(), tiny_llava_onevision()):
+    for model in (tiny_qwen2_5_vl(), tiny_gemma3(), tiny_qwen3_vl(), tiny_internvl(), tiny_llava_onevision(),
+                  tiny_qwen3_5(), tiny_qwen3_5(tie_word_embeddings=True), tiny_qwen3_5_moe()):
         s, stages = model_spec(model.config), adapter_for(model).split()
         v = stages["vision"]
         vparams = v.trainable_parameters() if hasattr(v, "trainable_parameters") else list(v.parameters())

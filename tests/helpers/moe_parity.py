@@ -1,7 +1,7 @@
-"""Qwen3-VL-MoE with expert parallelism against the single-process Hugging Face model.
+"""Qwen3-VL-MoE and Qwen3.5-MoE with expert parallelism against the single-process Hugging Face model.
 
-`train_moe(rank, world_size, layout, micro_batches, ...)` trains the same seeded tiny
-Qwen3-VL-MoE through `ds_hetero.initialize` and as a plain HF model on the same global batches
+`train_moe(rank, world_size, layout, micro_batches, ..., family=...)` trains the same seeded tiny
+Qwen3-VL-MoE (or Qwen3.5-MoE: `family="qwen3_5_moe"`) through `ds_hetero.initialize` and as a plain HF model on the same global batches
 (fp32, AdamW, clipping active). The reference's loss is the model's own `model(**batch).loss`
 (lm loss + router_aux_loss_coef x aux loss, `output_router_logits` on): with one micro-batch on
 the global batch; with several, the rule of docs/expert-parallel.md: the lm loss over the global
@@ -27,6 +27,14 @@ from ds_hetero.testing.batches import qwen_samples
 from tests.helpers.family_data import QWEN25_GRIDS, qwen_multi_samples
 
 CLIP = 0.05  # below the norms of every step: clipping is active
+
+
+def tiny_moe(family="qwen3_vl_moe", seed=7, **kw):
+    """The family's tiny MoE model (families/<family>/tiny.py)."""
+    from ds_hetero.families.qwen3_5_moe import tiny_qwen3_5_moe
+    from ds_hetero.families.qwen3_vl_moe import tiny_qwen3_vl_moe
+
+    return {"qwen3_vl_moe": tiny_qwen3_vl_moe, "qwen3_5_moe": tiny_qwen3_5_moe}[family](seed=seed, **kw)
 
 
 def make_batches(model, steps, batch_size, seed=100):
@@ -134,7 +142,7 @@ def _expert_partition(engine):
 
 
 def train_moe(rank, world_size, layout, micro_batches=1, steps=5, batch_size=8, control=None, model_kw=None,
-              zero_stage=0, hetero=None, reference_micro_batches=None, evaluate=False):
+              zero_stage=0, hetero=None, reference_micro_batches=None, evaluate=False, family="qwen3_vl_moe"):
     """`reference_micro_batches`: the reference's aux-loss rule computed for another micro-batch
     count (a negative control of the several-micro-batch rule). `evaluate`: also `eval_batch` of
     the first batch after training, against the trained reference's loss on it by the same rule."""
@@ -143,9 +151,7 @@ def train_moe(rank, world_size, layout, micro_batches=1, steps=5, batch_size=8, 
     def make_optimizer(params):  # eps 1e-4: see ds_hetero/testing/parity.py
         return torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.99), eps=1e-4, weight_decay=0.01)
 
-    from ds_hetero.families.qwen3_vl_moe import tiny_qwen3_vl_moe
-
-    model = tiny_qwen3_vl_moe(seed=7, **(model_kw or {}))
+    model = tiny_moe(family, seed=7, **(model_kw or {}))
     reference = copy.deepcopy(model)
     freeze = layout["language"].get("freeze") or ()
     if freeze:  # the reference freezes what the config freezes (fnmatch patterns of HF names)
@@ -166,6 +172,8 @@ def train_moe(rank, world_size, layout, micro_batches=1, steps=5, batch_size=8, 
         apply_control(engine, control)
     results = [engine.train_batch(samples) for samples in batches]
     partition = _expert_partition(engine)
+    # what this rank's language stage holds (tp shards, E / ep experts), as the planner counts it
+    local = sum(p.numel() for p in engine.stages.language.module.parameters()) if zero_stage < 3 else None
     got = full_named_parameters(engine)
     parts = _every_rank(got, world_size) if layout["language"].get("pp", 1) > 1 else [got]
     evaluated = engine.eval_batch(batches[0]) if evaluate else None
@@ -177,7 +185,7 @@ def train_moe(rank, world_size, layout, micro_batches=1, steps=5, batch_size=8, 
         "norms": [r.grad_norm for r in results], "ref_norms": ref_norms,
         "weight_err": _worst(parts, {n: p.detach() for n, p in reference.named_parameters()}),
         "n_params": len(dict(reference.named_parameters())),
-        "expert_partition": partition,
+        "expert_partition": partition, "language_params": local,
     }
     if evaluate:
         from ds_hetero.families import adapter_for
@@ -242,13 +250,12 @@ def dispatch_adjoint(rank, world_size, ep=4, tokens=13, hidden=6, experts=8, top
             "arrived": int(arrived), "expected": expect, "assignments": len(mine)}
 
 
-def save_and_load(rank, world_size, tmp, layout):
+def save_and_load(rank, world_size, tmp, layout, family="qwen3_vl_moe"):
     """save_pretrained from an ep layout, then load that checkpoint per shard into another layout:
     the exported weights are the engine's, and the loaded engine's first loss equals the first's."""
     import torch.distributed as dist
 
     import ds_hetero
-    from ds_hetero.families.qwen3_vl_moe import tiny_qwen3_vl_moe
 
     def config(lay):
         return {"train_batch_size": 8, "zero_optimization": {"stage": 0}, "gradient_clipping": CLIP,
@@ -256,7 +263,7 @@ def save_and_load(rank, world_size, tmp, layout):
                 "steps_per_print": 10**6, "hetero_parallel": {"placement": "colocated", "micro_batches": 1,
                                                              "stages": lay}}
 
-    model = tiny_qwen3_vl_moe(seed=3)
+    model = tiny_moe(family, seed=3)
     batches = make_batches(model, 2, 8)
     engine = ds_hetero.initialize(model, config(layout))
     engine.train_batch(batches[0])
@@ -270,12 +277,12 @@ def save_and_load(rank, world_size, tmp, layout):
         refused = f"{type(exc).__name__}: {exc}"
     after = engine.eval_batch(batches[1])  # eval: the lm loss and the aux loss of the trained weights
     engine.groups.destroy()
-    from transformers import Qwen3VLMoeForConditionalGeneration
-
-    saved = Qwen3VLMoeForConditionalGeneration.from_pretrained(tmp)
+    saved = type(model).from_pretrained(tmp)
     export_err = max_rel_err(got, dict(saved.named_parameters()))
     other = {"vision": {"dp": 4}, "language": {"tp": 1, "dp": 4, "ep": 4}}
     loaded = ds_hetero.initialize(ds_hetero.meta_model(tmp, dtype=torch.float32), config(other), weights=tmp)
+    language = loaded.load_report["language"]  # ep4, tp1: the experts are the only sharded tensors
     reloaded = loaded.eval_batch(batches[1])
     loaded.groups.destroy()
-    return {"export_err": export_err, "eval": (after, reloaded), "checkpoint_refused": refused}
+    return {"export_err": export_err, "eval": (after, reloaded), "checkpoint_refused": refused,
+            "experts_read": (language.sharded_bytes_read, language.sharded_bytes_full)}

@@ -19,6 +19,12 @@ pp2 each pipeline stage's aux loss over its own layers only.
 The dispatch and combine all-to-alls pass an adjoint test; save_pretrained from ep2 tp2 is the
 engine's weights and loads per shard into ep4 with the same eval loss; the main job's script runs
 the family with ep. The pure checks (groups, config errors) run without processes.
+
+Qwen3.5-MoE (Gated DeltaNet layers by heads over tp, a shared expert over tp, routed experts over ep)
+in the same launch, to the same bar: vision dp4 + language tp2 dp2 ep2 (ZeRO 1), language dp4 ep4
+with 2 micro-batches and language dp2 pp2 ep2 with 4 micro-batches (eval too); routing to the wrong expert rank must fail; save_pretrained (each expert stored
+apart) and per-shard loading into ep4 reading a quarter of the experts; each rank's parameter count as
+the planner's; the main job with `--model-family qwen3.5-moe`.
 """
 
 import pytest
@@ -61,9 +67,19 @@ LAYOUTS = {
     "language tp2 pp2 sequence parallel (ep 1), 2 micro-batches": dict(
         layout={"vision": V, "language": {"tp": 2, "dp": 1, "pp": 2, "sequence_parallel": True}}, micro_batches=2,
         evaluate=True),
+    # Qwen3.5-MoE: Gated DeltaNet layers by heads over tp, routed experts over ep, the shared expert over tp
+    "qwen3.5-moe vision dp4 + language tp2 dp2 ep2 zero1": dict(
+        layout={"vision": V, "language": {"tp": 2, "dp": 2, "ep": 2}}, zero_stage=1, family="qwen3_5_moe"),
+    "qwen3.5-moe language dp4 ep4, 2 micro-batches": dict(
+        layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 4}}, micro_batches=2, family="qwen3_5_moe"),
+    # pipelined: two Gated DeltaNet layers | a Gated DeltaNet and the full-attention layer, experts on both
+    "qwen3.5-moe language dp2 pp2 ep2, 4 micro-batches": dict(
+        layout={"vision": V, "language": {"dp": 2, "pp": 2, "ep": 2}}, micro_batches=4, zero_stage=1,
+        family="qwen3_5_moe", evaluate=True),
 }
 PP = "language dp2 pp2 ep2, 4 micro-batches, zero1"
-CONTROLS = ("drop", "wrong_rank", "per_rank_aux", "global_aux_over_micro_batches", "per_stage_aux")
+CONTROLS = ("drop", "wrong_rank", "per_rank_aux", "global_aux_over_micro_batches", "per_stage_aux",
+            "qwen3.5-moe wrong_rank")
 
 
 def _cases(tmp):
@@ -78,8 +94,15 @@ def _cases(tmp):
                                           reference_micro_batches=1))
     # pp2: each pipeline stage's aux loss over its own layers (averaged over the stages)
     cases[CONTROLS[4]] = (train_moe, dict(LAYOUTS[PP], steps=2, evaluate=False, control=CONTROLS[4]))
+    cases[CONTROLS[5]] = (train_moe, dict(LAYOUTS["qwen3.5-moe vision dp4 + language tp2 dp2 ep2 zero1"], steps=2,
+                                          control="wrong_rank"))
     cases["save_and_load"] = (save_and_load, dict(tmp=tmp, layout=LAYOUTS["vision dp4 + language tp2 dp2 ep2 zero0"]["layout"]))
+    # its checkpoint stores each expert apart (transformers' conversion for the family): read per expert
+    cases["qwen3.5-moe save_and_load"] = (save_and_load, dict(
+        tmp=tmp + "/qwen3_5_moe", layout=LAYOUTS["qwen3.5-moe vision dp4 + language tp2 dp2 ep2 zero1"]["layout"],
+        family="qwen3_5_moe"))
     cases["recipe"] = (_recipe, dict(tmp=tmp))
+    cases["qwen3.5-moe recipe"] = (_recipe, dict(tmp=tmp, family="qwen3.5-moe"))
     cases["frozen experts zero2"] = (_refused, dict(layout={"vision": V, "language": {
         "tp": 1, "dp": 4, "ep": 2, "freeze": ["*.mlp.experts.*"]}}, zero_stage=2))
     return cases
@@ -95,7 +118,7 @@ def _refused(rank, world_size, **kw):
     return None
 
 
-def _recipe(rank, world_size, tmp):
+def _recipe(rank, world_size, tmp, family="qwen3-vl-moe"):
     import importlib.util
     import json
     import os
@@ -104,8 +127,8 @@ def _recipe(rank, world_size, tmp):
     spec = importlib.util.spec_from_file_location("train_llava", os.path.join(root, "recipes", "train_llava.py"))
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
-    summary = os.path.join(tmp, "recipe.json")
-    recipe.main(["--steps", "3", "--samples", "64", "--model-family", "qwen3-vl-moe", "--summary-json", summary,
+    summary = os.path.join(tmp, f"recipe_{family}.json")
+    recipe.main(["--steps", "3", "--samples", "64", "--model-family", family, "--summary-json", summary,
                  "--deepspeed_config", os.path.join(root, "ds_configs", "qwen3_vl_moe_ep.json")])
     if rank == 0:
         with open(summary) as f:
@@ -155,6 +178,19 @@ def test_expert_parallel_matches_single_process_reference(runs, name):
             assert abs(got - want) <= RTOL * abs(want), (rank, r["eval"])
 
 
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if n.startswith("qwen3.5-moe") and "pp" not in LAYOUTS[n]["layout"]["language"]])
+def test_planner_counts_what_a_qwen3_5_moe_rank_holds(runs, name):
+    """families/qwen3_5_moe/shapes.py: a language rank's parameters at its tp and ep (the Gated DeltaNet,
+    attention and shared expert split over tp, the routers replicated, E / ep routed experts)."""
+    from ds_hetero.families.qwen3_5_moe import tiny_qwen3_5_moe
+    from ds_hetero.planner.model_spec import model_spec
+
+    language = LAYOUTS[name]["layout"]["language"]
+    lm = model_spec(tiny_qwen3_5_moe().config).language
+    for r in runs[name]:
+        assert r["language_params"] == lm.params_per_rank(language["tp"], language["ep"]), r["language_params"]
+
+
 @pytest.mark.parametrize("control", CONTROLS)
 def test_negative_controls_fail_the_bar(runs, control):
     for r in runs[control]:
@@ -168,17 +204,21 @@ def test_dispatch_and_combine_are_adjoint_and_dropless(runs):
         assert r["arrived"] == r["expected"]  # every assignment for this rank's experts, none dropped
 
 
-def test_save_pretrained_and_per_shard_load_across_ep(runs):
-    for r in runs["save_and_load"]:
+@pytest.mark.parametrize("case", ["save_and_load", "qwen3.5-moe save_and_load"])
+def test_save_pretrained_and_per_shard_load_across_ep(runs, case):
+    for r in runs[case]:
         err, where, _, compared = r["export_err"]
         assert compared > 0 and err == 0.0, (err, where)
         after, reloaded = r["eval"]
         assert abs(after - reloaded) <= RTOL * abs(after), r["eval"]
+        read, full = r["experts_read"]  # each ep4 rank read its quarter of the experts only
+        assert full > 0 and read * 4 == full, r["experts_read"]
         assert "CheckpointError" in r["checkpoint_refused"] and "save_pretrained" in r["checkpoint_refused"]
 
 
-def test_main_job_trains_the_moe_family_with_ep(runs):
-    summary = runs["recipe"][0]
+@pytest.mark.parametrize("case", ["recipe", "qwen3.5-moe recipe"])
+def test_main_job_trains_the_moe_family_with_ep(runs, case):
+    summary = runs[case][0]
     assert summary is not None and len(summary.get("losses", [1, 2, 3])) >= 1, summary
 
 
@@ -247,6 +287,40 @@ def test_validate_takes_the_tiny_moe_model_and_the_planner_refuses_it_clearly(ca
     assert main(["plan", "--model", "tiny-qwen3-vl-moe", "--world-size", "4", "--seq-len", "64",
                  "--image-tokens", "16", "--global-batch", "8", "--machine", "h100", "--top", "3"]) == 1
     assert "no expert-parallel axis yet" in capsys.readouterr().err
+
+
+def test_qwen3_5_moe_validates_plans_and_refuses_what_it_cannot_run(capsys):
+    """`validate` takes tiny-qwen3.5-moe with the MoE job's config; the planner prices it and the dense
+    Qwen3.5 (families/qwen3_5*/shapes.py); Qwen3.5's refusals (cp, sequence parallelism) and the MoE
+    checks (ep dividing the experts) name their fields."""
+    import pathlib
+
+    from ds_hetero.cli import main
+    from ds_hetero.families import adapter_for
+    from ds_hetero.families.qwen3_5_moe import tiny_qwen3_5_moe
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    assert main(["validate", str(root / "ds_configs/qwen3_vl_moe_ep.json"), "--world-size", "4",
+                 "--model", "tiny-qwen3.5-moe"]) == 0
+    assert "valid for 4 ranks" in capsys.readouterr().out
+    for model in ("tiny-qwen3.5-moe", "tiny-qwen3.5"):
+        assert main(["plan", "--model", model, "--world-size", "4", "--seq-len", "64", "--image-tokens", "16",
+                     "--global-batch", "8", "--machine", "h100", "--top", "3"]) == 0, capsys.readouterr().err
+    moe = adapter_for(tiny_qwen3_5_moe())
+    moe.check_layouts(_config({"tp": 2, "dp": 2, "ep": 2}))
+    moe.check_layouts(_config({"dp": 4, "ep": 4}, zero=2))
+    for language, field, match in (({"cp": 2, "dp": 2, "ep": 2}, "language.cp", "recurrent state"),
+                                   ({"tp": 2, "dp": 2, "sequence_parallel": True, "ep": 2},
+                                    "language.sequence_parallel", "sequence parallelism"),
+                                   ({"dp": 4, "ep": 4}, "language.ep", None)):
+        if match is None:  # 6 experts: ep 4 does not divide them
+            moe6 = adapter_for(tiny_qwen3_5_moe(num_experts=6))
+            with pytest.raises(HeteroConfigError, match="does not divide the 6 experts") as info:
+                moe6.check_layouts(_config(language))
+        else:
+            with pytest.raises(HeteroConfigError, match=match) as info:
+                moe.check_layouts(_config(language))
+        assert info.value.field.endswith(field), info.value.field
 
 
 def test_trl_moe_aux_loss_is_accepted_for_a_family_whose_engine_adds_it():

@@ -31,9 +31,6 @@ from __future__ import annotations
 from ...tensor_parallel.shard_plans import ShardPlan, attr_heads
 from ..shared_plans import GATE_UP_DOWN, QKV_O
 
-_HF = "transformers.models.qwen3_5.modeling_qwen3_5:"
-
-
 def deltanet_heads(m) -> tuple[int, int]:
     return m.num_v_heads, m.num_k_heads
 
@@ -48,12 +45,20 @@ GATED_DELTANET = ShardPlan(
     head_attrs=("num_v_heads", "num_k_heads", "key_dim", "value_dim", "conv_dim"),
     per_head=("norm",), fused=("in_proj_qkv", "conv1d"), segments=deltanet_segments, vectors=("A_log", "dt_bias"))
 
-TP_PLANS = {
-    _HF + "Qwen3_5GatedDeltaNet": GATED_DELTANET,
-    _HF + "Qwen3_5Attention": ShardPlan(per_head=("q_norm", "k_norm"), **QKV_O),
-    _HF + "Qwen3_5MLP": GATE_UP_DOWN,
-    _HF + "Qwen3_5VisionAttention": ShardPlan(
-        column=("qkv",), row=("proj",), heads=attr_heads, head_attrs=("num_heads",), stride=3),
-    _HF + "Qwen3_5VisionMLP": ShardPlan(column=("linear_fc1",), row=("linear_fc2",)),
-    _HF + "Qwen3_5VisionPatchMerger": ShardPlan(column=("linear_fc1",), row=("linear_fc2",), entry="linear_fc1"),
-}
+
+def qwen3_5_plans(module: str, prefix: str) -> dict:
+    """The plans for the classes `prefix`* of transformers.models.`module`: Qwen3.5's own, and Qwen3.5-MoE's
+    (the same Gated DeltaNet, attention and tower under its own names; its `MLP` is the MoE block's shared expert)."""
+    m = f"transformers.models.{module}.modeling_{module}:{prefix}"
+    return {
+        m + "GatedDeltaNet": GATED_DELTANET,
+        m + "Attention": ShardPlan(per_head=("q_norm", "k_norm"), **QKV_O),
+        m + "MLP": GATE_UP_DOWN,
+        m + "VisionAttention": ShardPlan(column=("qkv",), row=("proj",), heads=attr_heads, head_attrs=("num_heads",),
+                                         stride=3),
+        m + "VisionMLP": ShardPlan(column=("linear_fc1",), row=("linear_fc2",)),
+        m + "VisionPatchMerger": ShardPlan(column=("linear_fc1",), row=("linear_fc2",), entry="linear_fc1"),
+    }
+
+
+TP_PLANS = qwen3_5_plans("qwen3_5", "Qwen3_5")

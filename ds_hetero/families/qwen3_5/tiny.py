@@ -16,6 +16,17 @@ def tiny_qwen3_5(seed: int = 0, text_hidden: int = 64, text_layers: int = 4, vis
     learned position grid: a 16-px image gives 4 image tokens."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
+    text, vision = tiny_qwen3_5_configs(text_hidden, text_layers, vision_hidden, vision_depth,
+                                        full_attention_interval, tie_word_embeddings)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return Qwen3_5ForConditionalGeneration(Qwen3_5Config(
+            text_config=text, vision_config=vision, tie_word_embeddings=tie_word_embeddings, **QWEN_SPECIAL_IDS))
+
+
+def tiny_qwen3_5_configs(text_hidden: int, text_layers: int, vision_hidden: int, vision_depth: int,
+                         full_attention_interval: int, tie_word_embeddings: bool) -> tuple[dict, dict]:
+    """(text config, vision config) keyword dicts of the tiny Qwen3.5 (the MoE family's tiny model adds its experts)."""
     text = dict(
         vocab_size=300, hidden_size=text_hidden, intermediate_size=2 * text_hidden, num_hidden_layers=text_layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=text_hidden // 4, bos_token_id=0, eos_token_id=1,
@@ -31,7 +42,4 @@ def tiny_qwen3_5(seed: int = 0, text_hidden: int = 64, text_layers: int = 4, vis
         out_hidden_size=text_hidden, patch_size=4, spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
         num_position_embeddings=16,
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        return Qwen3_5ForConditionalGeneration(Qwen3_5Config(
-            text_config=text, vision_config=vision, tie_word_embeddings=tie_word_embeddings, **QWEN_SPECIAL_IDS))
+    return text, vision
