@@ -17,8 +17,9 @@ assignments, routing to the wrong expert rank, the aux loss computed per rank, w
 micro-batches a reference whose aux loss is the whole batch's (the rule must matter), and with
 pp2 each pipeline stage's aux loss over its own layers only.
 The dispatch and combine all-to-alls pass an adjoint test; save_pretrained from ep2 tp2 is the
-engine's weights and loads per shard into ep4 with the same eval loss; the main job's script runs
-the family with ep. The pure checks (groups, config errors) run without processes.
+engine's weights and loads per shard into ep4 with the same eval loss; a training checkpoint moves
+ep2 -> ep1 -> ep4 like the uninterrupted single-process run (tests/helpers/moe_checkpoints.py);
+the main job's script runs the family with ep. The pure checks (groups, config errors) run without processes.
 
 Qwen3.5-MoE (Gated DeltaNet layers by heads over tp, a shared expert over tp, routed experts over ep)
 in the same launch, to the same bar: vision dp4 + language tp2 dp2 ep2 (ZeRO 1), language dp4 ep4
@@ -83,6 +84,7 @@ CONTROLS = ("drop", "wrong_rank", "per_rank_aux", "global_aux_over_micro_batches
 
 
 def _cases(tmp):
+    from tests.helpers.moe_checkpoints import checkpoint_chain
     from tests.helpers.moe_parity import dispatch_adjoint, save_and_load, train_moe
 
     cases = {"adjoint": (dispatch_adjoint, {})}
@@ -96,6 +98,7 @@ def _cases(tmp):
     cases[CONTROLS[4]] = (train_moe, dict(LAYOUTS[PP], steps=2, evaluate=False, control=CONTROLS[4]))
     cases[CONTROLS[5]] = (train_moe, dict(LAYOUTS["qwen3.5-moe vision dp4 + language tp2 dp2 ep2 zero1"], steps=2,
                                           control="wrong_rank"))
+    cases["checkpoint chain"] = (checkpoint_chain, dict(tmp=tmp))
     cases["save_and_load"] = (save_and_load, dict(tmp=tmp, layout=LAYOUTS["vision dp4 + language tp2 dp2 ep2 zero0"]["layout"]))
     # its checkpoint stores each expert apart (transformers' conversion for the family): read per expert
     cases["qwen3.5-moe save_and_load"] = (save_and_load, dict(
@@ -213,7 +216,42 @@ def test_save_pretrained_and_per_shard_load_across_ep(runs, case):
         assert abs(after - reloaded) <= RTOL * abs(after), r["eval"]
         read, full = r["experts_read"]  # each ep4 rank read its quarter of the experts only
         assert full > 0 and read * 4 == full, r["experts_read"]
-        assert "CheckpointError" in r["checkpoint_refused"] and "save_pretrained" in r["checkpoint_refused"]
+
+
+def test_training_checkpoint_reshards_across_ep(runs):
+    """ep2 -> ep1 -> ep4 (tests/helpers/moe_checkpoints.py): every loss, aux loss and norm of the
+    uninterrupted single-process run, and its final weights; experts from the wrong ep slot miss
+    the bar; swapped expert files are refused on every rank with nothing changed."""
+    from tests.helpers.moe_checkpoints import K, judge, reference_run
+    from tests.helpers.moe_parity import make_batches
+    from ds_hetero.families.qwen3_vl_moe import tiny_qwen3_vl_moe
+
+    reference = reference_run(make_batches(tiny_qwen3_vl_moe(seed=7), 3 * K, 8))
+    assert min(reference[2]) > 0.05  # clipping active (CLIP)
+    for r in runs["checkpoint chain"]:
+        assert r["steps_after_load"] == [K, 2 * K]
+        losses, aux, norms, (err, where, abs_err, compared) = judge(r, reference)
+        assert losses <= RTOL and aux <= RTOL and norms <= 1e-4, (losses, aux, norms)
+        assert compared == 93 and err <= RTOL and abs_err <= ATOL, (err, where, abs_err)
+        wrong = judge(dict(r, losses=r["losses"][:2 * K] + r["wrong_slot"]["losses"], final=r["wrong_slot"]["final"]),
+                      reference)
+        assert wrong[0] > 10 * RTOL and wrong[3][0] > 1e-2, wrong
+        assert r["swapped_refused"] is not None and r["swapped_unchanged"], r["swapped_refused"]
+    assert "experts in the wrong ep slot" in runs["checkpoint chain"][0]["swapped_refused"]
+
+
+def test_ep_checkpoints_refuse_what_is_not_built():
+    """ZeRO 3, a pipeline or disaggregated placement with ep > 1: a CheckpointError naming them
+    (the layout is the config's: every rank raises alike, before anything is written or read)."""
+    from types import SimpleNamespace
+
+    from ds_hetero.checkpoint import CheckpointError
+    from ds_hetero.checkpoint.store import _refuse_expert_parallel
+
+    _refuse_expert_parallel(SimpleNamespace(config=_config({"tp": 2, "dp": 2, "ep": 2}, zero=2)))
+    with pytest.raises(CheckpointError, match="ep = 2 with ZeRO stage 3 are not built yet") as info:
+        _refuse_expert_parallel(SimpleNamespace(config=_config({"dp": 4, "ep": 2}, zero=3)))
+    assert "save_pretrained" in str(info.value)
 
 
 @pytest.mark.parametrize("case", ["recipe", "qwen3.5-moe recipe"])
