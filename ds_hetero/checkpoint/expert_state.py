@@ -1,6 +1,6 @@
 """A language stage with experts sharded over ep (expert_parallel/): its checkpoint files.
 
-    DIR/<tag>/language/params.json              full shapes; an expert weight has "ep_split": {"dim": 0}
+    DIR/<tag>/language/params.json              full shapes; an expert-sharded weight has "ep_split"
     DIR/<tag>/language/ep_state/dense.pt         every other parameter, full (over tp and ZeRO), and
                                                  the scheduler, step and counters; the stage's first rank
     DIR/<tag>/language/ep_state/experts_ep<r>.pt ep rank r's experts [r E/ep, (r+1) E/ep) of every expert
@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from ..expert_parallel.gather import merge_expert_blocks
 from ..tensor_parallel import gather_full
 from .manifest import CheckpointError
 
@@ -46,7 +47,7 @@ def is_expert(p) -> bool:
 
 
 def expert_slot(param) -> int:
-    """Which block of `ep_full_size / local experts` experts this rank's slice of `param` is
+    """Which of the ep blocks of experts this rank's shard of `param` is
     (its ep rank); one function, so that a negative control can load the wrong block."""
     return param.ep_rank
 
@@ -130,9 +131,10 @@ def read_expert_stage(part: str, meta: dict[str, Any], ep: int) -> dict[str, Any
     params = dict(dense["params"])
     entries = {info["hf_name"]: info for info in meta["params"].values()}
     shards = [_load(os.path.join(part, FOLDER, EXPERTS.format(r))) for r in range(ep)]
+    weights = [i for i in entries.values() if i.get("ep_split") and i["ep_split"].get("outer", 1) == 1
+               and i["ep_split"].get("dim", 0) == 0 and len(i["shape"]) == 3]  # the fused expert weights: [E, ...]
+    total = weights[0]["shape"][0] if weights else 0
     for r, shard in enumerate(shards):
-        names = [n for n, i in entries.items() if i.get("ep_split")]
-        total = entries[names[0]]["shape"][0] if names else 0
         want = [r * total // ep, (r + 1) * total // ep]
         if shard["ep"] != ep or shard["ep_rank"] != r or list(shard["experts"]) != want:
             raise CheckpointError(
@@ -144,7 +146,9 @@ def read_expert_stage(part: str, meta: dict[str, Any], ep: int) -> dict[str, Any
             pieces = [s["params"].get(name) for s in shards]
             if any(p is None for p in pieces):
                 raise CheckpointError(f"{part}: expert weight {name} missing from an ep rank's file")
-            params[name] = {k: torch.cat([p[k] for p in pieces]) for k in pieces[0]}
+            split = info["ep_split"]
+            params[name] = {k: merge_expert_blocks([p[k] for p in pieces], split.get("dim", 0), split.get("outer", 1))
+                            for k in pieces[0]}
         if name not in params:
             raise CheckpointError(f"{part}: {name} is in params.json but in no file of {FOLDER}/")
         got = [list(v.shape) for v in params[name].values()]

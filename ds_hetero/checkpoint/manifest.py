@@ -15,7 +15,8 @@
 Each stage folder also holds `params.json`, written by the stage's first rank (in disaggregated
 placement rank 0 does not hold every stage): every parameter's full shape, its tp split (dim,
 stride) and Hugging Face name, and the optimizer's parameter order (ZeRO 0 files index by it); an
-expert weight sharded over ep has its full shape (all experts) and `"ep_split": {"dim": 0}`.
+expert weight sharded over ep has its full shape (all experts) and `"ep_split": {"dim", "outer"}` (where
+its experts are: expert_parallel/gather.py; {"dim": 0, "outer": 1} for the fused expert weights).
 A tied weight's copy on the last pipeline stage (stages/tied_embeddings.py) is recorded under the
 model's one name with `"shared_copy": true`: the full state takes that name from the first chunk.
 A pipelined stage has one folder per chunk, each with its params.json (layer_map.py).
@@ -124,8 +125,8 @@ def stage_params(stage, model) -> dict[str, Any]:
             split = {"dim": p.partition_dim, "stride": p.partition_stride}
         params[name] = {"shape": shape, "tp_split": split, "hf_name": hf_names.get(id(p), name),
                         "trainable": p.requires_grad}
-        if getattr(p, "expert_parallel", False):  # this rank holds E / ep of the experts (dim 0)
-            params[name]["ep_split"] = {"dim": 0}
+        if getattr(p, "expert_parallel", False):  # this rank holds E / ep of the experts (expert_parallel/gather.py)
+            params[name]["ep_split"] = {"dim": p.ep_dim, "outer": p.ep_outer}
         if is_shared_copy(p):  # a tied weight's copy on the last pipeline stage: the first chunk's is saved
             params[name]["shared_copy"] = True
     names = {id(p): n for n, p in module.named_parameters()}
@@ -142,7 +143,7 @@ def full_shape(p, tp: int) -> list[int]:
     if getattr(p, "tensor_model_parallel", False) and tp > 1:
         shape[p.partition_dim] = p.partition_full_size
     if getattr(p, "expert_parallel", False):
-        shape[0] = p.ep_full_size
+        shape[p.ep_dim] *= p.ep_size
     return shape
 
 

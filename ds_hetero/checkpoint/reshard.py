@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..expert_parallel.gather import expert_block
 from ..tensor_parallel.layers import shard_tensor
 from .expert_state import expert_slot
 from .full_state import MOMENTS
@@ -21,10 +22,9 @@ from .full_state import MOMENTS
 
 def split_full(full: torch.Tensor, param: torch.nn.Parameter, tp_rank: int, tp: int) -> torch.Tensor:
     """This rank's shard of `full`, shaped like `param` (pads the vocabulary the head padded; an
-    expert weight sharded over ep: this rank's experts, dim 0, replicated over tp)."""
+    expert weight sharded over ep: this rank's experts, replicated over tp)."""
     if getattr(param, "expert_parallel", False):
-        n = param.shape[0]
-        return full.narrow(0, expert_slot(param) * n, n)
+        return expert_block(full, param.ep_dim, param.ep_outer, expert_slot(param), param.ep_size)
     if not getattr(param, "tensor_model_parallel", False) or tp == 1:
         return full
     dim, stride = param.partition_dim, param.partition_stride

@@ -76,7 +76,7 @@ def reference_run(batches):
 
 
 def _wrong_slot(param):
-    return (param.ep_rank + 1) % (param.ep_full_size // param.shape[0])
+    return (param.ep_rank + 1) % param.ep_size
 
 
 def checkpoint_chain(rank, world_size, tmp):

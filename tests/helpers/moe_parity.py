@@ -81,8 +81,8 @@ def reference_loss(model, adapter, samples, micro_batches):
 def reference_train(model, batches, make_optimizer, clip, micro_batches):
     from ds_hetero.families import adapter_for
 
-    adapter = adapter_for(model)
-    opt = make_optimizer(list(model.parameters()))
+    adapter = adapter_for(model.get_base_model() if hasattr(model, "get_base_model") else model)  # a PeftModel's base
+    opt = make_optimizer([p for p in model.parameters() if p.requires_grad])
     losses, norms, auxes = [], [], []
     for samples in batches:
         loss, aux = reference_loss(model, adapter, samples, micro_batches)
