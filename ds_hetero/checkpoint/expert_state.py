@@ -66,7 +66,7 @@ def _live_entry(engine, p, zero: int) -> tuple[dict[str, torch.Tensor], float | 
 
     optimizer = engine.optimizer
     if zero:
-        if not hasattr(p, "_hp_mapping"):
+        if not hasattr(p, "_hp_mapping") or not optimizer.optimizer.state:  # frozen, or no step taken yet
             return {"fp32": p.detach().float().clone()}, None
         entry = {"fp32": safe_get_full_fp32_param(p), **{k: safe_get_full_optimizer_state(p, k) for k in MOMENTS}}
         step = next(iter(optimizer.optimizer.state.values()))["step"]

@@ -4,6 +4,7 @@ single-process Hugging Face run (fp32, AdamW, DeepSpeed's WarmupLR, clipping act
 `checkpoint_chain`: K steps at ep2 (language tp2 dp2, ZeRO 1), save; load at ep1 (language dp4,
 ZeRO 2), K steps, save; load at ep4 (language dp4, ZeRO 0), K steps. Every loss, aux loss and norm
 of the 3K steps against the reference's, and the ep4 engine's final weights (experts gathered).
+`convert_to_hf` of the ep2 checkpoint equals the live engine's weights.
 Negative controls: the ep1 checkpoint loaded at ep4 with each rank's experts taken from the next
 ep slot (reshard.py `expert_slot`) must miss the bar; an ep2 checkpoint whose two expert files
 are swapped (each file holds the other rank's experts) is refused on every rank, nothing changed.
@@ -96,7 +97,16 @@ def checkpoint_chain(rank, world_size, tmp):
     engine = _engine(EP2, 7)
     record(engine, segments[0])
     engine.save_checkpoint(ckpt2)
+    live = full_named_parameters(engine)
     engine.groups.destroy()
+    if rank == 0:  # `ds-hetero checkpoint convert --to-hf` of the ep2 checkpoint: its files alone
+        from transformers import Qwen3VLMoeForConditionalGeneration
+
+        from ds_hetero.checkpoint.hf_convert import convert_to_hf
+
+        convert_to_hf(ckpt2, os.path.join(tmp, "ep2_hf"))
+        converted = Qwen3VLMoeForConditionalGeneration.from_pretrained(os.path.join(tmp, "ep2_hf"))
+        out["converted"] = max_rel_err(live, dict(converted.named_parameters()))
     for spec, source, part in ((EP1, ckpt2, 1), (EP4, ckpt1, 2)):
         engine = _engine(spec, 99)  # other initial weights: the checkpoint must replace them
         engine.load_checkpoint(source)
