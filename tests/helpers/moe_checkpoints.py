@@ -7,7 +7,8 @@ of the 3K steps against the reference's, and the ep4 engine's final weights (exp
 `convert_to_hf` of the ep2 checkpoint equals the live engine's weights.
 Negative controls: the ep1 checkpoint loaded at ep4 with each rank's experts taken from the next
 ep slot (reshard.py `expert_slot`) must miss the bar; an ep2 checkpoint whose two expert files
-are swapped (each file holds the other rank's experts) is refused on every rank, nothing changed.
+are swapped (each file holds the other rank's experts) is refused on every rank, nothing changed; that
+engine then loads the real ep2 checkpoint (the same layout) and continues like the reference.
 """
 
 from __future__ import annotations
@@ -147,6 +148,9 @@ def checkpoint_chain(rank, world_size, tmp):
         out["swapped_refused"] = str(exc)
     after = full_named_parameters(engine)
     out["swapped_unchanged"] = bool(before) and all(before[n].equal(after[n]) for n in before)
+    # the same engine, after the refusal: the real ep2 checkpoint into ep2 (the same layout) continues too
+    engine.load_checkpoint(ckpt2)
+    out["same_layout"] = _train(engine, segments[1])[0]
     engine.groups.destroy()
     out["final"] = {n: t.numpy() for n, t in out["final"].items()}  # numpy: see test_checkpoint_layouts._portable
     out["wrong_slot"]["final"] = {n: t.numpy() for n, t in out["wrong_slot"]["final"].items()}
