@@ -37,32 +37,44 @@ def peft_moe(seed=7):
                                                                    init_lora_weights=False, **TARGETS))
 
 
-def train_moe_lora(rank, world_size, layout, zero_stage=0, control=None, steps=3, tmp=None):
+def train_moe_lora(rank, world_size, layout, zero_stage=0, control=None, steps=3, tmp=None, reload=None):
+    """`reload` (another stage layout and ZeRO stage): after the steps, a training checkpoint loaded there,
+    one more step against the reference continued as one uninterrupted run."""
     import ds_hetero
     from ds_hetero.expert_parallel import lora
     from ds_hetero.integrations.trainer.peft_adapter import save_peft_adapter
 
     model = peft_moe()
     reference = copy.deepcopy(model)
-    batches = make_batches(model, steps, 8)
-    config = {"train_batch_size": 8, "zero_optimization": {"stage": zero_stage}, "zero_allow_untested_optimizer": True,
-              "gradient_clipping": CLIP, "steps_per_print": 10**6,
-              "hetero_parallel": {"placement": "colocated", "micro_batches": 1, "stages": layout}}
+    uninterrupted = copy.deepcopy(model) if reload else None
+    batches = make_batches(model, steps + (1 if reload else 0), 8)
+
+    def config(layout, zero_stage):
+        return {"train_batch_size": 8, "zero_optimization": {"stage": zero_stage}, "zero_allow_untested_optimizer": True,
+                "gradient_clipping": CLIP, "steps_per_print": 10**6,
+                "hetero_parallel": {"placement": "colocated", "micro_batches": 1, "stages": layout}}
     original = lora.lora_b_outer
     if control == "contiguous_b":
         lora.lora_b_outer = lambda r: 1
     try:
-        engine = ds_hetero.initialize(model, config, optimizer=make_optimizer)
+        engine = ds_hetero.initialize(model, config(layout, zero_stage), optimizer=make_optimizer)
     finally:
         lora.lora_b_outer = original
-    results = [engine.train_batch(s) for s in batches]
+    results = [engine.train_batch(s) for s in batches[:steps]]
     got = full_named_parameters(engine)
     expert_lora = sum(1 for p in engine.model.parameters() if getattr(p, "expert_parallel", False) and p.requires_grad)
     saved = None
     if tmp is not None:
         save_peft_adapter(engine, model, tmp)
+    moved = None
+    if reload:
+        engine.save_checkpoint(f"{tmp}_ckpt")
+        engine.groups.destroy()
+        engine = ds_hetero.initialize(peft_moe(seed=99), config(*reload), optimizer=make_optimizer)
+        engine.load_checkpoint(f"{tmp}_ckpt")
+        moved = {"loss": engine.train_batch(batches[steps]).loss, "weights": full_named_parameters(engine)}
     engine.groups.destroy()
-    ref_losses, ref_norms, ref_aux = reference_train(reference, batches, make_optimizer, CLIP, 1)
+    ref_losses, ref_norms, ref_aux = reference_train(reference, batches[:steps], make_optimizer, CLIP, 1)
     want = {n: p.detach() for n, p in reference.named_parameters()}
     base = {n.replace("base_model.model.", "", 1): p for n, p in want.items()}  # the engine holds the base model's names
     weights = got if set(got) == set(want) else {n: got[n] for n in base if n in got}
@@ -76,7 +88,12 @@ def train_moe_lora(rank, world_size, layout, zero_stage=0, control=None, steps=3
         loaded = PeftModel.from_pretrained(tiny_qwen3_vl_moe(seed=7), tmp)
         adapters = {n: p.detach() for n, p in loaded.named_parameters() if "lora_" in n}
         saved = (max_rel_err(adapters, {n: want[n] for n in adapters}), len(adapters))
-    return {"losses": [r.loss for r in results], "ref_losses": ref_losses, "aux": [r.aux_loss for r in results],
+    if reload:
+        final_losses = reference_train(uninterrupted, batches, make_optimizer, CLIP, 1)[0]
+        final = {n.replace("base_model.model.", "", 1): p.detach() for n, p in uninterrupted.named_parameters()}
+        moved = {"loss": (moved["loss"], final_losses[steps]),
+                 "weight_err": max_rel_err({n: moved["weights"][n] for n in final if n in moved["weights"]}, final)}
+    return {"reloaded": moved, "losses": [r.loss for r in results], "ref_losses": ref_losses, "aux": [r.aux_loss for r in results],
             "ref_aux": ref_aux, "norms": [r.grad_norm for r in results], "ref_norms": ref_norms,
             "weight_err": max_rel_err(weights, want if weights is got else base), "n_params": len(want), "expert_lora_params": expert_lora,
             "adapter": saved}

@@ -82,7 +82,9 @@ LAYOUTS = {
         family="qwen3_5_moe", evaluate=True),
 }
 LORA = {
-    "lora tp2 dp2 ep2 zero1": dict(layout={"vision": V, "language": {"tp": 2, "dp": 2, "ep": 2}}, zero_stage=1),
+    # its training checkpoint then continues at ep4 ZeRO 2 (the experts' LoRA factors resharded over ep)
+    "lora tp2 dp2 ep2 zero1": dict(layout={"vision": V, "language": {"tp": 2, "dp": 2, "ep": 2}}, zero_stage=1,
+                                   reload=({"vision": V, "language": {"tp": 1, "dp": 4, "ep": 4}}, 2)),
     "lora dp4 ep4 zero2": dict(layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 4}}, zero_stage=2),
 }
 PP = "language dp2 pp2 ep2, 4 micro-batches, zero1"
@@ -110,7 +112,8 @@ def _cases(tmp):
     # PEFT LoRA on attention (split over tp) and on the fused experts (sharded over ep with them)
     for name, kw in LORA.items():
         cases[name] = (train_moe_lora, dict(kw, tmp=f"{tmp}/{name.replace(' ', '_')}"))
-    cases["lora contiguous_b"] = (train_moe_lora, dict(LORA["lora tp2 dp2 ep2 zero1"], steps=2, control="contiguous_b"))
+    cases["lora contiguous_b"] = (train_moe_lora, dict(LORA["lora tp2 dp2 ep2 zero1"], steps=2, control="contiguous_b",
+                                                       reload=None))
     cases["save_and_load"] = (save_and_load, dict(tmp=tmp, layout=LAYOUTS["vision dp4 + language tp2 dp2 ep2 zero0"]["layout"]))
     # its checkpoint stores each expert apart (transformers' conversion for the family): read per expert
     cases["qwen3.5-moe save_and_load"] = (save_and_load, dict(
@@ -268,6 +271,10 @@ def test_lora_on_attention_and_experts_matches_single_process_peft(runs, name):
         assert compared == r["n_params"] and err <= RTOL and abs_err <= ATOL, (err, where, abs_err, compared)
         err, where, _, compared = r["adapter"][0]
         assert compared == 36 and err <= RTOL, (err, where)  # PeftModel.from_pretrained of save_peft_adapter's
+        if r["reloaded"] is not None:  # the checkpoint at ep4: one more step as the uninterrupted reference's
+            got, want = r["reloaded"]["loss"]
+            err, where, abs_err, compared = r["reloaded"]["weight_err"]
+            assert abs(got - want) <= RTOL * abs(want) and compared == r["n_params"] and err <= RTOL, r["reloaded"]
 
 
 def test_lora_on_experts_with_b_sliced_contiguously_misses_the_bar(runs):
