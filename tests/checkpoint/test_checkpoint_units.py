@@ -60,3 +60,27 @@ def test_kill_point_names_are_checked(monkeypatch):
     monkeypatch.setenv("DS_HETERO_CHECKPOINT_KILL", "begin:1")
     kill_point("begin", 0)  # another rank: nothing happens
     kill_point("rank_written", 1)  # another point: nothing happens
+
+
+def _moe_config(language, zero):
+    from ds_hetero.config import load_config
+
+    return load_config({"train_batch_size": 8, "zero_optimization": {"stage": zero},
+                        "hetero_parallel": {"placement": "colocated", "micro_batches": 1,
+                                            "stages": {"vision": {"dp": 4}, "language": language}}}, world_size=4)
+
+
+def test_ep_checkpoints_refuse_what_is_not_built():
+    """ZeRO 3, a pipeline or disaggregated placement with ep > 1: a CheckpointError naming them
+    (the layout is the config's: every rank raises alike, before anything is written or read)."""
+    from types import SimpleNamespace
+
+    from ds_hetero.checkpoint import CheckpointError
+    from ds_hetero.checkpoint.store import _refuse_expert_parallel
+
+    _refuse_expert_parallel(SimpleNamespace(config=_moe_config({"tp": 2, "dp": 2, "ep": 2}, zero=2)))
+    with pytest.raises(CheckpointError, match="ep = 2 with ZeRO stage 3 are not built yet") as info:
+        _refuse_expert_parallel(SimpleNamespace(config=_moe_config({"dp": 4, "ep": 2}, zero=3)))
+    assert "save_pretrained" in str(info.value)
+    with pytest.raises(CheckpointError, match="ep = 2 with pp = 2 are not built yet"):
+        _refuse_expert_parallel(SimpleNamespace(config=_moe_config({"dp": 2, "pp": 2, "ep": 2}, zero=1)))

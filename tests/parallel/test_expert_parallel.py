@@ -282,20 +282,6 @@ def test_lora_on_experts_with_b_sliced_contiguously_misses_the_bar(runs):
         assert _bad(r), r
 
 
-def test_ep_checkpoints_refuse_what_is_not_built():
-    """ZeRO 3, a pipeline or disaggregated placement with ep > 1: a CheckpointError naming them
-    (the layout is the config's: every rank raises alike, before anything is written or read)."""
-    from types import SimpleNamespace
-
-    from ds_hetero.checkpoint import CheckpointError
-    from ds_hetero.checkpoint.store import _refuse_expert_parallel
-
-    _refuse_expert_parallel(SimpleNamespace(config=_config({"tp": 2, "dp": 2, "ep": 2}, zero=2)))
-    with pytest.raises(CheckpointError, match="ep = 2 with ZeRO stage 3 are not built yet") as info:
-        _refuse_expert_parallel(SimpleNamespace(config=_config({"dp": 4, "ep": 2}, zero=3)))
-    assert "save_pretrained" in str(info.value)
-
-
 @pytest.mark.parametrize("case", ["recipe", "qwen3.5-moe recipe"])
 def test_main_job_trains_the_moe_family_with_ep(runs, case):
     summary = runs[case][0]
