@@ -84,3 +84,23 @@ def test_ep_checkpoints_refuse_what_is_not_built():
     assert "save_pretrained" in str(info.value)
     with pytest.raises(CheckpointError, match="ep = 2 with pp = 2 are not built yet"):
         _refuse_expert_parallel(SimpleNamespace(config=_moe_config({"dp": 2, "pp": 2, "ep": 2}, zero=1)))
+
+
+def test_expert_blocks_are_the_slices_peft_reads_and_merge_back():
+    """expert_parallel/gather.py: A [E r, in] and B [out, r E] as PEFT reads them ((E, r, in), (out, r, E));
+    ep rank s's block is experts [s E/ep, (s+1) E/ep) of both, and the blocks merge back. Negative control:
+    B cut as if each expert's columns were contiguous (outer 1) is not those experts' columns."""
+    import torch
+
+    from ds_hetero.expert_parallel.gather import expert_block, merge_expert_blocks
+
+    E, r, ep, d = 8, 3, 4, 5
+    a, b = torch.randn(E * r, d), torch.randn(d, r * E)
+    local = E // ep
+    for s in range(ep):
+        mine = slice(s * local, (s + 1) * local)
+        assert torch.equal(expert_block(a, 0, 1, s, ep).reshape(local, r, d), a.reshape(E, r, d)[mine])
+        assert torch.equal(expert_block(b, 1, r, s, ep).reshape(d, r, local), b.reshape(d, r, E)[:, :, mine])
+    assert torch.equal(merge_expert_blocks([expert_block(b, 1, r, s, ep) for s in range(ep)], 1, r), b)
+    assert torch.equal(merge_expert_blocks([expert_block(a, 0, 1, s, ep) for s in range(ep)], 0, 1), a)
+    assert not torch.equal(expert_block(b, 1, 1, 1, ep).reshape(d, r, local), b.reshape(d, r, E)[:, :, local:2 * local])

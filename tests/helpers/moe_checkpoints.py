@@ -164,3 +164,30 @@ def judge(r, reference, rtol=1e-5):
     final = {n: torch.from_numpy(v) for n, v in r["final"].items()}
     return rel(r["losses"], losses), rel(r["aux"], auxes), rel(r["norms"], norms), max_rel_err(final, weights)
 
+
+
+def check_chain(results, rtol, atol):
+    """The chain's assertions (tests/parallel/test_expert_parallel.py): every loss, aux loss and norm of
+    the uninterrupted single-process run, and its final weights; the same-layout resume; convert --to-hf;
+    experts from the wrong ep slot miss the bar; swapped expert files are refused on every rank, nothing changed."""
+    reference = reference_run(make_batches(_tiny(), 3 * K, 8))
+    assert min(reference[2]) > CLIP  # clipping active
+    for r in results:
+        assert r["steps_after_load"] == [K, 2 * K]
+        losses, aux, norms, (err, where, abs_err, compared) = judge(r, reference)
+        assert losses <= rtol and aux <= rtol and norms <= 1e-4, (losses, aux, norms)
+        assert compared == 93 and err <= rtol and abs_err <= atol, (err, where, abs_err)
+        wrong = judge(dict(r, losses=r["losses"][:2 * K] + r["wrong_slot"]["losses"], final=r["wrong_slot"]["final"]),
+                      reference)
+        assert wrong[0] > 10 * rtol and wrong[3][0] > 1e-2, wrong
+        assert r["swapped_refused"] is not None and r["swapped_unchanged"], r["swapped_refused"]
+        assert max(abs(g - w) / abs(w) for g, w in zip(r["same_layout"], reference[0][K:2 * K], strict=True)) <= rtol
+    assert "experts in the wrong ep slot" in results[0]["swapped_refused"]
+    err, where, _, compared = results[0]["converted"]  # convert --to-hf from the ep2 files
+    assert compared == 93 and err == 0.0, (err, where)
+
+
+def _tiny():
+    from ds_hetero.families.qwen3_vl_moe import tiny_qwen3_vl_moe
+
+    return tiny_qwen3_vl_moe(seed=7)

@@ -97,3 +97,29 @@ def train_moe_lora(rank, world_size, layout, zero_stage=0, control=None, steps=3
             "ref_aux": ref_aux, "norms": [r.grad_norm for r in results], "ref_norms": ref_norms,
             "weight_err": max_rel_err(weights, want if weights is got else base), "n_params": len(want), "expert_lora_params": expert_lora,
             "adapter": saved}
+
+
+V = {"tp": 1, "dp": 4}
+LORA = {  # the cases of tests/parallel/test_expert_parallel.py's launch
+    # its training checkpoint then continues at ep4 ZeRO 2 (the experts' LoRA factors resharded over ep)
+    "lora tp2 dp2 ep2 zero1": dict(layout={"vision": V, "language": {"tp": 2, "dp": 2, "ep": 2}}, zero_stage=1,
+                                   reload=({"vision": V, "language": {"tp": 1, "dp": 4, "ep": 4}}, 2)),
+    "lora dp4 ep4 zero2": dict(layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 4}}, zero_stage=2),
+}
+
+
+def check_run(r, rtol, atol):
+    """3 steps: losses `rtol`, norms 1e-4, every weight and the saved adapter `rtol`; the reloaded step."""
+    assert r["expert_lora_params"] == 12  # A and B of gate_up_proj and down_proj in each of the 3 layers
+    for got, want in zip(r["losses"], r["ref_losses"], strict=True):
+        assert abs(got - want) <= rtol * abs(want), (r["losses"], r["ref_losses"])
+    for got, want in zip(r["norms"], r["ref_norms"], strict=True):
+        assert abs(got - want) <= 1e-4 * abs(want), (r["norms"], r["ref_norms"])
+    err, where, abs_err, compared = r["weight_err"]
+    assert compared == r["n_params"] and err <= rtol and abs_err <= atol, (err, where, abs_err, compared)
+    err, where, _, compared = r["adapter"][0]
+    assert compared == 36 and err <= rtol, (err, where)  # PeftModel.from_pretrained of save_peft_adapter's
+    if r["reloaded"] is not None:  # the checkpoint at ep4: one more step as the uninterrupted reference's
+        got, want = r["reloaded"]["loss"]
+        err, where, abs_err, compared = r["reloaded"]["weight_err"]
+        assert abs(got - want) <= rtol * abs(want) and compared == r["n_params"] and err <= rtol, r["reloaded"]

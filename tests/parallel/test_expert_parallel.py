@@ -17,12 +17,9 @@ assignments, routing to the wrong expert rank, the aux loss computed per rank, w
 micro-batches a reference whose aux loss is the whole batch's (the rule must matter), and with
 pp2 each pipeline stage's aux loss over its own layers only.
 The dispatch and combine all-to-alls pass an adjoint test; save_pretrained from ep2 tp2 is the
-engine's weights and loads per shard into ep4 with the same eval loss; a training checkpoint moves
-ep2 -> ep1 -> ep4 like the uninterrupted single-process run (tests/helpers/moe_checkpoints.py);
-PEFT LoRA on attention and on the experts (`target_parameters`) at tp2 dp2 ep2 and dp4 ep4 trains like the
-single-process PEFT model (tests/helpers/moe_lora.py), and B sliced as if each expert's columns were
-contiguous misses the bar;
-the main job's script runs the family with ep. The pure checks (groups, config errors) run without processes.
+engine's weights and loads per shard into ep4 with the same eval loss; a training checkpoint moves ep2 -> ep1
+-> ep4 (tests/helpers/moe_checkpoints.py) and PEFT LoRA on attention and experts trains (moe_lora.py) like the
+single-process runs; the main job's script runs the family with ep. The pure checks (groups, config errors) run without processes.
 
 Qwen3.5-MoE (Gated DeltaNet layers by heads over tp, a shared expert over tp, routed experts over ep)
 in the same launch, to the same bar: vision dp4 + language tp2 dp2 ep2 (ZeRO 1), language dp4 ep4
@@ -81,12 +78,6 @@ LAYOUTS = {
         layout={"vision": V, "language": {"dp": 2, "pp": 2, "ep": 2}}, micro_batches=4, zero_stage=1,
         family="qwen3_5_moe", evaluate=True),
 }
-LORA = {
-    # its training checkpoint then continues at ep4 ZeRO 2 (the experts' LoRA factors resharded over ep)
-    "lora tp2 dp2 ep2 zero1": dict(layout={"vision": V, "language": {"tp": 2, "dp": 2, "ep": 2}}, zero_stage=1,
-                                   reload=({"vision": V, "language": {"tp": 1, "dp": 4, "ep": 4}}, 2)),
-    "lora dp4 ep4 zero2": dict(layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 4}}, zero_stage=2),
-}
 PP = "language dp2 pp2 ep2, 4 micro-batches, zero1"
 CONTROLS = ("drop", "wrong_rank", "per_rank_aux", "global_aux_over_micro_batches", "per_stage_aux",
             "qwen3.5-moe wrong_rank")
@@ -94,7 +85,7 @@ CONTROLS = ("drop", "wrong_rank", "per_rank_aux", "global_aux_over_micro_batches
 
 def _cases(tmp):
     from tests.helpers.moe_checkpoints import checkpoint_chain
-    from tests.helpers.moe_lora import train_moe_lora
+    from tests.helpers.moe_lora import LORA, train_moe_lora
     from tests.helpers.moe_parity import dispatch_adjoint, save_and_load, train_moe
 
     cases = {"adjoint": (dispatch_adjoint, {})}
@@ -109,11 +100,9 @@ def _cases(tmp):
     cases[CONTROLS[5]] = (train_moe, dict(LAYOUTS["qwen3.5-moe vision dp4 + language tp2 dp2 ep2 zero1"], steps=2,
                                           control="wrong_rank"))
     cases["checkpoint chain"] = (checkpoint_chain, dict(tmp=tmp))
-    # PEFT LoRA on attention (split over tp) and on the fused experts (sharded over ep with them)
-    for name, kw in LORA.items():
+    control = dict(LORA["lora tp2 dp2 ep2 zero1"], steps=2, control="contiguous_b", reload=None)
+    for name, kw in {**LORA, "lora contiguous_b": control}.items():  # PEFT LoRA on attention and experts
         cases[name] = (train_moe_lora, dict(kw, tmp=f"{tmp}/{name.replace(' ', '_')}"))
-    cases["lora contiguous_b"] = (train_moe_lora, dict(LORA["lora tp2 dp2 ep2 zero1"], steps=2, control="contiguous_b",
-                                                       reload=None))
     cases["save_and_load"] = (save_and_load, dict(tmp=tmp, layout=LAYOUTS["vision dp4 + language tp2 dp2 ep2 zero0"]["layout"]))
     # its checkpoint stores each expert apart (transformers' conversion for the family): read per expert
     cases["qwen3.5-moe save_and_load"] = (save_and_load, dict(
@@ -233,48 +222,16 @@ def test_save_pretrained_and_per_shard_load_across_ep(runs, case):
         assert full > 0 and read * 4 == full, r["experts_read"]
 
 
-def test_training_checkpoint_reshards_across_ep(runs):
-    """ep2 -> ep1 -> ep4 (tests/helpers/moe_checkpoints.py): every loss, aux loss and norm of the
-    uninterrupted single-process run, and its final weights; experts from the wrong ep slot miss
-    the bar; swapped expert files are refused on every rank with nothing changed."""
-    from tests.helpers.moe_checkpoints import K, judge, reference_run
-    from tests.helpers.moe_parity import make_batches
-    from ds_hetero.families.qwen3_vl_moe import tiny_qwen3_vl_moe
-
-    reference = reference_run(make_batches(tiny_qwen3_vl_moe(seed=7), 3 * K, 8))
-    assert min(reference[2]) > 0.05  # clipping active (CLIP)
-    for r in runs["checkpoint chain"]:
-        assert r["steps_after_load"] == [K, 2 * K]
-        losses, aux, norms, (err, where, abs_err, compared) = judge(r, reference)
-        assert losses <= RTOL and aux <= RTOL and norms <= 1e-4, (losses, aux, norms)
-        assert compared == 93 and err <= RTOL and abs_err <= ATOL, (err, where, abs_err)
-        wrong = judge(dict(r, losses=r["losses"][:2 * K] + r["wrong_slot"]["losses"], final=r["wrong_slot"]["final"]),
-                      reference)
-        assert wrong[0] > 10 * RTOL and wrong[3][0] > 1e-2, wrong
-        assert r["swapped_refused"] is not None and r["swapped_unchanged"], r["swapped_refused"]
-        assert max(abs(g - w) / abs(w) for g, w in zip(r["same_layout"], reference[0][K:2 * K], strict=True)) <= RTOL
-    assert "experts in the wrong ep slot" in runs["checkpoint chain"][0]["swapped_refused"]
-    err, where, _, compared = runs["checkpoint chain"][0]["converted"]  # convert --to-hf from the ep2 files
-    assert compared == 93 and err == 0.0, (err, where)
+def test_training_checkpoint_reshards_across_ep(runs):  # ep2 -> ep1 -> ep4, its controls (moe_checkpoints.py)
+    from tests.helpers.moe_checkpoints import check_chain
+    check_chain(runs["checkpoint chain"], RTOL, ATOL)
 
 
-@pytest.mark.parametrize("name", list(LORA))
-def test_lora_on_attention_and_experts_matches_single_process_peft(runs, name):
-    """tests/helpers/moe_lora.py: 3 steps, losses 1e-5, norms 1e-4, every weight and the saved adapter 1e-5."""
+@pytest.mark.parametrize("name", ["lora tp2 dp2 ep2 zero1", "lora dp4 ep4 zero2"])
+def test_lora_on_attention_and_experts_matches_single_process_peft(runs, name):  # moe_lora.py
+    from tests.helpers.moe_lora import check_run
     for r in runs[name]:
-        assert r["expert_lora_params"] == 12  # A and B of gate_up_proj and down_proj in each of the 3 layers
-        for got, want in zip(r["losses"], r["ref_losses"], strict=True):
-            assert abs(got - want) <= RTOL * abs(want), (r["losses"], r["ref_losses"])
-        for got, want in zip(r["norms"], r["ref_norms"], strict=True):
-            assert abs(got - want) <= 1e-4 * abs(want), (r["norms"], r["ref_norms"])
-        err, where, abs_err, compared = r["weight_err"]
-        assert compared == r["n_params"] and err <= RTOL and abs_err <= ATOL, (err, where, abs_err, compared)
-        err, where, _, compared = r["adapter"][0]
-        assert compared == 36 and err <= RTOL, (err, where)  # PeftModel.from_pretrained of save_peft_adapter's
-        if r["reloaded"] is not None:  # the checkpoint at ep4: one more step as the uninterrupted reference's
-            got, want = r["reloaded"]["loss"]
-            err, where, abs_err, compared = r["reloaded"]["weight_err"]
-            assert abs(got - want) <= RTOL * abs(want) and compared == r["n_params"] and err <= RTOL, r["reloaded"]
+        check_run(r, RTOL, ATOL)
 
 
 def test_lora_on_experts_with_b_sliced_contiguously_misses_the_bar(runs):
@@ -441,23 +398,3 @@ def test_aux_sums_carried_over_pipeline_stages_are_the_models_aux_loss(cut):
         assert torch.allclose(g, w, rtol=1e-5, atol=1e-7)
     if len(cut) > 2:
         assert abs(float(carried("per_stage")) - float(want)) > 1e-4 * float(want)
-
-
-def test_expert_blocks_are_the_slices_peft_reads_and_merge_back():
-    """expert_parallel/gather.py: A [E r, in] and B [out, r E] as PEFT reads them ((E, r, in), (out, r, E));
-    ep rank s's block is experts [s E/ep, (s+1) E/ep) of both, and the blocks merge back. Negative control:
-    B cut as if each expert's columns were contiguous (outer 1) is not those experts' columns."""
-    import torch
-
-    from ds_hetero.expert_parallel.gather import expert_block, merge_expert_blocks
-
-    E, r, ep, d = 8, 3, 4, 5
-    a, b = torch.randn(E * r, d), torch.randn(d, r * E)
-    local = E // ep
-    for s in range(ep):
-        mine = slice(s * local, (s + 1) * local)
-        assert torch.equal(expert_block(a, 0, 1, s, ep).reshape(local, r, d), a.reshape(E, r, d)[mine])
-        assert torch.equal(expert_block(b, 1, r, s, ep).reshape(d, r, local), b.reshape(d, r, E)[:, :, mine])
-    assert torch.equal(merge_expert_blocks([expert_block(b, 1, r, s, ep) for s in range(ep)], 1, r), b)
-    assert torch.equal(merge_expert_blocks([expert_block(a, 0, 1, s, ep) for s in range(ep)], 0, 1), a)
-    assert not torch.equal(expert_block(b, 1, 1, 1, ep).reshape(d, r, local), b.reshape(d, r, E)[:, :, local:2 * local])
