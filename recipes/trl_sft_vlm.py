@@ -3,6 +3,9 @@
     deepspeed --num_gpus 4 recipes/trl_sft_vlm.py --deepspeed ds_configs/trainer_colocated.json --model llava
     deepspeed --num_gpus 4 recipes/trl_sft_vlm.py --deepspeed ds_configs/trainer_colocated.json \
         --model qwen2_vl
+    # a mixture of experts (Qwen3-VL-MoE), its experts over language ep 2; TRL's aux loss on
+    deepspeed --num_gpus 4 recipes/trl_sft_vlm.py --deepspeed ds_configs/trainer_colocated_moe_ep.json \
+        --model qwen3_vl_moe
     # DeepSpeed settings inline (no hetero_parallel in the DeepSpeed config): the section from a file
     DS_HETERO_PARALLEL=hetero.yaml deepspeed --num_gpus 4 recipes/trl_sft_vlm.py \
         --deepspeed ds_configs/trainer_zero1.json
@@ -32,13 +35,14 @@ from trl import SFTConfig, SFTTrainer  # noqa: E402
 
 import ds_hetero  # noqa: E402
 from ds_hetero.toy.messages import messages_dataset  # noqa: E402
+from ds_hetero.families.qwen3_vl_moe import tiny_qwen3_vl_moe  # noqa: E402
 from ds_hetero.toy import tiny_llava, tiny_qwen2_vl  # noqa: E402
 from ds_hetero.toy.processors import tiny_processor  # noqa: E402
 
 
 @dataclass
 class ScriptArguments:
-    model: str = field(default="llava", metadata={"help": "tiny model family: llava or qwen2_vl"})
+    model: str = field(default="llava", metadata={"help": "tiny model family: llava, qwen2_vl or qwen3_vl_moe"})
     samples: int = field(default=256, metadata={"help": "rows of the messages + images dataset"})
     model_seed: int = field(default=0, metadata={"help": "seed of the model's random weights"})
     stock: bool = field(default=False, metadata={"help": "TRL's SFTTrainer as is (a DeepSpeed config without "
@@ -51,6 +55,10 @@ class ScriptArguments:
 
 # Qwen2-VL has dynamic resolution: images of different sizes give different image-token counts
 IMAGE_SIZES = {"llava": ((40, 40),), "qwen2_vl": ((16, 16), (32, 16), (24, 40), (32, 32))}
+IMAGE_SIZES["qwen3_vl_moe"] = IMAGE_SIZES["qwen2_vl"]
+MODELS = {"llava": lambda seed: tiny_llava("clip", seed=seed), "qwen2_vl": lambda seed: tiny_qwen2_vl(seed=seed),
+          # 8 experts, top-2, output_router_logits on: TRL turns on its aux loss (router_aux_loss_coef 0.05)
+          "qwen3_vl_moe": lambda seed: tiny_qwen3_vl_moe(seed=seed)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,11 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                         save_strategy="no")
     script, training_args = parser.parse_args_into_dataclasses(args=argv)
     if script.model not in IMAGE_SIZES:
-        raise SystemExit(f"--model must be llava or qwen2_vl, got {script.model!r}")
-    if script.model == "llava":
-        model = tiny_llava("clip", seed=script.model_seed)
-    else:
-        model = tiny_qwen2_vl(seed=script.model_seed)
+        raise SystemExit(f"--model must be one of {sorted(IMAGE_SIZES)}, got {script.model!r}")
+    model = MODELS[script.model](script.model_seed)
     processor = tiny_processor(model)
     train_dataset = messages_dataset(script.samples, seed=training_args.seed, image_sizes=IMAGE_SIZES[script.model])
 

@@ -11,6 +11,7 @@ another layout, and Hugging Face export.
     layer_map.py     a pipelined stage's files per chunk, and its chunks' layers <-> the model's names
     full_state.py    a stage's DeepSpeed files (any tp, dp, pp, ZeRO 0/1/2) -> full per-parameter tensors
     reshard.py       full per-parameter tensors -> a live stage engine of any layout
+    expert_state.py  a stage with experts sharded over ep: its files (gathered live by name) <-> the full state
     store.py         save / load orchestration used by HeteroEngine
     hf_export.py     full tensors -> Hugging Face files (the one writer of save_pretrained and convert)
     hf_gather.py     save_pretrained: the live gather feeding hf_export

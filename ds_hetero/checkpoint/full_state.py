@@ -1,4 +1,5 @@
-"""A stage's DeepSpeed checkpoint files, of any tp, dp and ZeRO stage 0/1/2, as full tensors.
+"""A stage's DeepSpeed checkpoint files, of any tp, dp and ZeRO stage 0/1/2, as full tensors
+(a stage with experts sharded over ep: ds_hetero's own files, expert_state.py).
 
     state = stage_full_state(ckpt_dir, "language", manifest)   # cached in ckpt_dir/full_state/
     state["params"][hf_name] = {"fp32": full tensor, "exp_avg": ..., "exp_avg_sq": ...}
@@ -32,8 +33,9 @@ from typing import Any
 import torch
 
 from ..tensor_parallel.layers import merge_shards
+from .expert_state import read_expert_stage
 from .layer_map import check_layer_map, part_dirs, saved_entries, saved_pp
-from .manifest import CheckpointError, pipeline_of, read_stage_params, saved_stage_zero
+from .manifest import CheckpointError, ep_of, pipeline_of, read_stage_params, saved_stage_zero
 
 CACHE = "full_state"
 CACHE_FILE = "{}.hf.pt"  # keyed by the model's names (an older cache, keyed by module names, is not read)
@@ -133,6 +135,9 @@ def saved_metas(ckpt_dir: str, stage: str, manifest: dict[str, Any]) -> list[dic
 def read_stage(ckpt_dir: str, stage: str, manifest: dict[str, Any]) -> dict[str, Any]:
     """Read and merge (no cache): the full state of one stage, over its pipeline chunks if it had any."""
     layout = manifest["stages"][stage]
+    if ep_of(manifest, stage) > 1:  # experts sharded over ep: ds_hetero's own files (expert_state.py)
+        return read_expert_stage(os.path.join(ckpt_dir, stage), read_stage_params(ckpt_dir, stage),
+                                 ep_of(manifest, stage))
     zero = saved_stage_zero(manifest, stage)
     if zero not in (0, 1, 2):
         raise CheckpointError(f"{ckpt_dir}: ZeRO stage {zero} checkpoints cannot be resharded yet (ZeRO 0, 1, 2 can)")

@@ -7,13 +7,16 @@
                   order is a pure function of (seed, step))
     placement, world_size, zero_stage, dtype, optimizer
     stages        per stage: tp, cp, dp, ranks, sequence_parallel, zero_stage; pp and pp_layers
-                  (the layers of each pipeline chunk, as cut) for a pipelined stage
+                  (the layers of each pipeline chunk, as cut) for a pipelined stage; ep (experts
+                  sharded over ep ranks: the stage's files are expert_state.py's)
     model         the Hugging Face class and config (for `ds-hetero checkpoint convert --to-hf`)
     versions      ds_hetero, deepspeed, torch, transformers
 
 Each stage folder also holds `params.json`, written by the stage's first rank (in disaggregated
 placement rank 0 does not hold every stage): every parameter's full shape, its tp split (dim,
-stride) and Hugging Face name, and the optimizer's parameter order (ZeRO 0 files index by it).
+stride) and Hugging Face name, and the optimizer's parameter order (ZeRO 0 files index by it); an
+expert weight sharded over ep has its full shape (all experts) and `"ep_split": {"dim", "outer"}` (where
+its experts are: expert_parallel/gather.py; {"dim": 0, "outer": 1} for the fused expert weights).
 A tied weight's copy on the last pipeline stage (stages/tied_embeddings.py) is recorded under the
 model's one name with `"shared_copy": true`: the full state takes that name from the first chunk.
 A pipelined stage has one folder per chunk, each with its params.json (layer_map.py).
@@ -33,6 +36,7 @@ MANIFEST = "manifest.json"
 PARAMS = "params.json"
 LAYOUT_KEYS = ("tp", "cp", "dp", "ranks", "sequence_parallel")
 PIPELINE_DEFAULTS = {"pp": 1, "pp_layers": None}  # what a manifest without these keys was saved with
+EP_DEFAULT = 1  # a manifest without "ep" was saved without expert parallelism
 
 
 class CheckpointError(ValueError):
@@ -77,7 +81,8 @@ def engine_facts(stages) -> dict[str, Any]:
                           "sequence_parallel": l.sequence_parallel,
                           # each stage's own: stages.<name>.zero_stage, and 0 for a stage that trains nothing
                           "zero_stage": stage_zero(stages, name),
-                          "pp": l.pp, "pp_layers": current_counts(stages, name)} for name, l in cfg.stages.items()},
+                          "pp": l.pp, "pp_layers": current_counts(stages, name), "ep": l.ep}
+                   for name, l in cfg.stages.items()},
     }
 
 
@@ -114,14 +119,14 @@ def stage_params(stage, model) -> dict[str, Any]:
     hf_names = {id(p): n for n, p in model.named_parameters()}
     params = {}
     for name, p in module.named_parameters():
-        shape = list(getattr(p, "ds_shape", p.shape))  # ZeRO 3 keeps only a partition in p
+        shape = full_shape(p, stage.layout.tp)
         split = None
         if getattr(p, "tensor_model_parallel", False) and stage.layout.tp > 1:
-            dim = p.partition_dim
-            shape[dim] = p.partition_full_size
-            split = {"dim": dim, "stride": p.partition_stride}
+            split = {"dim": p.partition_dim, "stride": p.partition_stride}
         params[name] = {"shape": shape, "tp_split": split, "hf_name": hf_names.get(id(p), name),
                         "trainable": p.requires_grad}
+        if getattr(p, "expert_parallel", False):  # this rank holds E / ep of the experts (expert_parallel/gather.py)
+            params[name]["ep_split"] = {"dim": p.ep_dim, "outer": p.ep_outer}
         if is_shared_copy(p):  # a tied weight's copy on the last pipeline stage: the first chunk's is saved
             params[name]["shared_copy"] = True
     names = {id(p): n for n, p in module.named_parameters()}
@@ -130,6 +135,16 @@ def stage_params(stage, model) -> dict[str, Any]:
     if hasattr(optimizer, "param_groups") and not hasattr(optimizer, "bit16_groups"):
         order = [names[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in names]
     return {"params": params, "optimizer_order": order, "chunk": chunk_record(stage)}
+
+
+def full_shape(p, tp: int) -> list[int]:
+    """A live parameter's full shape: over ZeRO 3's partition, tp's split and ep's experts."""
+    shape = list(getattr(p, "ds_shape", p.shape))  # ZeRO 3 keeps only a partition in p
+    if getattr(p, "tensor_model_parallel", False) and tp > 1:
+        shape[p.partition_dim] = p.partition_full_size
+    if getattr(p, "expert_parallel", False):
+        shape[p.ep_dim] *= p.ep_size
+    return shape
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:
@@ -176,12 +191,18 @@ def pipeline_of(facts: dict[str, Any], stage: str) -> dict[str, Any]:
     return {k: l.get(k, d) for k, d in PIPELINE_DEFAULTS.items()}
 
 
+def ep_of(facts: dict[str, Any], stage: str) -> int:
+    """The ep size of a stage in a manifest or the running engine's facts (1 without experts sharded)."""
+    return int(facts["stages"].get(stage, {}).get("ep", EP_DEFAULT))
+
+
 def describe_layout(facts: dict[str, Any], stage: str) -> str:
     l = facts["stages"].get(stage)
     if l is None:
         return "absent"
     pipe = pipeline_of(facts, stage)
     pp = f" pp{pipe['pp']} layers {pipe['pp_layers']}" if pipe["pp"] > 1 else ""
+    pp += f" ep{ep_of(facts, stage)}" if ep_of(facts, stage) > 1 else ""
     return (f"tp{l['tp']} cp{l['cp']} dp{l['dp']}{pp} ranks {l['ranks']}, {facts['placement']}, "
             f"ZeRO {saved_stage_zero(facts, stage)}, {facts['dtype']}")
 
@@ -193,7 +214,14 @@ def same_layout(saved: dict[str, Any], current: dict[str, Any]) -> bool:
                     for s in current["stages"])
     return all(saved[k] == current[k] for k in keys) and same_zero and all(
         {k: saved["stages"].get(s, {}).get(k) for k in LAYOUT_KEYS} == {k: l[k] for k in LAYOUT_KEYS}
-        and pipeline_of(saved, s) == pipeline_of(current, s) for s, l in current["stages"].items())
+        and pipeline_of(saved, s) == pipeline_of(current, s) and ep_of(saved, s) == ep_of(current, s)
+        for s, l in current["stages"].items())
+
+
+def deepspeed_load_applies(saved: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Whether every stage loads its own DeepSpeed files: the same layout, and no stage with experts
+    sharded over ep (whose files are ds_hetero's own, expert_state.py, read through the full state)."""
+    return same_layout(saved, current) and all(ep_of(f, s) == 1 for f in (saved, current) for s in f["stages"])
 
 
 def format_manifest(manifest: dict[str, Any]) -> str:
@@ -205,6 +233,7 @@ def format_manifest(manifest: dict[str, Any]) -> str:
     for name, l in manifest["stages"].items():
         pipe = pipeline_of(manifest, name)
         pp = f" pp{pipe['pp']} layers {pipe['pp_layers']}" if pipe["pp"] > 1 else ""
+        pp += f" ep{ep_of(manifest, name)}" if ep_of(manifest, name) > 1 else ""
         lines.append(f"  {name:<9} tp{l['tp']} cp{l['cp']} dp{l['dp']}{pp} ranks {l['ranks']} "
                      f"ZeRO {saved_stage_zero(manifest, name)}"
                      + (" sequence-parallel" if l["sequence_parallel"] else ""))

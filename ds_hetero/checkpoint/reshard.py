@@ -1,4 +1,4 @@
-"""Full per-parameter tensors -> one live stage engine of any layout (tp, dp, ZeRO 0/1/2).
+"""Full per-parameter tensors -> one live stage engine of any layout (tp, dp, ep, ZeRO 0/1/2).
 
 Each rank cuts its tp shard out of every full tensor with the same split the layers use
 (`shard_tensor`, after the vocabulary padding the head adds), then hands it to DeepSpeed:
@@ -14,12 +14,17 @@ from typing import Any
 
 import torch
 
+from ..expert_parallel.gather import expert_block
 from ..tensor_parallel.layers import shard_tensor
+from .expert_state import expert_slot
 from .full_state import MOMENTS
 
 
 def split_full(full: torch.Tensor, param: torch.nn.Parameter, tp_rank: int, tp: int) -> torch.Tensor:
-    """This rank's shard of `full`, shaped like `param` (pads the vocabulary the head padded)."""
+    """This rank's shard of `full`, shaped like `param` (pads the vocabulary the head padded; an
+    expert weight sharded over ep: this rank's experts, replicated over tp)."""
+    if getattr(param, "expert_parallel", False):
+        return expert_block(full, param.ep_dim, param.ep_outer, expert_slot(param), param.ep_size)
     if not getattr(param, "tensor_model_parallel", False) or tp == 1:
         return full
     dim, stride = param.partition_dim, param.partition_stride
@@ -66,6 +71,26 @@ def _link_zero_optimizer_state(zero_optimizer, moments: tuple[str, ...]) -> None
     zero_optimizer._lazy_init_hp_params_optimizer_state()
 
 
+def _restore_lr(scheduler) -> None:
+    """The learning rate the restored scheduler gives, written into its optimizer's groups.
+
+    A scheduler's state_dict holds its position, not the optimizer's lr: DeepSpeed's own load
+    restores the lr with the optimizer's state_dict, which a layout change does not load (its
+    param groups are the new layout's). DeepSpeed's schedulers compute the next lr from their
+    position (`get_lr`); torch's keep it (`_last_lr`, one per group: one value for all when the
+    saved layout had another number of groups and all of them the same lr)."""
+    if hasattr(scheduler, "last_batch_iteration") and hasattr(scheduler, "get_lr"):  # DeepSpeed's lr_schedules
+        lrs = list(scheduler.get_lr())
+    else:
+        lrs = list(getattr(scheduler, "_last_lr", None) or [])
+    groups = scheduler.optimizer.param_groups
+    if lrs and len(lrs) != len(groups) and len(set(lrs)) == 1:
+        lrs = lrs[:1] * len(groups)
+    if len(lrs) == len(groups):
+        for group, lr in zip(groups, lrs):
+            group["lr"] = lr
+
+
 @torch.no_grad()
 def apply_full_state(engine, module_params: dict[str, torch.nn.Parameter], state: dict[str, Any],
                      tp_rank: int, tp: int, zero: int) -> None:
@@ -96,6 +121,7 @@ def apply_full_state(engine, module_params: dict[str, torch.nn.Parameter], state
     scheduler = engine.lr_scheduler
     if scheduler is not None and state.get("lr_scheduler") is not None:
         scheduler.load_state_dict(state["lr_scheduler"])
+        _restore_lr(scheduler)
     for key in ("global_steps", "global_samples", "skipped_steps"):
         if state.get(key) is not None:
             setattr(engine, key, state[key])

@@ -26,10 +26,12 @@ import torch
 import torch.distributed as dist
 
 from . import publish
+from .expert_state import save_expert_stage
 from .full_state import saved_metas, stage_full_state
 from .layer_map import hf_names, stage_dir
-from .manifest import (MANIFEST, PARAMS, CheckpointError, build_manifest, describe_layout, engine_facts,
-                       read_manifest, resolve_tag, same_layout, saved_stage_zero, stage_params, write_json)
+from .manifest import (MANIFEST, PARAMS, CheckpointError, build_manifest, deepspeed_load_applies, describe_layout,
+                       engine_facts, full_shape, read_manifest, resolve_tag, same_layout, saved_stage_zero,
+                       stage_params, write_json)
 from .reshard import apply_full_state
 
 
@@ -65,8 +67,11 @@ def save_checkpoint(stages, model, save_dir: str | os.PathLike, tag: str | None,
     held = stages.held
     for i, stage in enumerate(held):
         with stage.context():
-            stage.engine.save_checkpoint(stage_dir(partial, stage), tag=tag, save_latest=False,
-                                         client_state={"ds_hetero_global_steps": step})
+            if stage.layout.ep > 1:  # experts sharded over ep: ds_hetero's own files (expert_state.py)
+                save_expert_stage(stage, model, stage_dir(partial, stage))
+            else:
+                stage.engine.save_checkpoint(stage_dir(partial, stage), tag=tag, save_latest=False,
+                                             client_state={"ds_hetero_global_steps": step})
         if i == 0 and len(held) > 1:
             publish.kill_point("stage_written", rank)
     problem = None
@@ -87,15 +92,22 @@ def save_checkpoint(stages, model, save_dir: str | os.PathLike, tag: str | None,
 
 
 def _refuse_expert_parallel(stages) -> None:
-    """Experts sharded over ep (expert_parallel/) are not in these checkpoints yet: DeepSpeed's own
-    files would hold each dp rank's experts apart, and moving them between layouts is not built.
-    Refused on every rank alike (the layout is the config's) before anything is written or read."""
-    ep = stages.language.layout.ep
-    if ep > 1:
-        raise CheckpointError(
-            f"checkpoints of a language stage with stages.language.ep = {ep} are not built yet; save the weights "
-            "with save_pretrained(DIR) and start from them with initialize(meta_model(DIR), cfg, weights=DIR) "
-            "(any ep; the optimizer state is not kept)")
+    """What ep checkpoints (expert_state.py) do not cover yet, refused on every rank alike (the
+    layout is the config's) before anything is written or read: ZeRO 3 (its partitions are not
+    gathered or set by name here), a pipeline, and disaggregated placement (DeepSpeed's save of
+    the other stages' engines makes world collectives that the ep stage's ranks, not calling it,
+    would not pair)."""
+    cfg = stages.config
+    for name, layout in cfg.stages.items():
+        if layout.ep == 1:
+            continue
+        reason = ("ZeRO stage 3" if cfg.zero_stage_of(name) == 3 else f"pp = {layout.pp}" if layout.pp > 1
+                  else f"placement {cfg.placement!r}" if cfg.placement == "disaggregated" else None)
+        if reason:
+            raise CheckpointError(
+                f"checkpoints of stages.{name}.ep = {layout.ep} with {reason} are not built yet (ZeRO 0-2, "
+                "colocated, without a pipeline are); save the weights with save_pretrained(DIR) and start from "
+                "them with initialize(meta_model(DIR), cfg, weights=DIR) (any ep; the optimizer state is not kept)")
 
 
 def refusal(manifest: dict[str, Any], current: dict[str, Any], ckpt_dir: str, stages, model) -> str | None:
@@ -126,10 +138,7 @@ def refusal(manifest: dict[str, Any], current: dict[str, Any], ckpt_dir: str, st
         here = {}
         to_hf = hf_names(stage.engine.module, model)
         for pname, p in stage.engine.module.named_parameters():
-            shape = list(getattr(p, "ds_shape", p.shape))  # ZeRO 3 keeps only a partition in p
-            if getattr(p, "tensor_model_parallel", False) and current["stages"][name]["tp"] > 1:
-                shape[p.partition_dim] = p.partition_full_size
-            here[to_hf[pname]] = shape
+            here[to_hf[pname]] = full_shape(p, current["stages"][name]["tp"])
         # a pipeline chunk holds a part of the stage: its names are among the saved ones, and the
         # saved ones among the model's (every rank checks its chunk, so together they cover the stage)
         missing = sorted(set(saved) - set(here)) if not stage.pipeline else sorted(set(saved) - model_names)
@@ -168,7 +177,7 @@ def load_checkpoint(stages, load_dir: str | os.PathLike, tag: str | None, data: 
         problem = f"{type(exc).__name__}: {exc}" if isinstance(exc, KeyError) else str(exc)
     _agree(stages, problem, "read the checkpoint")
 
-    if same_layout(manifest, facts):
+    if deepspeed_load_applies(manifest, facts):
         for stage in stages.held:
             with stage.context():
                 path, _ = stage.engine.load_checkpoint(stage_dir(ckpt_dir, stage), tag=tag)

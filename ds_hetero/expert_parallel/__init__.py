@@ -6,7 +6,8 @@
                  partial sums carried over pipeline stages)
     zero.py      the named expert groups DeepSpeed reduces expert gradients over
     checks.py    what a model and a config must satisfy (before any collective)
-    gather.py    full expert tensors for checkpoints, save_pretrained and tests
+    gather.py    full expert tensors for checkpoints, save_pretrained and tests (where a tensor's experts are)
+    lora.py      PEFT LoRA on the expert weights (target_parameters), its factors sharded with the experts
     apply.py     replacing a model's experts by their ep shards; the aux-loss hand-off
 """
 

@@ -6,6 +6,7 @@ from torch import nn
 
 from .aux_loss import add_stage_stats, aux_of_stats, global_aux_term, per_rank_aux, stage_stats
 from .layers import ExpertParallelExperts
+from .lora import expert_wrappers, shard_expert_lora
 from .zero import group_name, register
 
 
@@ -23,15 +24,20 @@ def fused_experts(root: nn.Module):
 
 def apply_expert_parallel(root: nn.Module, groups, stage: str = "language") -> int:
     """Replace every fused-experts module under `root` by this rank's ep shard of it (no
-    communication: each rank slices identical full weights), and register the stage's groups
+    communication: each rank slices identical full weights; PEFT LoRA factors of the expert
+    weights with them, lora.py), and register the stage's groups
     with DeepSpeed (zero.py). Returns how many modules were replaced."""
     layout = groups.layout
     name = group_name(stage, layout.ep)
     register(name, groups.ep, groups.edp, groups.ranks_of["ep"], groups.ranks_of["edp"])
     ep_rank = layout.ep_rank(groups.rank)
+    tags = dict(group=groups.ep, group_name=name, ep_rank=ep_rank, edp_group=groups.edp, ep=layout.ep)
     n = 0
-    for parent, attr, experts in fused_experts(root):
+    for parent, attr, experts in list(fused_experts(root)):
+        wrappers = expert_wrappers(root, experts)  # PEFT LoRA on the expert weights (lora.py)
         setattr(parent, attr, ExpertParallelExperts(experts, groups.ep, layout.ep, ep_rank, name, groups.edp))
+        for wrapper in wrappers:
+            shard_expert_lora(wrapper, layout.ep, ep_rank, dict(tags, num_experts=experts.num_experts))
         n += 1
     return n
 

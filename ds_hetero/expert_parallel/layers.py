@@ -37,12 +37,14 @@ class ExpertParallelExperts(AutoEPMoELayer):
         self.num_local_experts = experts.num_experts // ep
         self.ep_size, self.ep_rank, self.ep_group, self.ep_group_name = ep, ep_rank, group, group_name
         self.act_fn = experts.act_fn
+        if hasattr(experts, "is_transposed"):  # PEFT's ParamWrapper reads the layout of the expert weights
+            self.is_transposed = experts.is_transposed
         mine = slice(ep_rank * self.num_local_experts, (ep_rank + 1) * self.num_local_experts)
         self.gate_up_proj = nn.Parameter(experts.gate_up_proj.data[mine].clone(),
                                          requires_grad=experts.gate_up_proj.requires_grad)
         self.down_proj = nn.Parameter(experts.down_proj.data[mine].clone(), requires_grad=experts.down_proj.requires_grad)
         for p, old in ((self.gate_up_proj, experts.gate_up_proj), (self.down_proj, experts.down_proj)):
-            mark_expert_parameter(p, group, group_name, experts.num_experts, ep_rank, edp_group)
+            mark_expert_parameter(p, group, group_name, experts.num_experts, ep_rank, edp_group, ep=ep)
             # under sequence parallelism the tp ranks route different tokens through replicated
             # experts: the hooks that sum the HF weights' gradients over tp (sequence_parallel.py)
             for hook in getattr(old, "grad_hooks", ()):
@@ -72,14 +74,16 @@ class ExpertParallelExperts(AutoEPMoELayer):
 
 
 def mark_expert_parameter(p: nn.Parameter, group, group_name: str, num_experts: int, ep_rank: int,
-                          edp_group=None) -> None:
+                          edp_group=None, *, ep: int, dim: int = 0, outer: int = 1) -> None:
     """The tags DeepSpeed (`allreduce`, `group_name`: reduce over the named expert-data-parallel
-    group) and ds_hetero (gather for checkpoints and save_pretrained, count once in the norm) read."""
+    group) and ds_hetero (gather for checkpoints and save_pretrained, count once in the norm) read.
+    `dim`, `outer`: where the experts are in the tensor (gather.py; dim 0 for the expert weights)."""
     p.allreduce = False
+    p.ep_size, p.ep_dim, p.ep_outer = ep, dim, outer
     p.group_name = group_name
     p.expert_parallel = True
     p.ep_group = group
-    p.ep_full_size = num_experts  # dim 0 of the full tensor
+    p.ep_full_size = num_experts  # the experts of the full tensor (gather.py: where they are)
     p.ep_rank = ep_rank  # holds experts [ep_rank * E/ep, (ep_rank + 1) * E/ep) (weights/shard_slices.py)
     # ZeRO 3 partitions an AutoEP expert over its expert-data-parallel group (as AutoEP tags its own)
     p.ds_zero_placement_family = "autoep_expert"

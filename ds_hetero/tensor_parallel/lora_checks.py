@@ -17,6 +17,14 @@ from .shard_plans import PlanTable, planned_modules
 LANGUAGE = "language"
 
 
+def _on_replicated_experts(m: nn.Module) -> bool:
+    """PEFT's ParamWrapper on a fused 3-D expert weight (`target_parameters`): tp replicates the
+    experts (without sequence parallelism every tp rank routes the same tokens through them), so
+    their adapter is replicated too and its gradients are equal over tp, as the experts' are
+    (expert_parallel/lora.py shards it over ep)."""
+    return type(m).__name__ == "ParamWrapper" and getattr(m, "_param_ndim", 2) == 3
+
+
 def lora_problems(model: nn.Module, encoder_modules: Mapping[str, Sequence[nn.Module]], tp: Mapping[str, int],
                   sequence_parallel: bool = False, *, plans: PlanTable) -> list[str]:
     """What keeps the model's LoRA layers from training exactly in this layout (pure: no communication).
@@ -39,7 +47,7 @@ def lora_problems(model: nn.Module, encoder_modules: Mapping[str, Sequence[nn.Mo
         size = tp[stage]
         if getattr(m, "lora_variant", None):
             problems.append(f"{name}: LoRA variants (DoRA, ...) are not supported; use plain LoRA (use_dora=False)")
-        if size > 1 and id(m) not in planned:
+        if size > 1 and id(m) not in planned and not _on_replicated_experts(m):
             problems.append(f"{name}: a LoRA layer on a module tensor parallelism does not shard, in the {stage} stage "
                             f"with tp={size}; leave it out of target_modules or use tp=1 there")
         if stage == LANGUAGE and sequence_parallel:

@@ -141,7 +141,8 @@ def apply_plans(found, group, sequence_parallel: bool = False, seq_dim: int = 1)
         for child in plan.per_head:
             for param in module.get_submodule(child).parameters():
                 param.tp_partial_grad = True  # sequence parallelism must not sum it again
-                add_grad_hook(param, SumGradOverGroup(group))
+                if param.requires_grad:  # frozen (a LoRA base model's q_norm): no gradient to sum
+                    add_grad_hook(param, SumGradOverGroup(group))
 
 
 def _shard_column(module: nn.Module, child: str, group, stride) -> None:

@@ -1,7 +1,7 @@
 """Processors for the tiny models (families/<family>/tiny.py), built locally: a word-level tokenizer over the shapes
 captions, a chat template and the family's image processor, so TRL-style scripts run with no download.
 
-    processor = tiny_processor(model)      # LlavaProcessor or Qwen2VLProcessor
+    processor = tiny_processor(model)      # LlavaProcessor, Qwen2VLProcessor or Qwen3VLProcessor
 
 The tokenizer maps the model's image placeholder (and Qwen2-VL's vision start / end) to the model's
 ids; the processors expand one placeholder per image into the image's token count, as the real ones do.
@@ -78,5 +78,30 @@ def tiny_qwen2_vl_processor(model, min_pixels: int = 64, max_pixels: int = 64 * 
     return ImageOnlyQwen2VLProcessor(image_processor=images, tokenizer=tokenizer, chat_template=template)
 
 
+def tiny_qwen3_vl_processor(model, min_pixels: int = 64, max_pixels: int = 64 * 64):
+    """Qwen3VLProcessor for tiny_qwen3_vl / tiny_qwen3_vl_moe: Qwen2-VL's patchifying image processor
+    (Qwen3-VL's own, with the tiny towers' patch size) and the same tokenizer as tiny_qwen2_vl's;
+    it returns `mm_token_type_ids`, which Qwen3-VL's rope index reads."""
+    from transformers import ProcessorMixin, Qwen3VLProcessor
+
+    class ImageOnlyQwen3VLProcessor(Qwen3VLProcessor):
+        """Without its video processor (which needs torchvision), as ImageOnlyQwen2VLProcessor."""
+
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            for kind in ("image", "video", "vision_start", "vision_end"):
+                token = getattr(tokenizer, f"{kind}_token")
+                setattr(self, f"{kind}_token", token)
+                setattr(self, f"{kind}_token_id", tokenizer.convert_tokens_to_ids(token))
+            self.video_processor = None
+            ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+
+    qwen2 = tiny_qwen2_vl_processor(model, min_pixels=min_pixels, max_pixels=max_pixels)
+    return ImageOnlyQwen3VLProcessor(image_processor=qwen2.image_processor, tokenizer=qwen2.tokenizer,
+                                     chat_template=qwen2.chat_template)
+
+
 def tiny_processor(model):
-    return tiny_qwen2_vl_processor(model) if "qwen2" in model.config.model_type else tiny_llava_processor(model)
+    kind = model.config.model_type
+    if kind.startswith("qwen3_vl"):
+        return tiny_qwen3_vl_processor(model)
+    return tiny_qwen2_vl_processor(model) if "qwen2" in kind else tiny_llava_processor(model)

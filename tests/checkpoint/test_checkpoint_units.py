@@ -60,3 +60,47 @@ def test_kill_point_names_are_checked(monkeypatch):
     monkeypatch.setenv("DS_HETERO_CHECKPOINT_KILL", "begin:1")
     kill_point("begin", 0)  # another rank: nothing happens
     kill_point("rank_written", 1)  # another point: nothing happens
+
+
+def _moe_config(language, zero):
+    from ds_hetero.config import load_config
+
+    return load_config({"train_batch_size": 8, "zero_optimization": {"stage": zero},
+                        "hetero_parallel": {"placement": "colocated", "micro_batches": 1,
+                                            "stages": {"vision": {"dp": 4}, "language": language}}}, world_size=4)
+
+
+def test_ep_checkpoints_refuse_what_is_not_built():
+    """ZeRO 3, a pipeline or disaggregated placement with ep > 1: a CheckpointError naming them
+    (the layout is the config's: every rank raises alike, before anything is written or read)."""
+    from types import SimpleNamespace
+
+    from ds_hetero.checkpoint import CheckpointError
+    from ds_hetero.checkpoint.store import _refuse_expert_parallel
+
+    _refuse_expert_parallel(SimpleNamespace(config=_moe_config({"tp": 2, "dp": 2, "ep": 2}, zero=2)))
+    with pytest.raises(CheckpointError, match="ep = 2 with ZeRO stage 3 are not built yet") as info:
+        _refuse_expert_parallel(SimpleNamespace(config=_moe_config({"dp": 4, "ep": 2}, zero=3)))
+    assert "save_pretrained" in str(info.value)
+    with pytest.raises(CheckpointError, match="ep = 2 with pp = 2 are not built yet"):
+        _refuse_expert_parallel(SimpleNamespace(config=_moe_config({"dp": 2, "pp": 2, "ep": 2}, zero=1)))
+
+
+def test_expert_blocks_are_the_slices_peft_reads_and_merge_back():
+    """expert_parallel/gather.py: A [E r, in] and B [out, r E] as PEFT reads them ((E, r, in), (out, r, E));
+    ep rank s's block is experts [s E/ep, (s+1) E/ep) of both, and the blocks merge back. Negative control:
+    B cut as if each expert's columns were contiguous (outer 1) is not those experts' columns."""
+    import torch
+
+    from ds_hetero.expert_parallel.gather import expert_block, merge_expert_blocks
+
+    E, r, ep, d = 8, 3, 4, 5
+    a, b = torch.randn(E * r, d), torch.randn(d, r * E)
+    local = E // ep
+    for s in range(ep):
+        mine = slice(s * local, (s + 1) * local)
+        assert torch.equal(expert_block(a, 0, 1, s, ep).reshape(local, r, d), a.reshape(E, r, d)[mine])
+        assert torch.equal(expert_block(b, 1, r, s, ep).reshape(d, r, local), b.reshape(d, r, E)[:, :, mine])
+    assert torch.equal(merge_expert_blocks([expert_block(b, 1, r, s, ep) for s in range(ep)], 1, r), b)
+    assert torch.equal(merge_expert_blocks([expert_block(a, 0, 1, s, ep) for s in range(ep)], 0, 1), a)
+    assert not torch.equal(expert_block(b, 1, 1, 1, ep).reshape(d, r, local), b.reshape(d, r, E)[:, :, local:2 * local])

@@ -2,8 +2,11 @@
 4 CPU ranks: the same script with TRL's stock SFTTrainer and a plain DeepSpeed JSON gives the same fp32
 losses (1e-5 relative), token accuracy, entropy and num_tokens, for the tiny LLaVA and Qwen2-VL (dynamic
 resolution: images of four sizes). Both runs use Trainer-style "auto" JSONs filled from the same flags.
-The same with `language_batching` "packed" (docs/packing.md). Negative control: ds_hetero's seeded data
-order (other batches) gives other losses."""
+The same with `language_batching` "packed" (docs/packing.md). The tiny Qwen3-VL-MoE with TRL's aux loss at
+vision dp4 + language tp2 dp2 ep2 against stock TRL in one process on the whole global batch (the aux loss is
+not linear in the batch: the single process's is the global batch's, as the engine's): losses, the logged
+`aux_loss`, norms and token metrics. Negative controls: ds_hetero's seeded data order (other batches) gives
+other losses; stock TRL on the 4 ranks (each rank's aux loss on its own tokens) logs another aux loss."""
 
 import json
 import os
@@ -41,6 +44,30 @@ def runs(tmp_path_factory):
 
     steps.out = out
     return steps
+
+
+@pytest.fixture(scope="module")
+def stock_moe(tmp_path_factory):
+    """TRL's stock SFTTrainer on the tiny Qwen3-VL-MoE in one process (tests/helpers/trl_moe_stock_driver.py)."""
+    out = tmp_path_factory.mktemp("trl_moe_stock")
+    launch_driver(ROOT, "trl_moe_stock_driver.py", out, timeout=600, world=1)
+    return [h for h in json.loads((out / "qwen3_vl_moe_stock.json").read_text())["log_history"] if "loss" in h]
+
+
+def test_moe_aux_loss_at_ep2_matches_stock_trl(runs, stock_moe):
+    hetero, per_rank = runs("qwen3_vl_moe_hetero"), runs("qwen3_vl_moe_stock4")
+    assert len(stock_moe) == len(hetero) == len(per_rank) == 3
+    for s, h in zip(stock_moe, hetero):
+        assert h["loss"] == pytest.approx(s["loss"], rel=REL)
+        assert h["aux_loss"] == pytest.approx(s["aux_loss"], rel=REL)  # TRL's own key, the global batch's
+        assert h["grad_norm"] == pytest.approx(s["grad_norm"], rel=1e-4)
+        assert h["mean_token_accuracy"] == pytest.approx(s["mean_token_accuracy"], rel=REL, abs=1e-9)
+        assert h["entropy"] == pytest.approx(s["entropy"], rel=ENTROPY_REL)
+        assert h["num_tokens"] == s["num_tokens"]
+    assert stock_moe[-1]["loss"] < stock_moe[0]["loss"]  # it trains
+    # the control: per-rank aux losses (stock TRL on 4 ranks) are not the global batch's; the tiny model's
+    # routers are near uniform, so they miss by a few times the bar only (seen: 5.1e-5)
+    assert max(abs(p["aux_loss"] - s["aux_loss"]) / s["aux_loss"] for p, s in zip(per_rank, stock_moe)) > 2 * REL
 
 
 @pytest.mark.parametrize("model", ["llava", "qwen2_vl", "llava_packed", "qwen2_vl_packed"])

@@ -81,8 +81,8 @@ def reference_loss(model, adapter, samples, micro_batches):
 def reference_train(model, batches, make_optimizer, clip, micro_batches):
     from ds_hetero.families import adapter_for
 
-    adapter = adapter_for(model)
-    opt = make_optimizer(list(model.parameters()))
+    adapter = adapter_for(model.get_base_model() if hasattr(model, "get_base_model") else model)  # a PeftModel's base
+    opt = make_optimizer([p for p in model.parameters() if p.requires_grad])
     losses, norms, auxes = [], [], []
     for samples in batches:
         loss, aux = reference_loss(model, adapter, samples, micro_batches)
@@ -270,11 +270,6 @@ def save_and_load(rank, world_size, tmp, layout, family="qwen3_vl_moe"):
     got = full_named_parameters(engine)
     engine.save_pretrained(tmp)
     dist.barrier()
-    try:  # not built yet: refused on every rank, nothing written
-        engine.save_checkpoint(tmp + "_ckpt")
-        refused = None
-    except Exception as exc:  # noqa: BLE001 - the test reads the message
-        refused = f"{type(exc).__name__}: {exc}"
     after = engine.eval_batch(batches[1])  # eval: the lm loss and the aux loss of the trained weights
     engine.groups.destroy()
     saved = type(model).from_pretrained(tmp)
@@ -284,5 +279,5 @@ def save_and_load(rank, world_size, tmp, layout, family="qwen3_vl_moe"):
     language = loaded.load_report["language"]  # ep4, tp1: the experts are the only sharded tensors
     reloaded = loaded.eval_batch(batches[1])
     loaded.groups.destroy()
-    return {"export_err": export_err, "eval": (after, reloaded), "checkpoint_refused": refused,
+    return {"export_err": export_err, "eval": (after, reloaded),
             "experts_read": (language.sharded_bytes_read, language.sharded_bytes_full)}

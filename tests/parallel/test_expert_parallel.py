@@ -17,8 +17,9 @@ assignments, routing to the wrong expert rank, the aux loss computed per rank, w
 micro-batches a reference whose aux loss is the whole batch's (the rule must matter), and with
 pp2 each pipeline stage's aux loss over its own layers only.
 The dispatch and combine all-to-alls pass an adjoint test; save_pretrained from ep2 tp2 is the
-engine's weights and loads per shard into ep4 with the same eval loss; the main job's script runs
-the family with ep. The pure checks (groups, config errors) run without processes.
+engine's weights and loads per shard into ep4 with the same eval loss; a training checkpoint moves ep2 -> ep1
+-> ep4 (tests/helpers/moe_checkpoints.py) and PEFT LoRA on attention and experts trains (moe_lora.py) like the
+single-process runs; the main job's script runs the family with ep. The pure checks (groups, config errors) run without processes.
 
 Qwen3.5-MoE (Gated DeltaNet layers by heads over tp, a shared expert over tp, routed experts over ep)
 in the same launch, to the same bar: vision dp4 + language tp2 dp2 ep2 (ZeRO 1), language dp4 ep4
@@ -83,6 +84,8 @@ CONTROLS = ("drop", "wrong_rank", "per_rank_aux", "global_aux_over_micro_batches
 
 
 def _cases(tmp):
+    from tests.helpers.moe_checkpoints import checkpoint_chain
+    from tests.helpers.moe_lora import LORA, train_moe_lora
     from tests.helpers.moe_parity import dispatch_adjoint, save_and_load, train_moe
 
     cases = {"adjoint": (dispatch_adjoint, {})}
@@ -96,6 +99,10 @@ def _cases(tmp):
     cases[CONTROLS[4]] = (train_moe, dict(LAYOUTS[PP], steps=2, evaluate=False, control=CONTROLS[4]))
     cases[CONTROLS[5]] = (train_moe, dict(LAYOUTS["qwen3.5-moe vision dp4 + language tp2 dp2 ep2 zero1"], steps=2,
                                           control="wrong_rank"))
+    cases["checkpoint chain"] = (checkpoint_chain, dict(tmp=tmp))
+    control = dict(LORA["lora tp2 dp2 ep2 zero1"], steps=2, control="contiguous_b", reload=None)
+    for name, kw in {**LORA, "lora contiguous_b": control}.items():  # PEFT LoRA on attention and experts
+        cases[name] = (train_moe_lora, dict(kw, tmp=f"{tmp}/{name.replace(' ', '_')}"))
     cases["save_and_load"] = (save_and_load, dict(tmp=tmp, layout=LAYOUTS["vision dp4 + language tp2 dp2 ep2 zero0"]["layout"]))
     # its checkpoint stores each expert apart (transformers' conversion for the family): read per expert
     cases["qwen3.5-moe save_and_load"] = (save_and_load, dict(
@@ -213,7 +220,23 @@ def test_save_pretrained_and_per_shard_load_across_ep(runs, case):
         assert abs(after - reloaded) <= RTOL * abs(after), r["eval"]
         read, full = r["experts_read"]  # each ep4 rank read its quarter of the experts only
         assert full > 0 and read * 4 == full, r["experts_read"]
-        assert "CheckpointError" in r["checkpoint_refused"] and "save_pretrained" in r["checkpoint_refused"]
+
+
+def test_training_checkpoint_reshards_across_ep(runs):  # ep2 -> ep1 -> ep4, its controls (moe_checkpoints.py)
+    from tests.helpers.moe_checkpoints import check_chain
+    check_chain(runs["checkpoint chain"], RTOL, ATOL)
+
+
+@pytest.mark.parametrize("name", ["lora tp2 dp2 ep2 zero1", "lora dp4 ep4 zero2"])
+def test_lora_on_attention_and_experts_matches_single_process_peft(runs, name):  # moe_lora.py
+    from tests.helpers.moe_lora import check_run
+    for r in runs[name]:
+        check_run(r, RTOL, ATOL)
+
+
+def test_lora_on_experts_with_b_sliced_contiguously_misses_the_bar(runs):
+    for r in runs["lora contiguous_b"]:
+        assert _bad(r), r
 
 
 @pytest.mark.parametrize("case", ["recipe", "qwen3.5-moe recipe"])
