@@ -51,18 +51,22 @@ POINTS = [(8, 4096), (64, 16384), (1024, 4096), (1024, 32768)]
 NEW = [("ViT 6.9B (Qwen2-VL)", "72B", "qwen2vl_vit6b_70b.json", 64, 8192, 16384, 128, None),
        ("ViT 0.7B (Qwen2-VL)", "27B", "qwen2vl_vit06b_27b.json", 16, 4096, 4096, 32, None),
        ("ViT 0.7B (Qwen2-VL)", "27B", "qwen2vl_vit06b_27b.json", 17, 4096, 4096, 32, 16)]
-MOE = [("ViT 0.5B (Qwen3-VL)", "30B-A3B", "qwen3vl_30b_a3b.json", 16, 4096, 4096, 64),
-       ("ViT 0.5B (Qwen3-VL)", "235B-A22B", "qwen3vl_235b_a22b.json", 64, 4096, 4096, 256)]
+# (..., batch, ZeRO stages searched, micro-batches searched (None: every divisor up to 64)); the 235B row's
+# search is narrowed for planning time (ZeRO 1 base only: the language's ZeRO 3 is still searched per stage)
+MOE = [("ViT 0.5B (Qwen3-VL)", "30B-A3B", "qwen3vl_30b_a3b.json", 16, 4096, 4096, 64, (1, 3), None),
+       ("ViT 0.5B (Qwen3-VL)", "235B-A22B", "qwen3vl_235b_a22b.json", 64, 4096, 4096, 256, (1,), (8, 16, 32, 64))]
 
 
-def search(path, gpus, seq, batch, machine, image_tokens=None, encoder_tokens=None, placements=None):
+def search(path, gpus, seq, batch, machine, image_tokens=None, encoder_tokens=None, placements=None, zeros=(1, 3),
+           micro_batches=None):
     from ds_hetero.planner import plan
     from ds_hetero.planner.search import base_config
 
     preds, n, spec = [], 0, None
-    for zero in (1, 3):
+    for zero in zeros:
         p = plan(path, gpus, seq, image_tokens, batch, machine, base=base_config(None, batch, zero, True),
-                 encoder_tokens=encoder_tokens, placements=placements or ("colocated", "disaggregated"))
+                 encoder_tokens=encoder_tokens, placements=placements or ("colocated", "disaggregated"),
+                 micro_batches=micro_batches)
         preds += [(x, zero) for x in p.predictions]
         n += len(p.predictions)
         spec = p.spec
@@ -132,7 +136,7 @@ def main(argv=None):
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--rows", choices=("all", "new", "llava", "moe", "bridge"), default="all")
     ap.add_argument("--gpus", type=int, nargs="+", help="only the LLaVA points at these GPU counts")
-    ap.add_argument("--models", nargs="+", help="only these LLaVA configs (file names)")
+    ap.add_argument("--models", nargs="+", help="only these LLaVA or MoE configs (file names)")
     args = ap.parse_args(argv)
     from ds_hetero.planner import machine_profile
 
@@ -151,8 +155,11 @@ def main(argv=None):
                   file=sys.stderr, flush=True)
     moe_rows = []
     if args.rows in ("all", "moe"):
-        for vision, llm, name, gpus, seq, enc, batch in MOE:
-            pick, n, spec = search(os.path.join(CONFIGS, name), gpus, seq, batch, machine, encoder_tokens=enc)
+        for vision, llm, name, gpus, seq, enc, batch, zeros, micro in MOE:
+            if args.models and name not in args.models:
+                continue
+            pick, n, spec = search(os.path.join(CONFIGS, name), gpus, seq, batch, machine, encoder_tokens=enc,
+                                   zeros=zeros, micro_batches=micro)
             k = enc // spec.vision.merge
             moe_rows.append(row(vision, llm, gpus, seq, k, enc, batch, pick)
                             + [*fmt(pick["no_ep"]), gain(pick["runnable"], pick["no_ep"]),
