@@ -51,14 +51,16 @@ POINTS = [(8, 4096), (64, 16384), (1024, 4096), (1024, 32768)]
 NEW = [("ViT 6.9B (Qwen2-VL)", "72B", "qwen2vl_vit6b_70b.json", 64, 8192, 16384, 128, None),
        ("ViT 0.7B (Qwen2-VL)", "27B", "qwen2vl_vit06b_27b.json", 16, 4096, 4096, 32, None),
        ("ViT 0.7B (Qwen2-VL)", "27B", "qwen2vl_vit06b_27b.json", 17, 4096, 4096, 32, 16)]
-# (..., batch, ZeRO stages searched, micro-batches searched (None: every divisor up to 64)); the 235B row's
-# search is narrowed for planning time (ZeRO 1 base only: the language's ZeRO 3 is still searched per stage)
-MOE = [("ViT 0.5B (Qwen3-VL)", "30B-A3B", "qwen3vl_30b_a3b.json", 16, 4096, 4096, 64, (1, 3), None),
-       ("ViT 0.5B (Qwen3-VL)", "235B-A22B", "qwen3vl_235b_a22b.json", 64, 4096, 4096, 256, (1,), (8, 16, 32, 64))]
+# (..., batch, ZeRO stages searched, micro-batches (None: every divisor up to 64), placements, max tp); the
+# 235B row's search is narrowed for planning time on the shared 2-core machine: the ZeRO 1 base only (the
+# language's ZeRO 3 is still searched per stage), 32 micro-batches, colocated and first_stage rows, tp <= 4
+MOE = [("ViT 0.5B (Qwen3-VL)", "30B-A3B", "qwen3vl_30b_a3b.json", 16, 4096, 4096, 64, (1, 3), None, None, None),
+       ("ViT 0.5B (Qwen3-VL)", "235B-A22B", "qwen3vl_235b_a22b.json", 64, 4096, 4096, 256, (1,), (32,),
+        ("colocated",), 4)]
 
 
 def search(path, gpus, seq, batch, machine, image_tokens=None, encoder_tokens=None, placements=None, zeros=(1, 3),
-           micro_batches=None):
+           micro_batches=None, max_tp=None):
     from ds_hetero.planner import plan
     from ds_hetero.planner.search import base_config
 
@@ -66,7 +68,7 @@ def search(path, gpus, seq, batch, machine, image_tokens=None, encoder_tokens=No
     for zero in zeros:
         p = plan(path, gpus, seq, image_tokens, batch, machine, base=base_config(None, batch, zero, True),
                  encoder_tokens=encoder_tokens, placements=placements or ("colocated", "disaggregated"),
-                 micro_batches=micro_batches)
+                 micro_batches=micro_batches, max_tp=max_tp)
         preds += [(x, zero) for x in p.predictions]
         n += len(p.predictions)
         spec = p.spec
@@ -155,11 +157,11 @@ def main(argv=None):
                   file=sys.stderr, flush=True)
     moe_rows = []
     if args.rows in ("all", "moe"):
-        for vision, llm, name, gpus, seq, enc, batch, zeros, micro in MOE:
+        for vision, llm, name, gpus, seq, enc, batch, zeros, micro, placements, max_tp in MOE:
             if args.models and name not in args.models:
                 continue
             pick, n, spec = search(os.path.join(CONFIGS, name), gpus, seq, batch, machine, encoder_tokens=enc,
-                                   zeros=zeros, micro_batches=micro)
+                                   zeros=zeros, micro_batches=micro, placements=placements, max_tp=max_tp)
             k = enc // spec.vision.merge
             moe_rows.append(row(vision, llm, gpus, seq, k, enc, batch, pick)
                             + [*fmt(pick["no_ep"]), gain(pick["runnable"], pick["no_ep"]),
