@@ -62,8 +62,10 @@ def terms(base, hetero) -> dict[str, float]:
 
 
 def bridge_table(machine, markdown: bool = True) -> str:
+    from ds_hetero.planner.flops import vision_work
     from ds_hetero.planner.model_source import load_hf_config
     from ds_hetero.planner.model_spec import model_spec
+    from ds_hetero.planner.step_model import model_flops
     from ds_hetero.planner.workload import Workload, image_tokens_of
 
     head = ["model", "enc tok/sample", "encoder share of FLOPs", "baseline (16 GPUs)", "step", "heterogeneous (17)",
@@ -80,9 +82,6 @@ def bridge_table(machine, markdown: bool = True) -> str:
                 rows.append([label, str(enc), "-", "none fits" if base is None else base.candidate.label()]
                             + ["-"] * (len(head) - 4))
                 continue
-            from ds_hetero.planner.step_model import model_flops
-            from ds_hetero.planner.flops import vision_work
-
             share = vision_work(spec, wl, BATCH, 1).flops / model_flops(spec, wl, machine.causal)
             gain = hetero.tokens_per_s / 17 / (base.tokens_per_s / 16) - 1
             t = terms(base, hetero)
