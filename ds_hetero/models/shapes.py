@@ -157,11 +157,29 @@ class LanguageSpec:
     tied: bool
     qkv_bias: bool  # Qwen2 has q/k/v biases, Llama not
     extra_layer_norms: int = 0  # Gemma 3: pre/post-feedforward norms (2 h) and q/k norms (2 head_dim)
+    # a mixture of experts in every decoder layer (Qwen3-VL-MoE); 0 experts: a dense SwiGLU of width ffn
+    experts: int = 0  # routed experts per layer
+    top_k: int = 0  # experts each token is sent to
+    moe_ffn: int = 0  # one expert's SwiGLU width
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    def expert_layer_params(self) -> int:
+        """One layer's experts: E gated MLPs (gate_up [E, 2f, h], down [E, h, f], no biases)."""
+        return self.experts * 3 * self.hidden * self.moe_ffn
+
+    def router_params(self) -> int:
+        """One layer's router (`gate`, [E, h]): replicated over tp, trained with the dense weights."""
+        return self.experts * self.hidden
 
     def layer_params(self) -> int:
         h, kv = self.hidden, self.kv_heads * self.head_dim
         q = self.heads * self.head_dim
         attn = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if self.qkv_bias else 0)
+        if self.moe:
+            return attn + self.router_params() + self.expert_layer_params() + 2 * h + self.extra_layer_norms
         return attn + 3 * h * self.ffn + 2 * h + self.extra_layer_norms  # gate, up, down; two RMSNorms
 
     def params(self) -> int:
@@ -175,15 +193,24 @@ class LanguageSpec:
         return rows * self.hidden * (1 if self.tied else 2)
 
     def replicated_params(self) -> int:
-        """Parameters every tp rank holds whole: the norms (a Qwen3 / Gemma 3 layer's q and k norms too)."""
-        return (2 * self.layers + 1) * self.hidden + self.layers * self.extra_layer_norms
+        """Parameters every tp rank holds whole: the norms (a Qwen3 / Gemma 3 layer's q and k norms too),
+        a MoE layer's router (its experts are not split over tp either: `expert_params`)."""
+        return (2 * self.layers + 1) * self.hidden + self.layers * (self.extra_layer_norms + self.router_params())
 
-    def params_per_rank(self, tp: int) -> int:
-        """One tp rank's parameters: the layers' split weights / tp, the vocabulary shards, the norms."""
-        if tp == 1:
-            return self.params()
-        split = self.params() - self.vocab_params() - self.replicated_params()
-        return split // tp + self.vocab_params(tp) + self.replicated_params()
+    def expert_params(self, ep: int = 1, layers: int | None = None) -> int:
+        """The experts one rank holds: E / ep of each layer's (replicated over tp, sharded over ep)."""
+        return (self.layers if layers is None else layers) * self.expert_layer_params() // ep
+
+    def params_per_rank(self, tp: int, ep: int = 1) -> int:
+        """One tp rank's parameters: the layers' split weights / tp, the vocabulary shards, the norms,
+        the router, and E / ep of the experts."""
+        if not self.moe:
+            if tp == 1:
+                return self.params()
+            split = self.params() - self.vocab_params() - self.replicated_params()
+            return split // tp + self.vocab_params(tp) + self.replicated_params()
+        split = self.params() - self.vocab_params() - self.replicated_params() - self.expert_params()
+        return split // tp + self.vocab_params(tp) + self.replicated_params() + self.expert_params(ep)
 
 
 @dataclass(frozen=True)
@@ -221,24 +248,30 @@ class ModelSpec:
     def stage_params(self, stage: str) -> int:
         return self.vision.params() if stage == "vision" else self.language.params()
 
-    def params_per_rank(self, stage: str, tp: int) -> float:
-        """Parameters one tp rank of the stage holds: the split ones / tp plus the replicated ones."""
+    def params_per_rank(self, stage: str, tp: int, ep: int = 1) -> float:
+        """Parameters one tp rank of the stage holds: the split ones / tp plus the replicated ones
+        (a MoE language stage: E / ep of the experts)."""
         if stage == "language":
-            return self.language.params_per_rank(tp)
+            return self.language.params_per_rank(tp, ep)
         s = self.vision
         whole = s.replicated_params() if tp > 1 else 0
         return (s.params() - whole) / tp + whole
 
 
-def chunk_params_per_rank(spec: ModelSpec, tp: int, layers: int, first: bool, last: bool) -> float:
+def chunk_params_per_rank(spec: ModelSpec, tp: int, layers: int, first: bool, last: bool, ep: int = 1) -> float:
     """Parameters one tp rank of a language pipeline stage holds: its decoder layers, the input
     embedding (first stage) and the final norm and head (last stage), embedding and head split on
-    the vocabulary (a tied matrix counted once when one stage holds both).
-    With every layer, first and last it equals params_per_rank("language", tp)."""
+    the vocabulary (a tied matrix counted once when one stage holds both); a MoE layer's router
+    whole and E / ep of its experts.
+    With every layer, first and last it equals params_per_rank("language", tp, ep)."""
     lm = spec.language
     h = lm.hidden
     norms = 2 * h if tp > 1 else 0
-    layer = (lm.layer_params() - norms) / tp + norms
+    if lm.moe:
+        whole = lm.router_params() + (lm.extra_layer_norms + 2 * h if tp > 1 else 0)
+        layer = (lm.layer_params() - lm.expert_layer_params() - whole) / tp + whole + lm.expert_layer_params() / ep
+    else:
+        layer = (lm.layer_params() - norms) / tp + norms
     rows = -(-lm.vocab // tp)  # ceil(vocab / tp): the vocabulary shard of the embedding and of the head
     head = (0 if lm.tied and first else rows * h) + h
     return layers * layer + (rows * h if first else 0) + (head if last else 0)

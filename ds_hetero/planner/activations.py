@@ -50,15 +50,32 @@ def language_layer_elements(spec: ModelSpec, tp: int, sequence_parallel: bool, t
     lm = spec.language
     q, kv = lm.heads * lm.head_dim, lm.kv_heads * lm.head_dim
     replicated = (4 if trains else 2) * lm.hidden
+    if lm.moe:
+        split = (2 if trains else 1) * q + 2 * kv
+        return (replicated / tp if sequence_parallel else replicated) + split / tp + moe_layer_elements(
+            spec, trains) / (tp if sequence_parallel else 1)
     split = (2 if trains else 1) * q + 2 * kv + (4 if trains else 3) * lm.ffn
     return (replicated / tp if sequence_parallel else replicated) + split / tp
 
 
+def moe_layer_elements(spec: ModelSpec, trains: bool = True) -> float:
+    """Elements a MoE block stores per routed token (the experts are replicated over tp: every tp
+    rank routes every token of its shard, / tp with sequence parallelism): its router logits and
+    probabilities (E each, fp32: 4 elements of a 2-byte dtype), and per (token, expert) assignment
+    the expert's input row after the dispatch (h), its SwiGLU (gate, up, silu, product: 4 f, as a
+    dense MLP's) and its output before the weighted combine (h). Balanced routing: a rank computes
+    as many assignments as it routes."""
+    lm = spec.language
+    per_assignment = 2 * lm.hidden + (4 if trains else 3) * lm.moe_ffn
+    return lm.top_k * per_assignment + 4 * lm.experts
+
+
 def language_activation_bytes(spec: ModelSpec, wl: Workload, samples: int, tp: int, cp: int,
                               sequence_parallel: bool, flash: bool, layers: int | None = None,
-                              recompute: bool = False, head: bool = True) -> float:
+                              recompute: bool = False, head: bool = True, ep: int = 1) -> float:
     """One micro-batch of `samples` sequences on one rank, `layers` decoder layers (default all),
-    the fp32 logits and their softmax when this rank holds the head."""
+    the fp32 logits and their softmax when this rank holds the head. (`ep` does not change a MoE
+    rank's activations under balanced routing: it computes as many assignments as it routes.)"""
     lm = spec.language
     layers = lm.layers if layers is None else layers
     tokens = samples * wl.seq_len / cp

@@ -9,7 +9,11 @@
                        the images of its dp group: vision work of tp1 dp(N/t) on every rank,
                        language tp t dp(N/t), no boundary exchange
 
-Both are predicted per rank and combined as a colocated step (pipeline.colocated_step).
+Both are predicted per rank and combined as a colocated step (pipeline.colocated_step). For a MoE
+language model `ep` shards its experts over ep of the language's dp ranks (DeepSpeed's MoE /
+AutoEP `ep_size`, the experts' gradients over the remaining dp / ep ranks); the encoder is
+unchanged. (Megatron's single layout with ep, the tuned baseline, is the first_stage placement:
+modelled.py.)
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from .workload import Workload
 
 
 def plain_deepspeed_step(spec: ModelSpec, wl: Workload, machine: MachineProfile, world: int, autotp: int = 1,
-                         micro_batches: int = 1) -> float:
+                         micro_batches: int = 1, ep: int = 1) -> float:
     dp = world // autotp
+    if ep > 1 and (not spec.language.moe or dp % ep or spec.language.experts % ep):
+        raise ValueError(f"ep={ep}: needs a MoE language model whose experts and dp ({dp}) it divides")
     v, _ = stage_times(spec, wl, machine, "vision", StageChoice(tp=1, dp=dp), micro_batches)
-    lang, _ = stage_times(spec, wl, machine, "language", StageChoice(tp=autotp, dp=dp), micro_batches)
+    lang, _ = stage_times(spec, wl, machine, "language", StageChoice(tp=autotp, dp=dp, ep=ep), micro_batches)
     step, busy = colocated_step(v, lang, 0.0, micro_batches)
     if machine.compute_units and machine.compute_units < world:
         step = max(step, busy * world / machine.compute_units)

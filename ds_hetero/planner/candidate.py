@@ -30,6 +30,8 @@ class StageChoice:
     pp         pipeline stages (language only); tp x cp x dp ranks per pipeline stage
     recompute  full activation recompute of every layer
     zero       this stage's ZeRO stage (None: the DeepSpeed config's)
+    ep         expert parallelism (language, a MoE model): the experts sharded over ep ranks folded
+               out of the stage's cp x dp ranks (docs/expert-parallel.md)
     """
 
     tp: int
@@ -40,6 +42,12 @@ class StageChoice:
     pp: int = 1
     recompute: bool = False
     zero: int | None = None
+    ep: int = 1
+
+    @property
+    def edp(self) -> int:
+        """The expert-data-parallel ranks: those holding the same experts (cp x dp / ep)."""
+        return self.cp * self.dp // self.ep
 
     @property
     def size(self) -> int:
@@ -52,6 +60,7 @@ class StageChoice:
         if self.pp > 1:
             s += f"pp{self.pp}"
         s += f"dp{self.dp}"
+        s += f"ep{self.ep}" if self.ep > 1 else ""
         s += "+sp" if self.sequence_parallel else ""
         s += "+rc" if self.recompute else ""
         return s + (f" Z{self.zero}" if self.zero is not None else "")
@@ -183,6 +192,8 @@ class Candidate:
             st: dict[str, Any] = {"tp": s.tp, "dp": s.dp}
             if name == "language":
                 st["cp"] = s.cp
+                if s.ep > 1:
+                    st["ep"] = s.ep
                 if s.sequence_parallel:
                     st["sequence_parallel"] = True
                 if s.pp > 1:

@@ -15,6 +15,15 @@ tensor (the same bytes on a ring; the activations between blocks are 1/tp).
 Context parallelism (Ulysses all-to-all): per attention layer q, k, v go sequence- to
 head-sharded and the output back, in the forward and again in the backward.
 
+Expert parallelism (a MoE language stage, `ep`): per MoE layer the dispatch and the combine
+all-to-all of the rank's (token, expert) assignments, [tokens x top_k, hidden] (the tokens each
+rank routes: / tp with sequence parallelism), in the forward and their reversed exchanges in the
+backward (4 per layer), plus the all-to-all of the per-expert counts before each dispatch; the
+global load-balancing loss all-reduces its routing counts ([layers, E + 1] fp32) over the stage's
+dp x cp ranks (x tp under sequence parallelism) once per micro-batch. Balanced routing is priced:
+each rank sends and receives its own assignments' bytes (the exchange's lower bound; the share
+that stays on the rank is priced as sent, as the all-to-all's (n-1)/n already discounts it).
+
 Data parallelism (DeepSpeed): ZeRO 0 all-reduces the gradients once per step; ZeRO 1
 reduce-scatters them once per step (at the accumulation boundary) and all-gathers the updated
 parameters; ZeRO 2 reduce-scatters at every micro-batch; ZeRO 3 also all-gathers the
@@ -25,12 +34,14 @@ Frozen parameters (wl.freeze, frozen.py) have no gradient to reduce: the reducti
 frozen ones in the forward (it partitions every parameter of the module) and in the backward
 where the backward runs through them. A stage that does not train runs ZeRO 0 without an
 optimizer: no dp collective; an encoder that does not train, and a frozen tower, run no backward
-there: only the forward's tp all-reduces.
+there: only the forward's tp all-reduces. With ep the dense parameters are reduced over dp x cp
+and each rank's E / ep experts over the expert-data-parallel ranks (cp x dp / ep), DeepSpeed's MoE
+groups (ZeRO 1-3 partition them over those ranks).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .candidate import StageChoice
 from ..models.shapes import ModelSpec
@@ -39,7 +50,7 @@ from .workload import Workload
 
 @dataclass(frozen=True)
 class Collective:
-    axis: str  # "tp", "cp", "dp"
+    axis: str  # "tp", "cp", "ep", "dp", "edp" (the experts' gradients)
     kind: str
     nbytes: float
     group: int  # ranks in the group
@@ -97,13 +108,50 @@ def language_collectives(spec: ModelSpec, wl: Workload, samples: int, layout: St
         kv = tokens * lm.kv_heads * lm.head_dim // tp * wl.dtype_bytes
         for nbytes in (q, kv, kv, q):  # q, k, v in, attention output back
             out.append(Collective("cp", "all_to_all", nbytes, cp, tp * cp, 2 * n, "micro_batch"))
+    if lm.moe:
+        out += expert_collectives(spec, wl, tokens, layout, n)
     if params is None:
-        params = spec.params_per_rank("language", tp)
+        params = spec.params_per_rank("language", tp, layout.ep)
     f = wl.freeze.of("language")
     if not f.trains:
         return out
+    if lm.moe:  # the experts reduced over the expert-data-parallel ranks, the rest over dp x cp
+        experts = lm.expert_params(layout.ep, n)
+        edp = StageChoice(layout.tp, layout.edp, 1, ranks=layout.ranks, zero=layout.zero)
+        frozen = f.frozen_params(params - experts)
+        out += dp_collectives(params - experts - frozen, wl, layout, frozen, frozen_backward=True)
+        frozen = f.frozen_params(experts)
+        return out + [replace(c, axis="edp", span=layout.tp * layout.cp * layout.dp)
+                      for c in dp_collectives(experts - frozen, wl, edp, frozen, frozen_backward=True)]
     frozen = f.frozen_params(params)
     return out + dp_collectives(params - frozen, wl, layout, frozen, frozen_backward=True)
+
+
+def expert_collectives(spec: ModelSpec, wl: Workload, tokens: float, layout: StageChoice, layers: int
+                       ) -> list[Collective]:
+    """The expert-parallel exchanges of `layers` MoE layers per micro-batch (see the module's text)."""
+    lm, tp, ep = spec.language, layout.tp, layout.ep
+    routed = tokens / tp if layout.sequence_parallel else tokens
+    out = []
+    if ep > 1:
+        rows = routed * lm.top_k * lm.hidden * wl.dtype_bytes
+        out += [Collective("ep", "all_to_all", rows, ep, tp * ep, 4 * layers, "micro_batch"),
+                Collective("ep", "all_to_all", lm.experts * 8, ep, tp * ep, layers, "micro_batch")]  # counts
+    aux = layout.dp * layout.cp * (tp if layout.sequence_parallel else 1)
+    if aux > 1:
+        out.append(Collective("ep", "all_reduce", lm.layers * (lm.experts + 1) * 4, aux, tp * layout.cp * layout.dp,
+                              1, "micro_batch"))
+    return out
+
+
+def dispatch_bytes(spec: ModelSpec, wl: Workload, samples: int, layout: StageChoice) -> tuple[float, float]:
+    """(bytes one rank sends per micro-batch in the dispatch all-to-alls, their lower bound: the share
+    bound for other ranks), forward dispatch only, every MoE layer: the figure bench_moe.py measures."""
+    lm = spec.language
+    tokens = samples * wl.seq_len / layout.cp
+    routed = tokens / layout.tp if layout.sequence_parallel else tokens
+    sent = routed * lm.top_k * lm.hidden * wl.dtype_bytes * lm.layers
+    return sent, sent * (layout.ep - 1) / layout.ep
 
 
 def dp_collectives(params: float, wl: Workload, layout: StageChoice, frozen: float = 0.0,

@@ -60,11 +60,12 @@ def _gemm_seconds(work: StageWork, machine: MachineProfile) -> tuple[float, floa
 
 
 def _collective_seconds(colls: list[Collective], machine: MachineProfile) -> dict[str, float]:
-    """{"tp": s per micro-batch, "cp": ..., "dp_mb": per micro-batch, "dp_step": per step}."""
-    out = {"tp": 0.0, "cp": 0.0, "dp_mb": 0.0, "dp_step": 0.0}
+    """{"tp": s per micro-batch, "cp": ..., "ep": ..., "dp_mb": per micro-batch, "dp_step": per step}
+    (the experts' gradient reduction, axis "edp", counts as dp)."""
+    out = {"tp": 0.0, "cp": 0.0, "ep": 0.0, "dp_mb": 0.0, "dp_step": 0.0}
     for c in colls:
         t = c.count * machine.collective_time(c.kind, c.nbytes, c.group, c.span)
-        key = c.axis if c.axis != "dp" else ("dp_mb" if c.per == "micro_batch" else "dp_step")
+        key = c.axis if c.axis not in ("dp", "edp") else ("dp_mb" if c.per == "micro_batch" else "dp_step")
         out[key] += t
     return out
 
@@ -102,25 +103,37 @@ def stage_times(spec: ModelSpec, wl: Workload, machine: MachineProfile, stage: s
         n = spec.language.layers if layers is None else layers
         if wl.lengths:  # a length mix: the slowest language dp rank as the runtime cuts it (language_mix.py)
             samples, wl = language_shape(spec, wl, layout, m)
-        params = chunk_params_per_rank(spec, layout.tp, n, first, last)
+        params = chunk_params_per_rank(spec, layout.tp, n, first, last, layout.ep)
         work = language_work(spec, wl, samples, layout.tp, layout.cp, machine.causal, layout.sequence_parallel,
-                             n, last)
+                             n, last, layout.ep)
         colls = language_collectives(spec, replace(wl, zero=zero), samples, layout, n, last, params, first)
         projector = 0.0
     fwd, bwd = _gemm_seconds(work, machine)
     c = _collective_seconds(colls, machine)
     st = state_elements(params - f.frozen_params(params, projector), layout, zero)  # the trained ones only
+    if stage != "vision" and spec.language.moe and zero:  # the experts' partition is over the edp ranks
+        experts = spec.language.expert_params(layout.ep, n)
+        dense = state_elements(params - experts - f.frozen_params(params - experts), layout, zero)
+        mine = state_elements(experts - f.frozen_params(experts), expert_layout(layout), zero)
+        st = replace(dense, master=dense.master + mine.master)
     optimizer = machine.memory_time((st.master if zero else st.params) * ADAM_BYTES_PER_PARAM) if f.trains else 0.0
-    tpcp = c["tp"] + c["cp"]
+    tpcp = c["tp"] + c["cp"] + c["ep"]
     # with recompute the backward first runs the forward again, where it reaches (not a frozen tower)
     redo = fwd + tpcp * (1 - tp_bwd) if layout.recompute and tp_bwd else 0.0
     # per micro-batch dp in the backward
     times = StageTimes(forward=fwd + tpcp * (1 - tp_bwd),
                        backward=bwd + tpcp * tp_bwd + c["dp_mb"] + redo, step=c["dp_step"] + optimizer)
     again = 1 + (1 - tp_bwd) if redo else 1  # recompute repeats the forward's collectives
-    return times, {"compute": m * (fwd + bwd + redo), "tp": m * c["tp"] * again,
-                   "cp": m * c["cp"] * again, "dp": m * c["dp_mb"] + c["dp_step"],
-                   "optimizer": optimizer}
+    parts = {"compute": m * (fwd + bwd + redo), "tp": m * c["tp"] * again,
+             "cp": m * c["cp"] * again, "dp": m * c["dp_mb"] + c["dp_step"], "optimizer": optimizer}
+    if stage != "vision" and spec.language.moe:
+        parts["ep"] = m * c["ep"] * again
+    return times, parts
+
+
+def expert_layout(layout: StageChoice) -> StageChoice:
+    """The layout the experts' states are partitioned over: their expert-data-parallel ranks."""
+    return StageChoice(layout.tp, layout.edp, 1, zero=layout.zero, pp=layout.pp)
 
 
 def engine_syncs(cand: Candidate, machine: MachineProfile, world: int) -> float:

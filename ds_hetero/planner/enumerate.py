@@ -50,6 +50,7 @@ class SearchSpace:
     max_micro_batches: int = 64
     node_size: int = 0  # disaggregated splits on whole nodes when the world spans several (0: any split)
     batch_slack: float = 0.0  # a disaggregated split may round the global batch down by this fraction
+    experts: int = 0  # a MoE language model's experts per layer: ep is searched (expert_degrees)
 
 
 def _accepts(base: Mapping[str, Any], adapter, names: tuple[str, ...], language: StageChoice, client_opt: bool
@@ -108,15 +109,24 @@ def _batch(space: SearchSpace, stages: list[StageChoice], m: int) -> int | None:
     return b
 
 
-def stage_layouts(size: int, max_tp: int, language: bool, cp_ok: bool, sp_ok: bool) -> Iterator[StageChoice]:
+def expert_degrees(experts: int, folded: int) -> list[int]:
+    """The ep sizes of a language layout with `folded` = cp x dp ranks: 1, and for a MoE model every
+    divisor of both the experts and cp x dp (the engine's rule, config/parse.py and
+    expert_parallel/checks.py; the engine's checks still decide every candidate)."""
+    return [e for e in divisors(folded) if experts % e == 0] if experts else [1]
+
+
+def stage_layouts(size: int, max_tp: int, language: bool, cp_ok: bool, sp_ok: bool, experts: int = 0
+                  ) -> Iterator[StageChoice]:
     for tp in divisors(size):
         if tp > max_tp:
             continue
         for cp in (divisors(size // tp) if language and cp_ok else [1]):
             dp = size // (tp * cp)
-            yield StageChoice(tp=tp, cp=cp, dp=dp)
-            if language and sp_ok and tp > 1:
-                yield StageChoice(tp=tp, cp=cp, dp=dp, sequence_parallel=True)
+            for ep in (expert_degrees(experts, cp * dp) if language else [1]):
+                yield StageChoice(tp=tp, cp=cp, dp=dp, ep=ep)
+                if language and sp_ok and tp > 1:
+                    yield StageChoice(tp=tp, cp=cp, dp=dp, sequence_parallel=True, ep=ep)
 
 
 def rank_splits(space: SearchSpace, names: tuple[str, ...]
@@ -178,8 +188,8 @@ def enumerate_candidates(space: SearchSpace, base: Mapping[str, Any], adapter, h
             ranks = blocks.get(name, l_ranks)
             per_stage.append([(name, StageChoice(s.tp, s.dp, ranks=ranks))
                               for s in stage_layouts(len(ranks) or nl, space.max_tp, False, cp_ok, sp_ok)])
-        langs = [StageChoice(s.tp, s.dp, s.cp, s.sequence_parallel, l_ranks)
-                 for s in stage_layouts(nl, space.max_tp, True, cp_ok, sp_ok)]
+        langs = [StageChoice(s.tp, s.dp, s.cp, s.sequence_parallel, l_ranks, ep=s.ep)
+                 for s in stage_layouts(nl, space.max_tp, True, cp_ok, sp_ok, space.experts)]
         # one encoder: its layout outer, the language's inner; several: the language's outer
         combos = (((e,), lang) for e, lang in itertools.product(per_stage[0], langs)) if len(names) == 1 else \
             ((encoders, lang) for lang in langs for encoders in itertools.product(*per_stage))

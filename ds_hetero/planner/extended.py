@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from .candidate import Candidate, StageChoice
 from .cost import Prediction
 from .dominance import Dominance
-from .enumerate import SearchSpace, divisors, rank_splits, stage_layouts
+from .enumerate import SearchSpace, divisors, expert_degrees, rank_splits, stage_layouts
 from .machine import MachineProfile
 from .modelled import (TUNE_TOP, ModelledSpace, disaggregated_candidates, features, first_stage_cuts,
                        heterogeneous_candidates, language_layouts, megatron_candidates, pipeline_micro_batches,
@@ -56,7 +56,8 @@ def extended_one(spec: ModelSpec, wl: Workload, machine: MachineProfile, limit: 
     accept its config, modelled (priced only) when they refuse it. `runnable`: the enumeration's
     predictions (their lighter siblings for dominance); `times`: the plan's cache."""
     world, placements = space.world_size, space.placements
-    ms = ModelledSpace(world, wl.global_batch, spec.language.layers, space.max_tp, wl.zero, space.micro_batches)
+    ms = ModelledSpace(world, wl.global_batch, spec.language.layers, space.max_tp, wl.zero, space.micro_batches,
+                       experts=space.experts)
     cache: dict = {}
     verdicts = EngineVerdicts(base, world, adapter, client_opt)
     dominance = Dominance()
@@ -102,8 +103,8 @@ def pipelined(space: SearchSpace, ms: ModelledSpace, names: tuple[str, ...], sha
         for tp, cp, pp, dp, sp in language_layouts(sub, nl):
             if pp == 1 or (cp > 1 and not cp_ok) or (sp and not sp_ok) or not shapes.language(tp, cp, sp):
                 continue
-            lang = StageChoice(tp, dp, cp, sp, l_ranks, pp=pp)
-            for m in pipeline_micro_batches(sub, dp, pp):
+            for m, ep in itertools.product(pipeline_micro_batches(sub, dp, pp), expert_degrees(ms.experts, cp * dp)):
+                lang = StageChoice(tp, dp, cp, sp, l_ranks, pp=pp, ep=ep)
                 for encoders in itertools.product(*per_encoder):
                     yield Candidate(placement, tuple(encoders), lang, m)
 
@@ -126,8 +127,8 @@ def megatron(ms: ModelledSpace, names: tuple[str, ...], shapes: StageShapes) -> 
         if not (shapes.language(tp, cp, sp) and all(shapes.encoder(n, tp) for n in names)):
             continue
         encoders = tuple((n, StageChoice(tp, dp)) for n in names)
-        for m in pipeline_micro_batches(ms, dp, pp):
-            yield Candidate("first_stage", encoders, StageChoice(tp, dp, cp, sp, pp=pp), m)
+        for m, ep in itertools.product(pipeline_micro_batches(ms, dp, pp), expert_degrees(ms.experts, cp * dp)):
+            yield Candidate("first_stage", encoders, StageChoice(tp, dp, cp, sp, pp=pp, ep=ep), m)
 
 
 def withfeatures(cand: Candidate, ms: ModelledSpace) -> Iterator[Candidate]:
@@ -150,7 +151,7 @@ def extended_several(space: SearchSpace, base: Mapping[str, Any], adapter, names
     enumeration's predictions (their lighter siblings for dominance; their passes and feature
     variants are searched here); `price`: step_model.predict for this plan."""
     ms = ModelledSpace(space.world_size, space.global_batch, layers, space.max_tp, zero, space.micro_batches,
-                       space.max_micro_batches)
+                       space.max_micro_batches, space.experts)
     verdicts = EngineVerdicts(base, space.world_size, adapter, client_opt)
     shapes = StageShapes(base, adapter, names)
     dominance = Dominance()

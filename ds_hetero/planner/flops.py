@@ -137,7 +137,8 @@ def vision_work(spec: ModelSpec, wl: Workload, samples: int, tp: int) -> StageWo
 
 
 def language_work(spec: ModelSpec, wl: Workload, samples: int, tp: int, cp: int, causal: float,
-                  sequence_parallel: bool = False, layers: int | None = None, head: bool = True) -> StageWork:
+                  sequence_parallel: bool = False, layers: int | None = None, head: bool = True,
+                  ep: int = 1) -> StageWork:
     """The language stage on one rank: `samples` sequences, tp splits heads and MLP, cp the sequence.
 
     layers   decoder layers this rank runs (a pipeline stage's share; default all)
@@ -148,6 +149,8 @@ def language_work(spec: ModelSpec, wl: Workload, samples: int, tp: int, cp: int,
     A language stage that does not train (wl.freeze) back-propagates only to a trained encoder's
     rows: input gradients, one GEMM per linear (attention's two products have no weights: both
     of their backward products are input gradients).
+    A mixture-of-experts layer (lm.moe): the router on the rank's tokens, then each of its E / ep
+    experts on the assignments it receives (`moe_work`).
     """
     lm = spec.language
     n = lm.layers if layers is None else layers
@@ -157,23 +160,54 @@ def language_work(spec: ModelSpec, wl: Workload, samples: int, tp: int, cp: int,
     q, kv = lm.heads * lm.head_dim // tp, lm.kv_heads * lm.head_dim // tp
     attn = int(round(causal * s))  # share of the causal score matrix computed, per query row
     linear = 2 if wl.freeze.of("language").trains else 1  # backward GEMMs per linear
+    if lm.moe:
+        mlp, mlp_ew, mlp_ops = moe_work(spec, tokens / tp if sequence_parallel else tokens, ep, linear)
+        hidden_tokens = tokens / tp if sequence_parallel else tokens
+        ew = (hidden_tokens * lm.hidden * 8 + mlp_ew) * wl.dtype_bytes
+    else:
+        mlp = (Gemm(tokens, lm.hidden, 2 * lm.ffn // tp, 1, linear),  # gate, up (column)
+               Gemm(tokens, lm.ffn // tp, lm.hidden, 1, linear))  # down (row)
+        hidden_tokens = tokens / tp if sequence_parallel else tokens
+        ew, mlp_ops = (hidden_tokens * lm.hidden * 8 + tokens * lm.ffn // tp * 3) * wl.dtype_bytes, 0
     layer = (
         Gemm(tokens, lm.hidden, q + 2 * kv, 1, linear),  # q, k, v (column)
         Gemm(tokens, q, lm.hidden, 1, linear),  # o (row)
-        Gemm(tokens, lm.hidden, 2 * lm.ffn // tp, 1, linear),  # gate, up (column)
-        Gemm(tokens, lm.ffn // tp, lm.hidden, 1, linear),  # down (row)
+        *mlp,
         Gemm(s, lm.head_dim, attn, samples * heads),  # scores
         Gemm(s, attn, lm.head_dim, samples * heads),  # probabilities x values
     )
     gemms = [Gemm(g.m, g.k, g.n, g.count * n, g.backward) for g in layer]
     if head:
         gemms.append(Gemm(tokens, lm.hidden, lm.vocab // tp, 1, linear))  # vocabulary-parallel head
-    hidden_tokens = tokens / tp if sequence_parallel else tokens
-    ew = (hidden_tokens * lm.hidden * 8 + tokens * lm.ffn // tp * 3) * wl.dtype_bytes \
-        + samples * heads * s * attn * 3 * wl.dtype_bytes
+    ew = ew + samples * heads * s * attn * 3 * wl.dtype_bytes
     ew = ew * n + (tokens * lm.vocab // tp * 4 * 3 if head else 0)  # cross-entropy in fp32
-    ops = LANGUAGE_OPS_PER_LAYER * n + (LANGUAGE_OPS_FIXED if head else 0)
+    ops = (LANGUAGE_OPS_PER_LAYER + mlp_ops) * n + (LANGUAGE_OPS_FIXED if head else 0)
     return StageWork(tuple(g for g in gemms if g.count), ew, n, n, tokens, ops)
+
+
+MOE_OPS_FIXED, MOE_OPS_PER_EXPERT = 30, 8  # routing, sort, split counts, two all-to-alls, combine; per local
+#                                            expert: select, gate_up, chunk, act, mul, down, scale, index_add
+
+
+def moe_work(spec: ModelSpec, routed: float, ep: int, linear: int) -> tuple[tuple[Gemm, ...], float, int]:
+    """(GEMMs, element-wise elements, op calls) of one MoE block on one rank, `routed` tokens routed
+    here (the shard's tokens; / tp with sequence parallelism, else every tp rank routes all of them:
+    the experts are replicated over tp, ds_hetero's expert-tensor-parallel size 1).
+
+    Routing is priced balanced (dropless; the lower bound of the busiest expert rank): each rank
+    receives as many (token, expert) assignments as it sends, `routed x top_k`, spread over its
+    E / ep experts. The router's GEMM is replicated work on every rank that routes."""
+    lm = spec.language
+    local = lm.experts // ep
+    rows = routed * lm.top_k  # assignments this rank's experts compute
+    m = max(1, round(rows / local))  # per local expert (balanced)
+    gemms = (Gemm(max(1, round(routed)), lm.hidden, lm.experts, 1, linear),  # router logits
+             Gemm(m, lm.hidden, 2 * lm.moe_ffn, local, linear),  # gate, up per expert
+             Gemm(m, lm.moe_ffn, lm.hidden, local, linear))  # down per expert
+    # SwiGLU on [rows, f] (3), the permuted rows in and out and the weighted combine on [rows, h] (3),
+    # softmax and top-k on [routed, E] (2)
+    ew = rows * lm.moe_ffn * 3 + rows * lm.hidden * 3 + routed * lm.experts * 2
+    return gemms, ew, MOE_OPS_FIXED + MOE_OPS_PER_EXPERT * local
 
 
 def model_flops_per_step(spec: ModelSpec, wl: Workload, causal: float) -> int:

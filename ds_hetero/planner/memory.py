@@ -13,7 +13,10 @@ allocates them with Adam (checked against a real engine in tests/planner/test_pl
 (dp counts the stage's dp x cp ranks, which hold the same parameters; a stage's own `zero`
 overrides the config's.) Frozen parameters (wl.freeze, frozen.py) are held in the model dtype
 only: whole under ZeRO 0-2 (DeepSpeed partitions the optimizer's parameters), P/dp under ZeRO 3
-(which partitions every parameter of the module); a stage that does not train runs ZeRO 0. Activations per micro-batch: activations.py (SwiGLU, GQA, sequence
+(which partitions every parameter of the module); a stage that does not train runs ZeRO 0. A MoE
+language stage holds E / ep of each layer's experts (replicated over tp), whose gradients and
+optimizer state DeepSpeed partitions over the expert-data-parallel ranks (cp x dp / ep), the dense
+parameters' over dp x cp as without ep. Activations per micro-batch: activations.py (SwiGLU, GQA, sequence
 parallelism, recompute). How many micro-batches a rank holds at once: `peak_memory`.
 """
 
@@ -107,14 +110,19 @@ def language_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool,
         samples, wl = language_shape(spec, wl, layout, cand.micro_batches, peak=True)
     f = wl.freeze.of("language")
     zero = f.zero(wl.zero if layout.zero is None else layout.zero)
-    params = chunk_params_per_rank(spec, layout.tp, cut[stage], first, last)
-    frozen = f.frozen_params(params)
-    states = state_bytes(params - frozen, frozen, layout, zero, wl.dtype_bytes)
+    params = chunk_params_per_rank(spec, layout.tp, cut[stage], first, last, layout.ep)
+    experts = spec.language.expert_params(layout.ep, cut[stage]) if spec.language.moe else 0
+    frozen = f.frozen_params(params - experts)
+    states = state_bytes(params - experts - frozen, frozen, layout, zero, wl.dtype_bytes)
+    if experts:  # E / ep experts per rank, their states partitioned over the expert-data-parallel ranks
+        frozen = f.frozen_params(experts)
+        edp = StageChoice(layout.tp, layout.edp, 1, zero=layout.zero)
+        states += state_bytes(experts - frozen, frozen, edp, zero, wl.dtype_bytes)
     one = language_activation_bytes(spec, wl, samples, layout.tp, layout.cp, layout.sequence_parallel, flash,
-                                    cut[stage], layout.recompute, head=last)
+                                    cut[stage], layout.recompute, head=last, ep=layout.ep)
     if layout.recompute and cut[stage]:  # one layer's full activations exist once, not per micro-batch
         full = language_activation_bytes(spec, wl, samples, layout.tp, layout.cp, layout.sequence_parallel, flash,
-                                         1, False, head=False)
+                                         1, False, head=False, ep=layout.ep)
         return RankMemory(states, (one - full) * in_flight + full)
     return RankMemory(states, one * in_flight)
 

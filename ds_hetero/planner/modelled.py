@@ -2,7 +2,9 @@
 recompute, per-stage ZeRO. The candidates below are one encoder's; their language layouts,
 micro-batch policy, features and first-stage cuts are every model's (extended.py searches them).
 
-Megatron's single layout (placement first_stage): one (tp, cp, pp, dp) for the whole model; the
+Megatron's single layout (placement first_stage): one (tp, cp, pp, dp) for the whole model (and
+for a MoE model its expert parallelism, folded out of the language's cp x dp as Megatron's
+parallel folding does: the encoder's layout does not change with it); the
 encoder at the language's tp on the first pipeline stage's ranks, replicated over cp (every cp
 rank encodes the same images), with the language's dp, once per micro-batch; sequence
 parallelism on or off, full recompute on or off, and the first stage's decoder layers tuned
@@ -31,7 +33,7 @@ from typing import Any, Iterator, Mapping
 
 from ..errors import HeteroConfigError
 from .candidate import Candidate, StageChoice
-from .enumerate import divisors
+from .enumerate import divisors, expert_degrees
 from .memory import even_cut
 from .validity import check_shapes
 
@@ -48,6 +50,7 @@ class ModelledSpace:
     zero: int
     micro_batches: tuple[int, ...] | None = None
     max_micro_batches: int = 64
+    experts: int = 0  # a MoE language model's experts: ep searched (enumerate.expert_degrees)
 
 
 def _ok(base, adapter, cache: dict, vtp: int, ltp: int, cp: int, sp: bool) -> bool:
@@ -89,9 +92,9 @@ def megatron_candidates(space: ModelledSpace, base: Mapping[str, Any], adapter, 
     for tp, cp, pp, dp, sp in language_layouts(space, space.world_size):
         if not _ok(base, adapter, cache, tp, tp, cp, sp):
             continue
-        for m in pipeline_micro_batches(space, dp, pp):
+        for m, ep in itertools.product(pipeline_micro_batches(space, dp, pp), expert_degrees(space.experts, cp * dp)):
             for rc in (False, True):
-                lang = StageChoice(tp, dp, cp, sp, pp=pp, recompute=rc)
+                lang = StageChoice(tp, dp, cp, sp, pp=pp, recompute=rc, ep=ep)
                 out.append(Candidate("first_stage", StageChoice(tp, dp, cp, recompute=rc), lang, m))
     return out
 
@@ -122,12 +125,13 @@ def heterogeneous_candidates(space: ModelledSpace, base: Mapping[str, Any], adap
             vdp = n // vtp
             if not _ok(base, adapter, cache, vtp, tp, cp, sp):
                 continue
-            for m in pipeline_micro_batches(space, dp, pp):
+            for m, ep in itertools.product(pipeline_micro_batches(space, dp, pp),
+                                           expert_degrees(space.experts, cp * dp)):
                 for passes in divisors(m):
                     if space.global_batch % (vdp * passes):
                         continue
                     for (rc, lz), vrc in itertools.product(features(space, pp), (False, True)):
-                        lang = StageChoice(tp, dp, cp, sp, pp=pp, recompute=rc, zero=lz)
+                        lang = StageChoice(tp, dp, cp, sp, pp=pp, recompute=rc, zero=lz, ep=ep)
                         vz = space.zero if lz is not None else None
                         cand = Candidate("colocated", StageChoice(vtp, vdp, zero=vz, recompute=vrc), lang, m,
                                          passes if passes != m else None)
@@ -154,17 +158,18 @@ def disaggregated_candidates(space: ModelledSpace, base: Mapping[str, Any], adap
         splits = [v for v in splits if v % node_size == 0]
     for nv in splits:
         sub = ModelledSpace(n - nv, space.global_batch, space.layers, space.max_tp, space.zero, space.micro_batches,
-                            space.max_micro_batches)
+                            space.max_micro_batches, space.experts)
         for tp, cp, pp, dp, sp in language_layouts(sub, n - nv):
             for vtp in (t for t in divisors(nv) if t <= space.max_tp):
                 vdp = nv // vtp
                 if not _ok(base, adapter, cache, vtp, tp, cp, sp):
                     continue
-                for m in pipeline_micro_batches(sub, dp, pp):
+                for m, ep in itertools.product(pipeline_micro_batches(sub, dp, pp),
+                                               expert_degrees(space.experts, cp * dp)):
                     if space.global_batch % (vdp * m):
                         continue
                     for rc, vrc in itertools.product((False, True), (False, True)):
-                        lang = StageChoice(tp, dp, cp, sp, tuple(range(nv, n)), pp=pp, recompute=rc)
+                        lang = StageChoice(tp, dp, cp, sp, tuple(range(nv, n)), pp=pp, recompute=rc, ep=ep)
                         vis = StageChoice(vtp, vdp, ranks=tuple(range(nv)), recompute=vrc)
                         cand = Candidate("disaggregated", vis, lang, m)
                         if cand.modelled_features:

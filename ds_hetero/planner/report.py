@@ -167,12 +167,17 @@ def breakdown_table(plan: Plan, top: int = 3) -> str:
 
     stages = {s for p in plan.predictions[:top] for s in p.breakdown}
     width = max([9] + [len(name(s)) for s in stages])
-    head = f"{'#':>3} {'stage':<{width}} " + " ".join(f"{p:>10}" for p in PARTS)
+    moe = plan.spec.language.moe  # a MoE language stage: its expert-parallel exchanges in a column of their own
+    columns = PARTS[:3] + ("ep",) + PARTS[3:] if moe else PARTS
+    head = f"{'#':>3} {'stage':<{width}} " + " ".join(f"{p:>10}" for p in columns)
     lines += [head]
     for i, p in enumerate(plan.predictions[:top], 1):
         for stage, parts in p.breakdown.items():
-            lines.append(f"{i:>3} {name(stage):<{width}} " + " ".join(f"{parts.get(k, 0.0):>10.4f}" for k in PARTS))
-    lines.append("compute = GEMMs + element-wise work; tp / cp = their collectives; dp = gradient reduction "
+            lines.append(f"{i:>3} {name(stage):<{width}} " + " ".join(f"{parts.get(k, 0.0):>10.4f}" for k in columns))
+    lines.append("compute = GEMMs + element-wise work; tp / cp = their collectives; "
+                 + ("ep = the experts' dispatch / combine all-to-alls, their counts and the aux loss's all-reduce; "
+                    "dp includes the experts' reduction over their expert-data-parallel ranks; " if moe else "")
+                 + "dp = gradient reduction "
                  "(and ZeRO's parameter gathers); pipeline p2p = activations between pipeline stages; boundary = "
                  "both exchanges; bubble = idle waiting for the other rank set (disaggregated) or the pipeline's "
                  "fill and drain (language: its slowest pipeline stage)")

@@ -152,7 +152,7 @@ def plan(model: Any, world_size: int, seq_len: int, image_tokens: int | None, gl
     space = SearchSpace(world_size=world_size, global_batch=global_batch, max_tp=max_tp,
                         placements=placements or default, micro_batches=micro_batches,
                         node_size=machine.devices_per_node if machine.devices_per_node < world_size else 0,
-                        batch_slack=batch_slack)
+                        batch_slack=batch_slack, experts=spec.language.experts)
     limit = memory_gb * 1e9 if memory_gb is not None else None
     search = _search_several if several else _search_one
     preds, stats = search(space, spec, wl, machine, limit, base, adapter, has_client_optimizer, modelled)

@@ -23,7 +23,7 @@ def check_candidate(ds_config: Mapping[str, Any], world_size: int, adapter, has_
     tied embeddings) run on the adapter's model (a meta model will do).
 
     layout_cache   optional dict remembering the model checks' verdict per (stage, tp, cp, sequence
-                   parallel, pp, layer cut, recompute, freeze, ZeRO stage, offload): they read
+                   parallel, pp, ep, layer cut, recompute, freeze, ZeRO stage, offload): they read
                    nothing else of the config, and walking a large model's modules for each of
                    thousands of candidates would dominate planning
     """
@@ -38,7 +38,7 @@ def check_candidate(ds_config: Mapping[str, Any], world_size: int, adapter, has_
         return cfg
     zero = cfg.ds_config.get("zero_optimization")
     offload = zero.get("offload_optimizer") if isinstance(zero, Mapping) else None
-    key = (tuple((name, s.tp, s.cp, s.sequence_parallel, s.pp, cfg.options_of(name).recompute,
+    key = (tuple((name, s.tp, s.cp, s.sequence_parallel, s.pp, s.ep, cfg.options_of(name).recompute,
                   cfg.options_of(name).freeze, cfg.zero_stage_of(name)) for name, s in cfg.stages.items()),
            cfg.pp_layers, repr(offload))  # ZeRO stage and offload: the tied-pipeline check reads them
     if key not in layout_cache:
