@@ -5,12 +5,14 @@
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_pipeline.json
     deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_pipeline_first_stage.json
     deepspeed --num_gpus 4 recipes/train_llava.py --model-family omni --deepspeed_config ds_configs/omni_colocated.json
+    deepspeed --num_gpus 4 recipes/train_llava.py --model-family gemma4 --deepspeed_config ds_configs/gemma4_colocated.json
     deepspeed --num_gpus 4 recipes/train_llava.py --model-family gemma3      # or qwen2-vl, qwen2.5-vl, qwen3-vl, internvl, llava-onevision
     deepspeed --num_gpus 4 recipes/train_llava.py --model-family qwen3.5-moe --deepspeed_config ds_configs/qwen3_vl_moe_ep.json
     deepspeed --num_gpus 4 recipes/train_llava.py --data recipes/data/shapes_messages.jsonl --steps 20   # your data
 
 `--model-family` picks the built-in tiny model (llava, the default; qwen2-vl, qwen2.5-vl, qwen3-vl, internvl,
-llava-onevision, gemma3, qwen3.5; qwen3-vl-moe and qwen3.5-moe, with experts over ep in ds_configs/qwen3_vl_moe_ep.json; omni: a Qwen2.5-Omni thinker with vision, audio and language stages, on the same
+llava-onevision, gemma3, qwen3.5, gemma4 (vision, audio and language stages; the shapes data has images
+only); qwen3-vl-moe and qwen3.5-moe, with experts over ep in ds_configs/qwen3_vl_moe_ep.json; omni: a Qwen2.5-Omni thinker with vision, audio and language stages, on the same
 captions shown as an image, described by a synthetic clip, both, or neither: ds_hetero/toy/omni_shapes.py);
 with `--model PATH` the family is the checkpoint's own (its config's model_type).
 

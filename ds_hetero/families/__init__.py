@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 from ..models.adapter import StageAdapter
 from .family import Family
 from .gemma3 import FAMILY as GEMMA3
+from .gemma4 import FAMILY as GEMMA4
 from .internvl import FAMILY as INTERNVL
 from .llava import FAMILY as LLAVA
 from .llava_onevision import FAMILY as LLAVA_ONEVISION
@@ -39,6 +40,7 @@ FAMILIES: tuple[Family, ...] = (
     QWEN2_5_OMNI,
     QWEN3_5,
     QWEN3_5_MOE,
+    GEMMA4,
 )
 
 

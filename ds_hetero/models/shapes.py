@@ -98,7 +98,7 @@ class EncoderSpec:
         return 4 * h * h + 4 * h + mlp + (2 if self.rms_norms else 4) * h + self.layer_extra
 
     def projector_params(self) -> int:
-        biases = 0 if self.kind == "gemma3" else sum(o for _, o in self.projector)
+        biases = 0 if self.kind in ("gemma3", "gemma4") else sum(o for _, o in self.projector)
         return (1 + self.deepstack) * (sum(i * o for i, o in self.projector) + biases) + self.projector_norm
 
     def params(self) -> int:
@@ -115,7 +115,7 @@ class EncoderSpec:
         """Parameters the tower holds that no gradient reaches (layers after LLaVA's feature layer,
         the post-layernorm); held in memory, not in the optimizer. (SigLIP's pooling head, when the
         config has one, is not counted.)"""
-        if self.kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "internvl"):
+        if self.kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "gemma4", "gemma4_audio", "internvl"):
             return 0
         if self.held:
             return self.held
@@ -124,7 +124,7 @@ class EncoderSpec:
     def projector_replicated_params(self) -> int:
         """The projector's part of `replicated_params` (its row-parallel biases, the Qwen / InternVL
         norms before it; all of it when the projector is not split)."""
-        if self.kind == "gemma3" or self.replicated_projector:
+        if self.kind in ("gemma3", "gemma4") or self.replicated_projector:
             return self.projector_params()
         extra = self.projector_norm if self.kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl") else 0
         return (1 + self.deepstack) * self.projector[-1][1] + extra

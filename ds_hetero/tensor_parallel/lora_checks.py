@@ -12,7 +12,7 @@ from torch import nn
 
 from ..errors import HeteroConfigError
 from .lora import is_lora_layer
-from .shard_plans import PlanTable, planned_modules
+from .shard_plans import PlanTable, child_of, planned_modules
 
 LANGUAGE = "language"
 
@@ -33,8 +33,8 @@ def lora_problems(model: nn.Module, encoder_modules: Mapping[str, Sequence[nn.Mo
     layer inside none of them belongs to the language stage. `tp`: every stage's tp size, by name.
     `plans`: the tp plans (the adapter's `tp_plans`), which say which linears tp shards.
     """
-    planned = {id(module.get_submodule(child)) for _, module, plan in planned_modules(model, plans)
-               for child in (*plan.column, *plan.row)}
+    planned = {id(child_of(module, child)) for _, module, plan in planned_modules(model, plans)
+               for child in (*plan.column, *plan.row)} - {id(None)}
     stage_of = {id(m): name for name, modules in encoder_modules.items() for top in modules for m in top.modules()}
     problems = []
     for name, m in model.named_modules():

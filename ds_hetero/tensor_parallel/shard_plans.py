@@ -55,6 +55,9 @@ class ShardPlan:
     segments: Callable[[nn.Module], tuple[int, ...]] | None = None
     # the module's own per-head parameters (one entry per head on dim 0), split with the heads
     vectors: tuple[str, ...] = ()
+    # children of `column` / `row` / `per_head` some instances of the class do not have (Gemma 4's
+    # kv-shared layers have no k_proj, v_proj or k_norm; its k-as-v layers no v_proj): skipped there
+    optional: tuple[str, ...] = ()
 
 
 # The plans themselves are data of the model families (ds_hetero/families/<family>/plans.py, merged
@@ -110,9 +113,9 @@ def validate_tensor_parallel(root: nn.Module, tp: int, stage: str = "stage", *,
             _require(heads, plan.head_names[0], tp, cls, name, stage)
             _require(kv_heads, plan.head_names[1], tp, cls, name, stage)
             continue
-        for child in plan.column:
+        for child in (c for c in plan.column if c not in plan.optional or child_of(module, c) is not None):
             _require(module.get_submodule(child).out_features, f"width of {child}", tp, cls, name, stage)
-        for child in plan.row:
+        for child in (c for c in plan.row if c not in plan.optional or child_of(module, c) is not None):
             _require(module.get_submodule(child).in_features, f"width of {child}", tp, cls, name, stage)
     return found
 
@@ -121,14 +124,15 @@ def apply_plans(found, group, sequence_parallel: bool = False, seq_dim: int = 1)
     """Replace the planned linears by their shards and hook the region entries (no communication)."""
     tp = dist.get_world_size(group)
     for _, module, plan in found:
-        for child in plan.column:
+        present = lambda child, m=module, p=plan: child not in p.optional or child_of(m, child) is not None  # noqa: E731
+        for child in filter(present, plan.column):
             _shard_column(module, child, group, plan.stride)
         fused = plan.segments(module) if plan.fused else 1  # read before head_attrs become local
         for child in plan.fused:
             _shard_column(module, child, group, tuple(fused))
         for name in plan.vectors:
             shard_head_vector(module, name, group)
-        for child in plan.row:
+        for child in filter(present, plan.row):
             layer = module.get_submodule(child)
             if is_lora_layer(layer):
                 shard_lora_row(layer, group, sequence_parallel, seq_dim)
@@ -138,11 +142,22 @@ def apply_plans(found, group, sequence_parallel: bool = False, seq_dim: int = 1)
         entry.register_forward_pre_hook(EnterRegionHook(group, sequence_parallel, seq_dim), with_kwargs=True)
         for attr in plan.head_attrs:  # the forward reshapes by these: they must be this rank's counts
             setattr(module, attr, getattr(module, attr) // tp)
-        for child in plan.per_head:
-            for param in module.get_submodule(child).parameters():
+        for child in filter(present, plan.per_head):
+            target = child_of(module, child)  # a child module, or a parameter of the module itself
+            for param in [target] if isinstance(target, nn.Parameter) else target.parameters():
                 param.tp_partial_grad = True  # sequence parallelism must not sum it again
                 if param.requires_grad:  # frozen (a LoRA base model's q_norm): no gradient to sum
                     add_grad_hook(param, SumGradOverGroup(group))
+
+
+def child_of(module: nn.Module, name: str):
+    """The submodule or parameter `name` of `module` (dotted), or None where it is absent or None."""
+    try:
+        return module.get_submodule(name)
+    except AttributeError:
+        parent, _, attr = name.rpartition(".")
+        target = getattr(module.get_submodule(parent) if parent else module, attr, None)
+        return target if isinstance(target, nn.Parameter) else None
 
 
 def _shard_column(module: nn.Module, child: str, group, stride) -> None:

@@ -12,6 +12,7 @@ tests import their models and data from one place.
 """
 
 from ..families.gemma3.tiny import GEMMA3_IDS, tiny_gemma3
+from ..families.gemma4.tiny import GEMMA4_IDS, tiny_gemma4
 from ..families.internvl.tiny import INTERNVL_IDS, tiny_internvl
 from ..families.llava.sample_format import LlavaFormat
 from ..families.llava.tiny import LLAVA_IMAGE_TOKEN, llava_tokens_per_image, tiny_llava
@@ -26,8 +27,8 @@ from ..families.qwen3_vl.tiny import tiny_qwen3_vl
 from .shapes import COLOURS, SHAPES, RawFormat, Shape, ShapesCaptionDataset, Vocabulary
 
 __all__ = [
-    "COLOURS", "GEMMA3_IDS", "INTERNVL_IDS", "LLAVA_IMAGE_TOKEN", "LlavaFormat", "OMNI_SPECIAL_IDS", "QWEN_SPECIAL_IDS",
+    "COLOURS", "GEMMA3_IDS", "GEMMA4_IDS", "INTERNVL_IDS", "LLAVA_IMAGE_TOKEN", "LlavaFormat", "OMNI_SPECIAL_IDS", "QWEN_SPECIAL_IDS",
     "Qwen2VLFormat", "RawFormat", "SHAPES", "Shape", "ShapesCaptionDataset", "Vocabulary", "llava_tokens_per_image",
-    "tiny_gemma3", "tiny_internvl", "tiny_llava", "tiny_llava_onevision", "tiny_qwen2_5_omni", "tiny_qwen2_5_vl",
-    "tiny_qwen2_vl", "tiny_qwen3_5", "tiny_qwen3_5_moe", "tiny_qwen3_vl",
+    "tiny_gemma3", "tiny_gemma4", "tiny_internvl", "tiny_llava", "tiny_llava_onevision", "tiny_qwen2_5_omni",
+    "tiny_qwen2_5_vl", "tiny_qwen2_vl", "tiny_qwen3_5", "tiny_qwen3_5_moe", "tiny_qwen3_vl",
 ]
