@@ -161,6 +161,7 @@ class LanguageSpec:
     experts: int = 0  # routed experts per layer
     top_k: int = 0  # experts each token is sent to
     moe_ffn: int = 0  # one expert's SwiGLU width
+    shared_ffn: int = 0  # a shared expert every token passes through (Qwen3.5-MoE), split over tp like a dense MLP
 
     @property
     def moe(self) -> bool:

@@ -50,8 +50,8 @@ def language_layer_elements(spec: ModelSpec, tp: int, sequence_parallel: bool, t
     lm = spec.language
     q, kv = lm.heads * lm.head_dim, lm.kv_heads * lm.head_dim
     replicated = (4 if trains else 2) * lm.hidden
-    if lm.moe:
-        split = (2 if trains else 1) * q + 2 * kv
+    if lm.moe:  # attention's, and a shared expert's as a dense MLP's (split over tp)
+        split = (2 if trains else 1) * q + 2 * kv + (4 if trains else 3) * lm.shared_ffn
         return (replicated / tp if sequence_parallel else replicated) + split / tp + moe_layer_elements(
             spec, trains) / (tp if sequence_parallel else 1)
     split = (2 if trains else 1) * q + 2 * kv + (4 if trains else 3) * lm.ffn

@@ -163,6 +163,10 @@ def language_work(spec: ModelSpec, wl: Workload, samples: int, tp: int, cp: int,
     if lm.moe:
         mlp, mlp_ew, mlp_ops = moe_work(spec, tokens / tp if sequence_parallel else tokens, ep, linear)
         hidden_tokens = tokens / tp if sequence_parallel else tokens
+        if lm.shared_ffn:  # the shared expert: a dense SwiGLU on every token, split over tp
+            mlp += (Gemm(tokens, lm.hidden, 2 * lm.shared_ffn // tp, 1, linear),
+                    Gemm(tokens, lm.shared_ffn // tp, lm.hidden, 1, linear))
+            mlp_ew += tokens * lm.shared_ffn // tp * 3
         ew = (hidden_tokens * lm.hidden * 8 + mlp_ew) * wl.dtype_bytes
     else:
         mlp = (Gemm(tokens, lm.hidden, 2 * lm.ffn // tp, 1, linear),  # gate, up (column)

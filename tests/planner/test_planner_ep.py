@@ -197,3 +197,20 @@ def test_plain_deepspeed_baseline_with_ep(tiny):
     dense = model_spec(load_model("tiny-qwen2-vl", build=False)[0])
     with pytest.raises(ValueError, match="ep=2"):
         plain_deepspeed_step(dense, wl, machine, 4, ep=2)
+
+
+def test_qwen3_5_moe_is_on_the_ep_axis_with_its_shared_expert_priced():
+    """Qwen3.5-MoE's spec carries the MoE fields (so the search folds ep out of it) and a shared expert every
+    token passes through, priced as a dense SwiGLU split over tp. Negative check: the same spec without the
+    shared expert prices exactly those GEMMs less."""
+    cfg, _ = load_model("tiny-qwen3.5-moe")
+    spec = model_spec(cfg)
+    lm = spec.language
+    assert spec.family == "qwen3_5_moe" and lm.moe and lm.shared_ffn > 0
+    assert set(expert_degrees(lm.experts, 4)) >= {1, 2}
+    wl = Workload(seq_len=96, image_tokens=16, global_batch=8, dtype_bytes=2)
+    tokens, tp = 2 * 96, 2
+    work = language_work(spec, wl, 2, tp, 1, 1.0, ep=2)
+    bare = language_work(replace(spec, language=replace(lm, shared_ffn=0)), wl, 2, tp, 1, 1.0, ep=2)
+    shared = 2 * tokens * 3 * lm.hidden * (lm.shared_ffn // tp) * lm.layers  # forward GEMMs: gate, up, down
+    assert sum(g.flops for g in work.gemms) - sum(g.flops for g in bare.gemms) == shared

@@ -85,11 +85,12 @@ def deltanet_params(text: Any) -> tuple[int, int]:
 
 
 def hybrid_language(text: Any, cfg: Any, ffn: int, mlp_split: int, mlp_replicated: int = 0,
-                    routed_experts: int = 0) -> HybridLanguage:
+                    routed_experts: int = 0, **moe: int) -> HybridLanguage:
+    """`moe`: a MoE block's LanguageSpec fields (experts, top_k, moe_ffn, shared_ffn), for the planner's ep axis."""
     base = language_shapes({**_as_dict(text), "intermediate_size": ffn}, cfg)
     linear_split, linear_norm = deltanet_params(text)
     return HybridLanguage(
-        **{**base.__dict__, "qkv_bias": False, "extra_layer_norms": 2 * base.head_dim},  # q_norm, k_norm
+        **{**base.__dict__, "qkv_bias": False, "extra_layer_norms": 2 * base.head_dim, **moe},  # q_norm, k_norm
         linear_layers=layer_types(text).count("linear_attention"), linear_split=linear_split,
         linear_norm=linear_norm, mlp_split=mlp_split, mlp_replicated=mlp_replicated, routed_experts=routed_experts)
 

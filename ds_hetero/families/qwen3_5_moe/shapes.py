@@ -6,8 +6,8 @@ behind a one-output sigmoid gate, and a router.
 
 Parameters: the routed experts replicated over tp and sharded over ep (`expert_params(ep)`), the router
 and the shared gate replicated, the shared expert split over tp (as the engine shards them). Work: a
-token's MLP is priced as one gated MLP of the width it passes through (`ffn` = top-k x expert width +
-the shared expert's); the dispatch all-to-all over ep is not priced here (planner/: the ep axis).
+token's routed experts and its shared expert (`ffn`, a dense SwiGLU split over tp) are priced apart; the MoE fields (`experts`, `top_k`, `moe_ffn`, `shared_ffn`) put the block on the
+planner's ep axis, which prices the routed experts, the shared expert and the dispatch all-to-all.
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ def shapes(cfg: Any) -> ModelSpec:
     text = get(cfg, "text_config")
     h, w = get(text, "hidden_size"), moe_widths(text)
     language = hybrid_language(
-        text, cfg, ffn=w["top_k"] * w["moe_ffn"] + w["shared_ffn"], mlp_split=3 * h * w["shared_ffn"],
+        text, cfg, ffn=w["shared_ffn"], mlp_split=3 * h * w["shared_ffn"],
         mlp_replicated=w["experts"] * h + h,  # the router [E, h] and the shared expert's gate [1, h]
-        routed_experts=w["experts"] * 3 * h * w["moe_ffn"])  # gate_up [E, 2f, h], down [E, h, f]
+        routed_experts=w["experts"] * 3 * h * w["moe_ffn"],  # gate_up [E, 2f, h], down [E, h, f]
+        experts=w["experts"], top_k=w["top_k"], moe_ffn=w["moe_ffn"], shared_ffn=w["shared_ffn"])
     return one_encoder("qwen3_5_moe", tower(get(cfg, "vision_config"), 0), language)
 
 
