@@ -298,21 +298,6 @@ def test_model_checks_name_the_field():
     moe.check_layouts(_config({"tp": 2, "dp": 2, "sequence_parallel": True, "ep": 2}))
 
 
-def test_validate_takes_the_tiny_moe_model_and_the_planner_plans_it(capsys):
-    """`validate` and `plan` agree on the MoE model (the planner's ep axis: tests/planner/test_planner_ep.py)."""
-    import pathlib
-
-    from ds_hetero.cli import main
-
-    root = pathlib.Path(__file__).resolve().parents[2]
-    assert main(["validate", str(root / "ds_configs/qwen3_vl_moe_ep.json"), "--world-size", "4",
-                 "--model", "tiny-qwen3-vl-moe"]) == 0
-    assert "valid for 4 ranks" in capsys.readouterr().out
-    assert main(["plan", "--model", "tiny-qwen3-vl-moe", "--world-size", "4", "--seq-len", "64",
-                 "--image-tokens", "16", "--global-batch", "8", "--machine", "h100", "--top", "3"]) == 0
-    assert "ep" in capsys.readouterr().out
-
-
 def test_qwen3_5_moe_validates_plans_and_refuses_what_it_cannot_run(capsys):
     """`validate` takes tiny-qwen3.5-moe with the MoE job's config; the planner prices it and the dense
     Qwen3.5 (families/qwen3_5*/shapes.py); Qwen3.5's refusals (cp, sequence parallelism) and the MoE

@@ -214,3 +214,18 @@ def test_qwen3_5_moe_is_on_the_ep_axis_with_its_shared_expert_priced():
     bare = language_work(replace(spec, language=replace(lm, shared_ffn=0)), wl, 2, tp, 1, 1.0, ep=2)
     shared = 2 * tokens * 3 * lm.hidden * (lm.shared_ffn // tp) * lm.layers  # forward GEMMs: gate, up, down
     assert sum(g.flops for g in work.gemms) - sum(g.flops for g in bare.gemms) == shared
+
+
+def test_validate_takes_the_tiny_moe_model_and_the_planner_plans_it(capsys):
+    """`validate` and `plan` agree on the MoE model (the planner's ep axis: tests/planner/test_planner_ep.py)."""
+    import pathlib
+
+    from ds_hetero.cli import main
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    assert main(["validate", str(root / "ds_configs/qwen3_vl_moe_ep.json"), "--world-size", "4",
+                 "--model", "tiny-qwen3-vl-moe"]) == 0
+    assert "valid for 4 ranks" in capsys.readouterr().out
+    assert main(["plan", "--model", "tiny-qwen3-vl-moe", "--world-size", "4", "--seq-len", "64",
+                 "--image-tokens", "16", "--global-batch", "8", "--machine", "h100", "--top", "3"]) == 0
+    assert "ep" in capsys.readouterr().out
