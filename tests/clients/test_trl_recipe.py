@@ -54,6 +54,18 @@ def stock_moe(tmp_path_factory):
     return [h for h in json.loads((out / "qwen3_vl_moe_stock.json").read_text())["log_history"] if "loss" in h]
 
 
+def _model_adds_aux_from_its_config() -> bool:
+    """transformers 5.13.1 (the low pinned set) adds Qwen3-VL-MoE's aux loss to `loss` only when
+    `output_router_logits` is a call argument, not from the config flag TRL sets (5.23 reads the config);
+    ds_hetero adds it from the config, so stock TRL's loss there leaves the aux term out."""
+    import transformers
+    from packaging import version
+
+    return version.parse(transformers.__version__) >= version.parse("5.23")
+
+
+@pytest.mark.skipif(not _model_adds_aux_from_its_config(), reason="this transformers adds the MoE aux loss only "
+                    "when output_router_logits is a call argument: stock TRL's loss differs from the model's rule")
 def test_moe_aux_loss_at_ep2_matches_stock_trl(runs, stock_moe):
     hetero, per_rank = runs("qwen3_vl_moe_hetero"), runs("qwen3_vl_moe_stock4")
     assert len(stock_moe) == len(hetero) == len(per_rank) == 3
