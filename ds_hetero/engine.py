@@ -29,7 +29,7 @@ from .loss import label_token_total
 from .families import adapter_for
 from .result import StepResult
 from .schedule import ColocatedSchedule, DisaggregatedSchedule, PipelineSchedule
-from .optimizer_step import global_step
+from .optimizer_step import global_step, norm_shares
 from .stages.build import build_stage_set
 from .step.rank_data import HeldShare, RankDataPath
 from .step.step_plan import StepPlan
@@ -50,6 +50,19 @@ def boundaries(stages, hidden_size: int) -> dict[str, BoundaryCommunicator]:
     placement = None if language.pp > 1 or stages.config.placement == "first_stage" else stages.config.placement
     return {stage.name: BoundaryCommunicator(stage.layout, dst, stages.groups, placement, hidden_size=hidden_size)
             for stage in stages.encoders if stages.groups.pair_member(stage.name)}
+
+
+def _rng_state() -> tuple:
+    from deepspeed.accelerator import get_accelerator
+
+    return torch.get_rng_state(), get_accelerator().get_rng_state()
+
+
+def _set_rng_state(state: tuple) -> None:
+    from deepspeed.accelerator import get_accelerator
+
+    torch.set_rng_state(state[0])
+    get_accelerator().set_rng_state(state[1])
 
 
 class HeteroEngine:
@@ -95,6 +108,7 @@ class HeteroEngine:
         self.stages, self.load_report = build_stage_set(model, config, self.adapter, self.rank, optimizer, checkpoint,
                                                         seed)
         global_step.check_clippable(self.stages)
+        self.norm_sharing = norm_shares.sharing_stages(self.stages)  # whose norm the combining all-reduce sums
         self.boundaries = boundaries(self.stages, self.adapter.hidden_size)
         # what a data path (the loader below, the Trainer's) needs of this rank: its shares, the step's plan
         self.data_path = RankDataPath(config, self.adapter, [HeldShare(s.name, s.coord.dp, s.passes)
@@ -149,13 +163,16 @@ class HeteroEngine:
             self.loader.fill(self.global_steps, batch, self.data_path.balanced_positions(plan))
         return batch, plan
 
-    def _agree_on_batch(self, samples: Sequence[dict[str, Any]], plan: StepPlan | None = None) -> int:
-        """The global label-token count, after every rank of every stage accepted the batch.
+    def _start_agreement(self, samples: Sequence[dict[str, Any]], plan: StepPlan | None = None
+                         ) -> agreement.PendingVerdict:
+        """The batch agreement, started: its verdict (the global label-token count, once every rank
+        of every stage accepted the batch) is waited for before the step's first other collective.
 
         With samples passed in, every rank holds the same full list; from the loader a rank reads
         only its share. Either way one small all-reduce (data/agreement.py) makes every rank
         raise alike, before any other collective of the step; it also sums the label tokens of
-        the language shares (one tp x cp rank per language dp replica counts its share).
+        the language shares (one tp x cp rank per language dp replica counts its share). A rank
+        that found a problem itself, or a batch without a plan, waits for the verdict at once.
         """
         problem = agreement.local_problem(samples, self.config.global_batch_size, self.adapter.check_sample)
         if problem is None and plan is None and self.config.packed:
@@ -179,7 +196,10 @@ class HeteroEngine:
                           else [p for m in range(self.config.micro_batches)
                                 for p in stage_samples(self.config, language.name, language.coord.dp, m)])
                 mine = label_token_total([samples[p]["labels"] for p in shares])
-        return agreement.agree(problem, mine, self.stages.boundary_group, self.device, inputs)
+        verdict = agreement.start(problem, mine, self.stages.boundary_group, self.device, inputs)
+        if problem is not None or plan is None:
+            verdict.labels()  # raises BatchRefused (or, without a plan, resolves before the plan is built)
+        return verdict
 
     def train_batch(self, samples: Sequence[dict[str, Any]] | None = None) -> StepResult:
         """One optimizer step over the global batch (the same list on every rank)."""
@@ -191,8 +211,9 @@ class HeteroEngine:
         if plan is None:  # built once, before the agreement: it digests the plan's item rows, and with
             # packed batching the plan's language shares say who counts which labels
             plan = self.data_path.plan_of(samples)  # None for a malformed batch: the agreement refuses it
+        rng = _rng_state()  # host reads only (the device generator's seed and offset): no sync
         try:  # the batch agreement: a refused batch raises ValueError on every rank alike, engine usable
-            n_labels = self._agree_on_batch(samples, plan)
+            verdict = self._start_agreement(samples, plan)
         except Exception as exc:
             if is_collective_failure(exc):
                 raise self._peer_failure(exc, step) from exc
@@ -203,15 +224,21 @@ class HeteroEngine:
             self.schedule.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0}
             self.schedule.aux_sum = 0.0  # a MoE language stage's aux-loss shares (stage_work.py)
             self.stages.start_step(step)  # the dropout streams restart from (seed, step): resumes draw the same
-            loss_sum = self.schedule.run(samples, plan, n_labels, step)
+            # the schedule waits for the verdict before its first collective (stage_work.py)
+            loss_sum = self.schedule.run(samples, plan, verdict, step)
+            n_labels = verdict.labels()
             with self.timeline.span("optimizer.norm", "optimizer", step):
-                norms = global_step.stage_norms(self.stages)
+                norms = global_step.stage_norms(self.stages, self.norm_sharing)
             # Waiting here for the other rank set is idle time, not optimizer work.
             with self.timeline.span("boundary.combine", "boundary", step):
                 grad_norm, loss_sum, n_labels, aux = global_step.combine_norms_and_loss(
                     self.stages, norms, loss_sum, n_labels, self.schedule.aux_sum)
             with self.timeline.span("optimizer.step", "optimizer", step):
                 applied = global_step.step_all(self.stages, grad_norm, self.config.gradient_clipping)
+        except agreement.BatchRefused:  # the verdict, waited for inside the schedule: as above
+            self.timeline.drop_step(step)  # the spans of the work done before the verdict
+            _set_rng_state(rng)  # an encoder's dropout drew from it: as if the batch had never come
+            raise
         except Exception as exc:  # failures.py: this rank's own error as itself, or which peer stopped
             if is_collective_failure(exc):
                 raise self._peer_failure(exc, step) from exc

@@ -1,21 +1,33 @@
 """The optimizer step of all stages as of one model: one gradient norm over every stage, one clip.
 
-Each stage's gradient norm is identical on its ranks (clipping.stage_norm); the stage's first
-rank alone contributes it (with a pipelined language stage, the first rank of every pipeline
-stage contributes that stage's layers: their squares add up to the stage's norm), so one all-reduce over the boundary group gives every rank the
-model's norm. The same all-reduce carries the step's loss sum and label count, which is how a
-rank that holds no language stage (disaggregated placement) learns the loss.
+A ZeRO 1/2 stage whose gradient elements are each counted by exactly one of its ranks gives
+each rank's share of its squared norm (norm_shares.py), and every rank adds its share. Any other
+stage's norm is identical on its ranks (clipping.stage_norm, DeepSpeed's own norm with its
+all-reduces); the stage's first rank alone contributes it (with a pipelined language stage, the
+first rank of every pipeline stage contributes that stage's layers: their squares add up to the
+stage's norm). Either way one all-reduce over the boundary group gives every rank the model's
+norm. The same all-reduce carries the step's loss sum and label count, which is how a rank that
+holds no language stage (disaggregated placement) learns the loss.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from . import clipping
+from . import clipping, norm_shares
 from ..stages.stage_set import StageSet
+
+
+class StageNorm(NamedTuple):
+    """A stage's gradient norm on this rank: the norm itself (identical on the stage's ranks), or
+    (`share`) this rank's share of its square, which every rank of the stage adds."""
+
+    value: torch.Tensor
+    share: bool
 
 
 def check_clippable(stages: StageSet) -> None:
@@ -25,17 +37,21 @@ def check_clippable(stages: StageSet) -> None:
         clipping.check_supported(stage.engine, stage.name)
 
 
-def stage_norms(stages: StageSet) -> dict[str, torch.Tensor]:
-    """The gradient norm of every stage this rank trains (identical on all ranks of the stage, a
-    0-dim tensor on the device: no host read); a frozen stage has no gradient and adds nothing."""
+def stage_norms(stages: StageSet, sharing: frozenset[str] = frozenset()) -> dict[str, StageNorm]:
+    """The gradient norm (or, for the stages in `sharing` (norm_shares.sharing_stages), this rank's
+    share of its square) of every stage this rank trains: a 0-dim tensor on the device, no host
+    read; a frozen stage has no gradient and adds nothing."""
     norms = {}
     for stage in stages.training:
         with stage.context():
-            norms[stage.name] = clipping.stage_norm(stage.engine, stage.groups.tp)
+            if stage.name in sharing and norm_shares.shares_this_step(stage.engine.optimizer):
+                norms[stage.name] = StageNorm(norm_shares.norm_sq_share(stage.engine.optimizer), True)
+            else:
+                norms[stage.name] = StageNorm(clipping.stage_norm(stage.engine, stage.groups.tp), False)
     return norms
 
 
-def combine_norms_and_loss(stages: StageSet, norms: dict[str, torch.Tensor], loss_sum: float | torch.Tensor,
+def combine_norms_and_loss(stages: StageSet, norms: dict[str, StageNorm], loss_sum: float | torch.Tensor,
                            n_labels: int, aux_sum: float | torch.Tensor = 0.0) -> tuple[float, float, int, float]:
     """(all-stage gradient norm, global loss sum, global label count, global aux-loss sum) on every
     rank, in one all-reduce.
@@ -48,11 +64,16 @@ def combine_norms_and_loss(stages: StageSet, norms: dict[str, torch.Tensor], los
     all_stages = list(stages)
     vec = torch.zeros(len(all_stages) + 3, dtype=torch.float64, device=stages.device)
     for i, stage in enumerate(all_stages):
-        if stage.name in norms and stages.rank == stage.norm_rank:
-            norm = norms[stage.name].to(vec.device, torch.float64)  # exact (from fp32 or fp64)
+        if stage.name not in norms:
+            continue
+        value, share = norms[stage.name]
+        value = value.to(vec.device, torch.float64)  # exact (from fp32 or fp64)
+        if share:  # every rank of the stage adds its share of the square; a non-finite one makes inf
+            vec[i] = torch.where(torch.isfinite(value), value, float("inf"))
+        elif stages.rank == stage.norm_rank:
             # DeepSpeed reports an invalid norm as -1: carry it as inf so every stage skips; on
             # the device, as the host did it (the square in float64), without reading the norm
-            vec[i] = torch.where((norm >= 0) & torch.isfinite(norm), norm * norm, float("inf"))
+            vec[i] = torch.where((value >= 0) & torch.isfinite(value), value * value, float("inf"))
     language = stages.language
     if language.held and language.coord.tp == 0:  # cp ranks hold the loss sums of their sequence shards
         vec[-3] = loss_sum

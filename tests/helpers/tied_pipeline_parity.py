@@ -39,17 +39,17 @@ def _no_tied_sum(engine, batches):
 
 def _norm_counts_both(engine, batches):
     """Negative control: the head's copy is counted in the gradient norm too (the tie twice)."""
-    from ds_hetero.optimizer_step import clipping
+    from ds_hetero.optimizer_step import clipping, norm_shares
     from ds_hetero.stages import tied_embeddings
 
-    clipping.is_shared_copy = tied_embeddings.is_shared_copy = lambda p: False
+    clipping.is_shared_copy = norm_shares.is_shared_copy = tied_embeddings.is_shared_copy = lambda p: False
     return {}
 
 
 def run_tied_layouts(rank, world_size, runs):
     """run_layouts for tied models, undoing the controls' patches after each run."""
     from ds_hetero.schedule import pipeline
-    from ds_hetero.optimizer_step import clipping
+    from ds_hetero.optimizer_step import clipping, norm_shares
     from ds_hetero.stages import tied_embeddings
 
     saved = (pipeline.reduce_tied_gradients, tied_embeddings.is_shared_copy)
@@ -64,7 +64,7 @@ def run_tied_layouts(rank, world_size, runs):
             out.update(run_layouts(rank, world_size, {name: kw}))
         finally:
             pipeline.reduce_tied_gradients, tied_embeddings.is_shared_copy = saved
-            clipping.is_shared_copy = saved[1]
+            clipping.is_shared_copy = norm_shares.is_shared_copy = saved[1]
     return out
 
 
