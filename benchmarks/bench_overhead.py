@@ -62,8 +62,7 @@ HETERO_PHASES = {
     "boundary exchange": [("schedule/stage_work.py", "send_rows"), ("boundary/communicator.py", "_run_backward")],
     "gradient norm": [("optimizer_step/global_step.py", "stage_norms"), ("optimizer_step/global_step.py", "combine_norms_and_loss")],
     "optimizer step": [("optimizer_step/global_step.py", "step_all"), ("stages/stage_set.py", "micro_step")],
-    "batch agreement + step plan": [("ds_hetero/engine.py", "_start_agreement"), ("data/agreement.py", "labels"),
-                                    ("step/step_plan.py", "__init__")],
+    "batch agreement + step plan": [("ds_hetero/engine.py", "_agree_on_batch"), ("step/step_plan.py", "__init__")],
 }
 PLAIN_PHASES = {
     "forward (encoder + language + loss)": [("deepspeed/runtime/engine.py", "forward"), ("ds_hetero/loss.py", "token_loss_sum")],

@@ -52,19 +52,6 @@ def boundaries(stages, hidden_size: int) -> dict[str, BoundaryCommunicator]:
             for stage in stages.encoders if stages.groups.pair_member(stage.name)}
 
 
-def _rng_state() -> tuple:
-    from deepspeed.accelerator import get_accelerator
-
-    return torch.get_rng_state(), get_accelerator().get_rng_state()
-
-
-def _set_rng_state(state: tuple) -> None:
-    from deepspeed.accelerator import get_accelerator
-
-    torch.set_rng_state(state[0])
-    get_accelerator().set_rng_state(state[1])
-
-
 class HeteroEngine:
     """Trains a Hugging Face multimodal model with a per-stage parallel layout.
 
@@ -163,16 +150,13 @@ class HeteroEngine:
             self.loader.fill(self.global_steps, batch, self.data_path.balanced_positions(plan))
         return batch, plan
 
-    def _start_agreement(self, samples: Sequence[dict[str, Any]], plan: StepPlan | None = None
-                         ) -> agreement.PendingVerdict:
-        """The batch agreement, started: its verdict (the global label-token count, once every rank
-        of every stage accepted the batch) is waited for before the step's first other collective.
+    def _agree_on_batch(self, samples: Sequence[dict[str, Any]], plan: StepPlan | None = None) -> int:
+        """The global label-token count, after every rank of every stage accepted the batch.
 
         With samples passed in, every rank holds the same full list; from the loader a rank reads
         only its share. Either way one small all-reduce (data/agreement.py) makes every rank
         raise alike, before any other collective of the step; it also sums the label tokens of
-        the language shares (one tp x cp rank per language dp replica counts its share). A rank
-        that found a problem itself, or a batch without a plan, waits for the verdict at once.
+        the language shares (one tp x cp rank per language dp replica counts its share).
         """
         problem = agreement.local_problem(samples, self.config.global_batch_size, self.adapter.check_sample)
         if problem is None and plan is None and self.config.packed:
@@ -196,10 +180,7 @@ class HeteroEngine:
                           else [p for m in range(self.config.micro_batches)
                                 for p in stage_samples(self.config, language.name, language.coord.dp, m)])
                 mine = label_token_total([samples[p]["labels"] for p in shares])
-        verdict = agreement.start(problem, mine, self.stages.boundary_group, self.device, inputs)
-        if problem is not None or plan is None:
-            verdict.labels()  # raises BatchRefused (or, without a plan, resolves before the plan is built)
-        return verdict
+        return agreement.agree(problem, mine, self.stages.boundary_group, self.device, inputs)
 
     def train_batch(self, samples: Sequence[dict[str, Any]] | None = None) -> StepResult:
         """One optimizer step over the global batch (the same list on every rank)."""
@@ -211,9 +192,8 @@ class HeteroEngine:
         if plan is None:  # built once, before the agreement: it digests the plan's item rows, and with
             # packed batching the plan's language shares say who counts which labels
             plan = self.data_path.plan_of(samples)  # None for a malformed batch: the agreement refuses it
-        rng = _rng_state()  # host reads only (the device generator's seed and offset): no sync
         try:  # the batch agreement: a refused batch raises ValueError on every rank alike, engine usable
-            verdict = self._start_agreement(samples, plan)
+            n_labels = self._agree_on_batch(samples, plan)
         except Exception as exc:
             if is_collective_failure(exc):
                 raise self._peer_failure(exc, step) from exc
@@ -224,9 +204,7 @@ class HeteroEngine:
             self.schedule.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0}
             self.schedule.aux_sum = 0.0  # a MoE language stage's aux-loss shares (stage_work.py)
             self.stages.start_step(step)  # the dropout streams restart from (seed, step): resumes draw the same
-            # the schedule waits for the verdict before its first collective (stage_work.py)
-            loss_sum = self.schedule.run(samples, plan, verdict, step)
-            n_labels = verdict.labels()
+            loss_sum = self.schedule.run(samples, plan, n_labels, step)
             with self.timeline.span("optimizer.norm", "optimizer", step):
                 norms = global_step.stage_norms(self.stages, self.norm_sharing)
             # Waiting here for the other rank set is idle time, not optimizer work.
@@ -235,10 +213,6 @@ class HeteroEngine:
                     self.stages, norms, loss_sum, n_labels, self.schedule.aux_sum)
             with self.timeline.span("optimizer.step", "optimizer", step):
                 applied = global_step.step_all(self.stages, grad_norm, self.config.gradient_clipping)
-        except agreement.BatchRefused:  # the verdict, waited for inside the schedule: as above
-            self.timeline.drop_step(step)  # the spans of the work done before the verdict
-            _set_rng_state(rng)  # an encoder's dropout drew from it: as if the batch had never come
-            raise
         except Exception as exc:  # failures.py: this rank's own error as itself, or which peer stopped
             if is_collective_failure(exc):
                 raise self._peer_failure(exc, step) from exc

@@ -74,12 +74,6 @@ class Timeline:
             self._by_step[span.step] = []
         self._by_step[span.step].append(span)
 
-    def drop_step(self, step: int) -> None:
-        """Forget `step`'s spans (a refused batch's work before the verdict: the step is retried)."""
-        if self._by_step.pop(step, None) is not None:
-            while self.spans and self.spans[-1].step == step:
-                self.spans.pop()
-
     def step_spans(self, step: int) -> list[Span]:
         """The spans of `step`, if it is one of the last two steps recorded (else [])."""
         return self._by_step.get(step, [])

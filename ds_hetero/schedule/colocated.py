@@ -6,9 +6,6 @@ For each language micro-batch m, in order:
     and backward on this rank's share of m, each encoder's row gradients kept -> every encoder
     pass that ends at m: its backward through the boundary, once, with all of its gradients.
 The boundary's backward runs inside the encoder's backward, on every rank, in the same order.
-The batch agreement's verdict (data/agreement.py) is waited for before the step's first
-collective: after the first encoder's first forward where that forward is the rank's own work
-(stage_work.forward_is_own_work), so the agreement's all-reduce runs behind it.
 With fewer encoder passes than language micro-batches (`stages.<name>.micro_batches`) an
 encoder's activations stay alive until its pass's backward (memory: docs/balancing.md).
 An encoder that does not train (`Stage.trains`, docs/memory.md) runs its forward without
@@ -21,22 +18,16 @@ from typing import Any, Sequence
 
 import torch
 
-from ..data.agreement import PendingVerdict
 from ..step.step_plan import StepPlan
-from .stage_work import StageWork, forward_is_own_work
+from .stage_work import StageWork
 
 
 class ColocatedSchedule(StageWork):
-    def run(self, samples: Sequence[dict[str, Any]], plan: StepPlan, verdict: PendingVerdict, step: int
-            ) -> torch.Tensor | float:
+    def run(self, samples: Sequence[dict[str, Any]], plan: StepPlan, n_labels: int, step: int) -> torch.Tensor | float:
         """All micro-batches of one step up to (not including) the last optimizer step.
 
         Returns this rank's sum of token losses; `self.bytes` counts the boundary bytes.
         """
-        encoders = self.stages.encoders
-        first = encoders[0] if encoders else None
-        early = first is not None and forward_is_own_work(first, self.stages.config.zero_stage_of(first.name))
-        n_labels = None if early else verdict.labels()
         language = self.stages.language
         dp = language.coord.dp
         loss_sum = 0.0
@@ -47,7 +38,6 @@ class ColocatedSchedule(StageWork):
                 if p.feeds.start != m:
                     continue
                 rows = self.encoder_forward(stage, samples, plan, p.index, step)
-                n_labels = n_labels if n_labels is not None else verdict.labels()  # before the first exchange
                 out = self.send_rows(stage.name, rows, plan, p.index, step, differentiable=stage.trains)
                 # the rows arrive in sample order: language micro-batch after language micro-batch,
                 # each with this rank's sequence shard's rows only when the sequence is sharded
@@ -56,7 +46,6 @@ class ColocatedSchedule(StageWork):
                 open_passes[stage.name] = (p, out, out.detach().split(sizes), [])
             rows_in = [open_passes[s.name][2][m - open_passes[s.name][0].feeds.start].detach().requires_grad_(s.trains)
                        for s in self.stages.encoders]
-            n_labels = n_labels if n_labels is not None else verdict.labels()
             local, grads = self.language_step(samples, plan, m, rows_in, n_labels, step)
             loss_sum += local
             self.micro_step(language, m)

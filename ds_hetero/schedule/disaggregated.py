@@ -28,15 +28,12 @@ from typing import Any, Sequence
 
 import torch
 
-from ..data.agreement import PendingVerdict
 from ..step.step_plan import StepPlan
 from .stage_work import StageWork
 
 
 class DisaggregatedSchedule(StageWork):
-    def run(self, samples: Sequence[dict[str, Any]], plan: StepPlan, verdict: PendingVerdict, step: int
-            ) -> torch.Tensor | float:
-        n_labels = verdict.labels()  # the batch agreement's verdict, before any exchange
+    def run(self, samples: Sequence[dict[str, Any]], plan: StepPlan, n_labels: int, step: int) -> torch.Tensor | float:
         language = self.stages.language
         encoders = self.stages.encoders
         n = plan.micro_batches

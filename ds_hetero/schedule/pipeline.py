@@ -44,7 +44,6 @@ import torch
 
 from ..stages.tied_embeddings import reduce_tied_gradients
 from ..pipeline_parallel.zero3 import count_backward
-from ..data.agreement import PendingVerdict
 from ..step.step_plan import StepPlan
 from .one_f_one_b import OneFOneB
 from .pipeline_fill import EncodersInPipeline, encoder_work_is_local
@@ -57,10 +56,9 @@ class PipelineSchedule(StageWork):
     fill_drain = True
     _encoders_local: bool | None = None  # encoder_work_is_local(stages), set on the first step
 
-    def run(self, samples: Sequence[dict[str, Any]], plan: StepPlan, verdict: PendingVerdict, step: int
-            ) -> torch.Tensor | float:
+    def run(self, samples: Sequence[dict[str, Any]], plan: StepPlan, n_labels: int, step: int) -> torch.Tensor | float:
         """One step's forward and backward work; this rank's loss sum (0 off the last pipeline stage)."""
-        loss_sum = self._work(samples, plan, verdict.labels(), step)  # the agreement's verdict first
+        loss_sum = self._work(samples, plan, n_labels, step)
         # DeepSpeed's ReduceTiedGrads: a tied embedding's two copies (first and last pipeline
         # stage) sum their gradients, after every backward and before the gradient norm
         with self._span("pipeline.reduce_tied_grads", "pipeline", step):

@@ -34,13 +34,6 @@ from ..tensor_parallel import VocabParallelLMHead
 from ..timeline import Timeline
 
 
-def forward_is_own_work(stage: Stage, zero_stage: int) -> bool:
-    """Whether `stage`'s forward involves no other rank: no tensor- or context-parallel peers and
-    no ZeRO 3 parameter gather (ZeRO 0-2 forwards are local). Where the first encoder's is, the
-    colocated schedule runs it before waiting for the batch agreement's verdict (engine.py)."""
-    return stage.layout.tp == 1 and stage.layout.cp == 1 and zero_stage < 3
-
-
 class StageWork:
     def __init__(self, stages: StageSet, boundaries: Mapping[str, Any], adapter, timeline: Timeline):
         self.stages, self.boundaries, self.adapter, self.timeline = stages, boundaries, adapter, timeline
