@@ -32,10 +32,12 @@ def repro(rank, world_size):
         micro_batches=2, batch_size=8)})
 
 
-def nested_dummy_pass(rank, world_size):
+def nested_dummy_pass(rank, world_size, timeout_s=10):
     """Negative control: the dummy pass calls the stage module from inside its own forward (the
-    old empty-rows path), on the repro layout, for one step; expected to hang (the launcher's
-    deadline ends it)."""
+    old empty-rows path), on the repro layout, for one step; expected to hang in the step, which
+    `hetero_parallel.timeout_s` ends. 10 s: the wait is the test's cost, and the ranks' skew at a
+    collective before the step stays far below it even on a loaded machine (the test asserts the
+    timeout came in step 0, so an earlier one fails it rather than passing it)."""
     from ds_hetero.models import language_stage as stages
 
     right = stages.empty_rows
@@ -51,6 +53,6 @@ def nested_dummy_pass(rank, world_size):
     try:
         return qwen2_vl_zero3_runs(rank, world_size, {"nested": dict(
             layout={"vision": {"dp": 4}, "language": {"tp": 2, "dp": 2}}, zero_stage=3, optimizer="sgd",
-            micro_batches=2, batch_size=8, steps=1, hetero={"timeout_s": 20})})
+            micro_batches=2, batch_size=8, steps=1, hetero={"timeout_s": timeout_s})})
     finally:
         stages.empty_rows, qwen2_vl.empty_rows = right, saved
