@@ -37,7 +37,7 @@ from ..errors import HeteroConfigError
 from ..stages.tied_embeddings import is_shared_copy, zero12_norm_without_shared
 
 
-def _is_zero12(opt) -> bool:
+def is_zero12(opt) -> bool:
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
     return isinstance(opt, DeepSpeedZeroOptimizer)
@@ -52,7 +52,7 @@ def _is_zero3(opt) -> bool:
 def check_supported(engine, stage: str) -> None:
     """Refuse an optimizer wrapper whose clipping ds_hetero cannot make global."""
     opt = engine.optimizer
-    if _is_zero12(opt) or _is_zero3(opt) or isinstance(opt, torch.optim.Optimizer):
+    if is_zero12(opt) or _is_zero3(opt) or isinstance(opt, torch.optim.Optimizer):
         return
     raise HeteroConfigError(
         "zero_optimization.stage",
@@ -96,7 +96,7 @@ def stage_norm(engine, tp_group) -> torch.Tensor:
     0-dim tensor where the engine computed it, not read to the host (the step's one host read is
     that of the all-reduce combining every stage's norm with the loss)."""
     opt = engine.optimizer
-    if _is_zero12(opt):
+    if is_zero12(opt):
         without_shared = zero12_norm_without_shared(opt)  # a tied weight's second copy counts once
         return opt.scaled_global_norm() if without_shared is None else without_shared
     if _is_zero3(opt):
@@ -122,7 +122,7 @@ def global_norm(stage_norms: Mapping[str, float]) -> float:
 def _global_norm_in(engine, norm: float, clip: float) -> Iterator[None]:
     opt = engine.optimizer
     device = next(engine.module.parameters()).device
-    if _is_zero12(opt):
+    if is_zero12(opt):
         name, value = "scaled_global_norm", (lambda norm_type=2: torch.tensor(norm, dtype=torch.float32, device=device))
     elif _is_zero3(opt):
         name, value = "_get_norm_groups", (lambda: [torch.tensor(norm, dtype=torch.float32, device=device)])
@@ -161,7 +161,7 @@ def _overflow_forced(engine) -> contextlib.AbstractContextManager:
     """Makes the next `engine.step()` take DeepSpeed's overflow path, as DeepSpeed itself does
     when it finds non-finite gradients (`DeepSpeedEngine._take_model_step`)."""
     opt = engine.optimizer
-    if _is_zero12(opt):
+    if is_zero12(opt):
         # its step() runs check_overflow only when check_grad_overflow is set (bf16 may turn it off)
         def check_overflow(partition_gradients=True):
             opt.overflow = True
@@ -185,7 +185,7 @@ def step_with_global_norm(engine, norm: float, clip: float) -> bool:
         with _overflow_forced(engine):
             engine.step()
         return engine.skipped_steps == skipped_before
-    if not (_is_zero12(opt) or _is_zero3(opt)) and clip > 0 and math.isfinite(norm):
+    if not (is_zero12(opt) or _is_zero3(opt)) and clip > 0 and math.isfinite(norm):
         coef = clip / (norm + 1e-6)
         if coef < 1.0:
             for p in engine.module.parameters():

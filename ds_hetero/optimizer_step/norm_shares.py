@@ -27,16 +27,14 @@ import torch
 import torch.distributed as dist
 
 from ..stages.tied_embeddings import is_shared_copy
+from .clipping import is_zero12
 
 
-def _is_zero12(opt) -> bool:
-    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
-
-    return isinstance(opt, DeepSpeedZeroOptimizer)
-
-
-def _group_size(group) -> int:
-    return dist.get_world_size(group) if group is not None else 1
+def _engine_ranks(opt) -> int:
+    """The ranks DeepSpeed's own norm sums over: its dp group (None is the world, as DeepSpeed
+    reads it) times its model-parallel group (None: no model parallelism, DeepSpeed's `is_parallel`)."""
+    mp = opt.model_parallel_group
+    return dist.get_world_size(opt.dp_process_group) * (dist.get_world_size(mp) if mp is not None else 1)
 
 
 def shares_norm(stage) -> bool:
@@ -44,12 +42,12 @@ def shares_norm(stage) -> bool:
     The same answer on every rank of the stage: it depends on the layout, the config and the
     parameters' kinds only, so the engine asks once, when it is built (`sharing_stages`)."""
     opt = stage.engine.optimizer
-    if not _is_zero12(opt) or opt.cpu_offload or getattr(opt, "has_moe_layers", False):
+    if not is_zero12(opt) or opt.cpu_offload or getattr(opt, "has_moe_layers", False):
         return False
     if any(getattr(p, "expert_parallel", False) for group in opt.bit16_groups for p in group):
         return False
     ranks_per_pipeline_stage = len(stage.layout.ranks) // stage.layout.pp
-    return _group_size(opt.dp_process_group) * _group_size(opt.model_parallel_group) == ranks_per_pipeline_stage
+    return _engine_ranks(opt) == ranks_per_pipeline_stage
 
 
 def sharing_stages(stages) -> frozenset[str]:

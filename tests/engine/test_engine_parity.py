@@ -76,13 +76,12 @@ def test_norm_from_rank_shares_equals_deepspeeds_own_norm(launched):
     step's combining all-reduce (optimizer_step/norm_shares.py): it equals DeepSpeed's own norm of
     the stage to rounding on every step and rank; counting a replicated parameter on every tp
     rank (the negative control) does not. ZeRO 0 and 3 keep DeepSpeed's (or the manual) norm."""
-    runs = [per_rank for per_rank in launched["llava"]]
-    for rank, per_rank in enumerate(runs):
+    for rank, per_rank in enumerate(launched["llava"]):
         probed = per_rank["vision tp1dp4 + language tp2dp2 zero1 adamw"]
         assert probed["sharing"] == ["language", "vision"], probed["sharing"]
         assert len(probed["norm_shares"]) == 5
         for step in probed["norm_shares"]:
-            for stage, (deepspeed_norm, shared, every_tp_rank) in step.items():
+            for stage, (deepspeed_norm, shared, _) in step.items():
                 assert abs(shared - deepspeed_norm) <= 1e-6 * deepspeed_norm, (rank, stage, step)
             _, shared, every_tp_rank = step["language"]
             assert every_tp_rank > shared * (1 + 1e-4), (rank, step)  # tp2: the replicas counted twice

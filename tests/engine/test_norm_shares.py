@@ -12,12 +12,26 @@ import pytest
 import torch
 
 
+class _Group:
+    """A process group of `size` ranks, for the engine's dp / model-parallel groups without processes."""
+
+    def __init__(self, size):
+        self.size = size
+
+
+@pytest.fixture(autouse=True)
+def _group_sizes(monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: group.size)
+
+
 def _zero12(**attrs):
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
     opt = object.__new__(DeepSpeedZeroOptimizer)  # the type check only: no engine is built
     defaults = dict(cpu_offload=False, has_moe_layers=False, bit16_groups=[[torch.nn.Parameter(torch.ones(2))]],
-                    dp_process_group=None, model_parallel_group=None, groups_lacking_loss_scale=set(), custom_loss_scaler=False,
+                    dp_process_group=_Group(1), model_parallel_group=None, groups_lacking_loss_scale=set(), custom_loss_scaler=False,
                     loss_scaler=SimpleNamespace(cur_scale=1.0))
     for k, v in {**defaults, **attrs}.items():
         object.__setattr__(opt, k, v)
