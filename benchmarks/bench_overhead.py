@@ -3,6 +3,7 @@
     python benchmarks/bench_overhead.py                 # bench_layouts' default and --quick sizes (~6 min)
     python benchmarks/bench_overhead.py --sizes quick   # one size only
     python benchmarks/bench_overhead.py --sizes quick --world 2   # 2 ranks, each bound to its own core
+    python benchmarks/bench_overhead.py --sizes quick --world 2 --deepspeed-norms   # + DeepSpeed's own stage norms
 
 The same seeded LLaVA (bench_layouts' "balanced" scenario), the same global batches, ZeRO 1,
 AdamW, clipping 1.0, on 4 CPU ranks: "ds_hetero dp4" (vision tp1 dp4 + language tp1 dp4,
@@ -46,6 +47,13 @@ ROWS = ("ds_hetero dp4", "plain DS dp4")  # the names bench_layouts knows; --wor
 
 def rows_of(world: int) -> tuple[str, str]:
     return (f"ds_hetero dp{world}", f"plain DS dp{world}")
+
+
+def timed_rows(world: int, deepspeed_norms: bool) -> tuple[str, ...]:
+    """The rows stepped every round: ds_hetero and plain DeepSpeed, and with `--deepspeed-norms` a
+    second ds_hetero engine whose stage norms are DeepSpeed's own (no rank shares: the step as it
+    was before optimizer_step/norm_shares.py), to read that change from the same rounds."""
+    return rows_of(world) + ((f"{rows_of(world)[0]} (DS norms)",) if deepspeed_norms else ())
 
 
 def layouts_of(world: int) -> dict:
@@ -104,12 +112,14 @@ def run(rank, world, a, steps):
     cores = sorted(os.sched_getaffinity(0))
     if world <= len(cores):  # one rank per core: waiting is real
         os.sched_setaffinity(0, {cores[rank % len(cores)]})
-    rows = rows_of(world)
+    rows, timed = rows_of(world), timed_rows(world, a["deepspeed_norms"])
     engines = {}
-    for name in rows:
-        model, engine = make_engine(name, a)
+    for name in timed:
+        model, engine = make_engine(rows[0] if name not in rows else name, a)
         if hasattr(engine, "timeline"):
             engine.timeline.synchronize = False  # as in training: no device sync per span
+        if name not in rows:
+            engine.norm_sharing = frozenset()  # every stage's norm from DeepSpeed's scaled_global_norm
         engines[name] = engine
     batches = make_batches(model, a, 2 * steps + 2)
     for b in batches[:2]:  # warm-up: DeepSpeed's first steps allocate
@@ -120,10 +130,10 @@ def run(rank, world, a, steps):
     profiles = {name: cProfile.Profile(time.process_time) for name in rows}
     rounds = []
     for i, b in enumerate(batches[2:]):
-        order = rows if i % 2 == 0 else rows[::-1]
+        order = timed[i % len(timed):] + timed[:i % len(timed)]  # each row first in turn
         rec = {}
         for name in order:
-            profile = profiles[name] if i >= steps else None
+            profile = profiles.get(name) if i >= steps else None
             dist.barrier()
             t0, c0 = time.perf_counter(), time.process_time()
             if profile:
@@ -142,22 +152,25 @@ def run(rank, world, a, steps):
 
 
 def report(size: str, a: dict, per_rank: list[dict], steps: int) -> None:
-    rows = rows_of(a["world"])
+    rows, timed = rows_of(a["world"]), timed_rows(a["world"], a["deepspeed_norms"])
     binding = "one per core" if a["world"] <= len(os.sched_getaffinity(0)) else f"on {len(os.sched_getaffinity(0))} cores"
-    wall = {n: [max(r["rounds"][i][n][0] for r in per_rank) for i in range(steps)] for n in rows}
-    cpu = {n: [sum(r["rounds"][i][n][1] for r in per_rank) for i in range(steps)] for n in rows}
+    wall = {n: [max(r["rounds"][i][n][0] for r in per_rank) for i in range(steps)] for n in timed}
+    cpu = {n: [sum(r["rounds"][i][n][1] for r in per_rank) for i in range(steps)] for n in timed}
     ratio = [wall[rows[0]][i] / wall[rows[1]][i] for i in range(steps)]
     cpu_ratio = [cpu[rows[0]][i] / cpu[rows[1]][i] for i in range(steps)]
     print(f"\n== {size} sizes (vision {a['vision_hidden']}x{a['vision_layers']}, language "
           f"{a['text_hidden']}x{a['text_layers']}, {a['image_size']} px, batch {a['batch']}), {a['world']} ranks "
           f"{binding}, {steps} rounds; "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'row':<16}{'wall s/step':>12}{'min':>8}{'CPU s/step':>12}")
-    for n in rows:
-        print(f"{n:<16}{statistics.median(wall[n]):>12.3f}{min(wall[n]):>8.3f}{statistics.median(cpu[n]):>12.3f}")
+    print(f"{'row':<30}{'wall s/step':>12}{'min':>8}{'CPU s/step':>12}")
+    for n in timed:
+        print(f"{n:<30}{statistics.median(wall[n]):>12.3f}{min(wall[n]):>8.3f}{statistics.median(cpu[n]):>12.3f}")
     print(f"overhead ds_hetero / plain DeepSpeed: wall {statistics.median(ratio):.3f} (median of per-round ratios; "
           f"fastest steps {min(wall[rows[0]]) / min(wall[rows[1]]):.3f}), CPU {statistics.median(cpu_ratio):.3f} "
           f"(cheapest steps {min(cpu[rows[0]]) / min(cpu[rows[1]]):.3f}: other jobs only add)")
+    for n in timed[2:]:
+        print(f"{n} / plain DeepSpeed: wall {statistics.median(w / p for w, p in zip(wall[n], wall[rows[1]])):.3f}, "
+              f"CPU {statistics.median(c / p for c, p in zip(cpu[n], cpu[rows[1]])):.3f} (the same rounds)")
     hetero, plain = (per_rank[0]["breakdown"][n] for n in rows)
     print(f"\nwhere the CPU time goes, rank 0, ms per step:\n{'phase':<38}{'ds_hetero':>10}{'plain DS':>10}{'diff':>8}")
     for phase in hetero:
@@ -170,11 +183,14 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=8, help="measured rounds (each steps both engines once)")
     p.add_argument("--world", type=int, default=4, choices=[2, 4],
                    help="ranks (dp of both rows); at most one per core, each rank is bound to its own core")
+    p.add_argument("--deepspeed-norms", action="store_true",
+                   help="also step a ds_hetero engine with DeepSpeed's own stage norms (no rank shares)")
     args = p.parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     for size in args.sizes:
         _, runs = layouts_args((["--quick"] if size == "quick" else []) + ["--scenario", "balanced", "--rows", *ROWS])
-        a = dict(runs[0][1], world=args.world, extra_layouts=layouts_of(args.world))
+        a = dict(runs[0][1], world=args.world, extra_layouts=layouts_of(args.world),
+                 deepspeed_norms=args.deepspeed_norms)
         per_rank = launch(run, a, args.steps, world=args.world, timeout=3600.0)
         report(size, a, per_rank, args.steps)
     return 0
