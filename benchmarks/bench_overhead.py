@@ -181,7 +181,9 @@ def report(size: str, a: dict, per_rank: list[dict], steps: int) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", nargs="+", choices=["default", "quick"], default=["default", "quick"])
-    p.add_argument("--steps", type=int, default=8, help="measured rounds (each steps both engines once)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="measured rounds (each steps both engines once); default 60 at the quick sizes, 20 at the "
+                        "default ones: fewer rounds scatter a run's median by about +-0.05 on a shared machine")
     p.add_argument("--world", type=int, default=None, choices=[2, 4],
                    help="ranks (dp of both rows); default 4 where there are 4 cores, else 2: one rank per core, "
                         "each bound to its own (4 on 2 cores measures descheduled peers, for the record)")
@@ -195,8 +197,9 @@ def main(argv=None) -> int:
         _, runs = layouts_args((["--quick"] if size == "quick" else []) + ["--scenario", "balanced", "--rows", *ROWS])
         a = dict(runs[0][1], world=args.world, extra_layouts=layouts_of(args.world),
                  deepspeed_norms=args.deepspeed_norms)
-        per_rank = launch(run, a, args.steps, world=args.world, timeout=3600.0)
-        report(size, a, per_rank, args.steps)
+        steps = args.steps or (60 if size == "quick" else 20)
+        per_rank = launch(run, a, steps, world=args.world, timeout=3600.0)
+        report(size, a, per_rank, steps)
     return 0
 
 
