@@ -1,4 +1,4 @@
-"""Plugin overhead: ds_hetero against plain DeepSpeed at the same layout (dp4), and where the difference goes.
+"""Plugin overhead: ds_hetero against plain DeepSpeed at the same layout (dpN), and where the difference goes.
 
     python benchmarks/bench_overhead.py                 # bench_layouts' default and --quick sizes, one rank per core
     python benchmarks/bench_overhead.py --sizes quick   # one size only (2 ranks on a 2-core machine, else 4)
@@ -6,11 +6,11 @@
     python benchmarks/bench_overhead.py --sizes quick --world 2 --deepspeed-norms   # + DeepSpeed's own stage norms
 
 The same seeded LLaVA (bench_layouts' "balanced" scenario), the same global batches, ZeRO 1,
-AdamW, clipping 1.0, on 4 CPU ranks: "ds_hetero dp4" (vision tp1 dp4 + language tp1 dp4,
-colocated: two stage engines, a boundary that moves nothing) against "plain DS dp4" (one
+AdamW, clipping 1.0, on N CPU ranks: "ds_hetero dpN" (vision tp1 dpN + language tp1 dpN,
+colocated: two stage engines, a boundary that moves nothing) against "plain DS dpN" (one
 `deepspeed.initialize` over the whole model, benchmarks/layouts_plain.py). Both engines live in
-ONE set of processes and step round-robin (A B, B A, ...), so a shared machine's drift hits both
-alike. Each rank is bound to its own core (`os.sched_setaffinity`), so a rank waiting in a
+ONE set of processes and step round-robin (each row first in turn), so a shared machine's drift
+hits both alike. Each rank is bound to its own core (`os.sched_setaffinity`), so a rank waiting in a
 collective waits for real instead of handing its core to another rank; on fewer than 4 cores the
 default is therefore the same rows at dp2 on 2 ranks (`--world 4` there measures 4 ranks on 2
 cores, where every collective also waits for a descheduled peer and costs context switches).
@@ -44,6 +44,11 @@ from layouts_measure import make_engine  # noqa: E402
 from layouts_rows import Layout, Plain, make_batches  # noqa: E402
 
 ROWS = ("ds_hetero dp4", "plain DS dp4")  # the names bench_layouts knows; --world renames them (rows_of)
+
+
+def cores() -> int:
+    """The cores this process may run on (the ranks are bound one per core where they fit)."""
+    return len(os.sched_getaffinity(0))
 
 
 def rows_of(world: int) -> tuple[str, str]:
@@ -110,9 +115,8 @@ def run(rank, world, a, steps):
     """Both engines in this process, stepped round-robin; per-step wall and CPU, rank 0's profiles."""
     import torch.distributed as dist
 
-    cores = sorted(os.sched_getaffinity(0))
-    if world <= len(cores):  # one rank per core: waiting is real
-        os.sched_setaffinity(0, {cores[rank % len(cores)]})
+    if world <= cores():  # one rank per core: waiting is real
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
     rows, timed = rows_of(world), timed_rows(world, a["deepspeed_norms"])
     engines = {}
     for name in timed:
@@ -154,7 +158,7 @@ def run(rank, world, a, steps):
 
 def report(size: str, a: dict, per_rank: list[dict], steps: int) -> None:
     rows, timed = rows_of(a["world"]), timed_rows(a["world"], a["deepspeed_norms"])
-    binding = "one per core" if a["world"] <= len(os.sched_getaffinity(0)) else f"on {len(os.sched_getaffinity(0))} cores"
+    binding = "one per core" if a["world"] <= cores() else f"on {cores()} cores"
     wall = {n: [max(r["rounds"][i][n][0] for r in per_rank) for i in range(steps)] for n in timed}
     cpu = {n: [sum(r["rounds"][i][n][1] for r in per_rank) for i in range(steps)] for n in timed}
     ratio = [wall[rows[0]][i] / wall[rows[1]][i] for i in range(steps)]
@@ -191,7 +195,7 @@ def main(argv=None) -> int:
                    help="also step a ds_hetero engine with DeepSpeed's own stage norms (no rank shares)")
     args = p.parse_args(argv)
     if args.world is None:  # a claim about waiting holds only with a core per rank (docs/benchmarks.md)
-        args.world = 4 if len(os.sched_getaffinity(0)) >= 4 else 2
+        args.world = 4 if cores() >= 4 else 2
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     for size in args.sizes:
         _, runs = layouts_args((["--quick"] if size == "quick" else []) + ["--scenario", "balanced", "--rows", *ROWS])
