@@ -1,4 +1,4 @@
-"""A finished gloo run exits with status 0: topology/distributed.py destroys the groups at exit.
+"""A finished gloo run exits with status 0: topology/distributed.py destroys the groups at exit and drains.
 
 Without that, torch 2.13's gloo aborts a finished process at interpreter teardown ("terminate called
 without an active exception") in a share of exits: 4 of 20 two-rank launches of the script below
@@ -76,3 +76,26 @@ def test_the_exit_handler_leaves_a_failed_process_alone(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "after a failure: True" in out.stdout and "after a clean run: False" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("backend, initialized, failed, drains", [
+    ("gloo", False, False, True),   # Accelerate's end_training destroyed the groups: the workers still live
+    ("gloo", True, False, True),
+    ("nccl", False, False, False),  # NCCL's shutdown stays the script's
+    ("gloo", False, True, False),   # after an uncaught exception the process exits at once
+])
+def test_a_clean_gloo_exit_lets_the_workers_drain(monkeypatch, backend, initialized, failed, drains):
+    """The groups a training run holds outlive their destroy; the handler waits for their workers anyway."""
+    from ds_hetero.topology import distributed
+
+    slept, destroyed = [], []
+    monkeypatch.setattr(distributed.time, "sleep", slept.append)
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: initialized)
+    monkeypatch.setattr(distributed.dist, "destroy_process_group", lambda: destroyed.append(True))
+    if failed:
+        monkeypatch.setattr(sys, "last_value", RuntimeError("a failed step"), raising=False)
+    else:
+        monkeypatch.delattr(sys, "last_value", raising=False)
+    distributed.leave_gloo_groups_at_exit(backend, drain_s=0.25)
+    assert slept == ([0.25] if drains else [])
+    assert destroyed == ([True] if drains and initialized else [])
