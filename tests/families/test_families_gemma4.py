@@ -30,6 +30,13 @@ pytest.importorskip("transformers.models.gemma4")  # not in every pinned transfo
 from tests.helpers.family_checks import CLIP, check_family_parity
 
 COLOCATED = "colocated vision tp2dp2 + audio tp2dp2 + language tp2dp2 zero1"
+# Gemma 4's weights after 5 steps carry more fp32 rounding than the other families' (Adam amplifies
+# it in the per-layer input gates and the tied embedding), and how much depends on the CPU's kernels:
+# on an AMD EPYC (AVX-512) machine the largest per-tensor error of the tp2 run grew 1.6e-6 (step 1),
+# 2.2e-6 (step 3), 1.08e-5 (step 5); 4.9e-6 with no language tp (data parallel only: the reductions'
+# order alone), 1.7e-5 (absolute 1.3e-6) with ep2; the 1e-5 bar had passed on the machines before.
+# Losses keep the 1e-5 bar and norms 1e-4; the wrong reference still has to land 100x the 1e-5 bar away.
+WEIGHT_RTOL, WEIGHT_ATOL = 3e-5, 3e-6
 DISAGGREGATED = "disaggregated vision [0] + audio [1] + language tp2 [2,3] zero1"
 MOE = "moe: vision dp4 + audio dp4 + language tp2 dp2 ep2 zero1"
 BASE = {"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
@@ -218,7 +225,7 @@ def test_a_clamp_on_partial_sums_differs(results):
 
 @pytest.mark.distributed
 def test_gemma4_colocated_tp2_matches_the_single_process_reference(results):
-    check_family_parity([{COLOCATED: r} for r in results[COLOCATED]])
+    check_family_parity([{COLOCATED: r} for r in results[COLOCATED]], WEIGHT_RTOL, WEIGHT_ATOL)
     for r in results[COLOCATED]:
         assert "wrong_weights" in r
         # every planned child is split on every rank: text q/k/v/o (k/v where the layer has them), the
@@ -235,12 +242,12 @@ def test_gemma4_colocated_tp2_matches_the_single_process_reference(results):
 
 @pytest.mark.distributed
 def test_gemma4_disaggregated_matches_the_single_process_reference(results):
-    check_family_parity([{DISAGGREGATED: r} for r in results[DISAGGREGATED]])
+    check_family_parity([{DISAGGREGATED: r} for r in results[DISAGGREGATED]], WEIGHT_RTOL, WEIGHT_ATOL)
 
 
 @pytest.mark.distributed
 def test_gemma4_moe_block_with_ep2_matches_the_single_process_reference(results):
-    check_family_parity([{MOE: r} for r in results[MOE]])
+    check_family_parity([{MOE: r} for r in results[MOE]], WEIGHT_RTOL, WEIGHT_ATOL)
     for r in results[MOE]:
         assert "model.language_model.layers.N.experts.gate_up_proj" in r["sharded"], r["sharded"]
 
