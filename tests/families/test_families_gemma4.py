@@ -30,6 +30,10 @@ pytest.importorskip("transformers.models.gemma4")  # not in every pinned transfo
 from tests.helpers.family_checks import CLIP, check_family_parity
 
 COLOCATED = "colocated vision tp2dp2 + audio tp2dp2 + language tp2dp2 zero1"
+DISAGGREGATED = "disaggregated vision [0] + audio [1] + language tp2 [2,3] zero1"
+MOE = "moe: vision dp4 + audio dp4 + language tp2 dp2 ep2 zero1"
+BASE = {"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+
 # Gemma 4's weights after 5 steps carry more fp32 rounding than the other families' (Adam amplifies
 # it in the per-layer input gates and the tied embedding), and how much depends on the CPU's kernels:
 # on an AMD EPYC (AVX-512) machine the largest per-tensor error of the tp2 run grew 1.6e-6 (step 1),
@@ -37,9 +41,6 @@ COLOCATED = "colocated vision tp2dp2 + audio tp2dp2 + language tp2dp2 zero1"
 # order alone), 1.7e-5 (absolute 1.3e-6) with ep2; the 1e-5 bar had passed on the machines before.
 # Losses keep the 1e-5 bar and norms 1e-4; the wrong reference still has to land 100x the 1e-5 bar away.
 WEIGHT_RTOL, WEIGHT_ATOL = 3e-5, 3e-6
-DISAGGREGATED = "disaggregated vision [0] + audio [1] + language tp2 [2,3] zero1"
-MOE = "moe: vision dp4 + audio dp4 + language tp2 dp2 ep2 zero1"
-BASE = {"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
 
 
 def _train(rank, world_size, **kw):

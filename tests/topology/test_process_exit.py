@@ -1,4 +1,4 @@
-"""A finished gloo run exits with status 0: topology/distributed.py destroys the groups at exit and drains.
+"""A finished gloo run exits with status 0: topology/distributed.py destroys the groups and drains at exit.
 
 Without that, torch 2.13's gloo aborts a finished process at interpreter teardown ("terminate called
 without an active exception") in a share of exits: 4 of 20 two-rank launches of the script below
