@@ -19,7 +19,8 @@ Reported per size:
 - wall time per step (the slowest rank, from a common barrier) and the median of the per-round
   ratios ds_hetero / plain: the overhead a user sees;
 - CPU seconds per step (all ranks, time.process_time): robust to other jobs on the machine, since
-  a rank waiting in a gloo collective sleeps;
+  a rank waiting in a gloo collective sleeps; and per rank its CPU and wall medians (wall minus
+  CPU is its waiting);
 - where ds_hetero's CPU time goes against plain DeepSpeed's, phase by phase (cProfile on CPU time,
   rank 0, over as many further rounds: the timed rounds run unprofiled): model forward, backward,
   the boundary exchange, the gradient norm, the optimizer step,
@@ -173,6 +174,12 @@ def report(size: str, a: dict, per_rank: list[dict], steps: int) -> None:
     print(f"overhead ds_hetero / plain DeepSpeed: wall {statistics.median(ratio):.3f} (median of per-round ratios; "
           f"fastest steps {min(wall[rows[0]]) / min(wall[rows[1]]):.3f}), CPU {statistics.median(cpu_ratio):.3f} "
           f"(cheapest steps {min(cpu[rows[0]]) / min(cpu[rows[1]]):.3f}: other jobs only add)")
+    # per rank: a wall time above the CPU time is waiting (in collectives, or descheduled); a gap
+    # between the rows that shows in CPU and not in waiting is work, which no reordering of syncs hides
+    print("per rank, medians (ms/step): " + "; ".join(
+        f"{n} " + ", ".join(f"r{r} CPU {1000 * statistics.median(x['rounds'][i][n][1] for i in range(steps)):.1f} "
+                            f"wall {1000 * statistics.median(x['rounds'][i][n][0] for i in range(steps)):.1f}"
+                            for r, x in enumerate(per_rank)) for n in rows))
     for n in timed[2:]:
         print(f"{n} / plain DeepSpeed: wall {statistics.median(w / p for w, p in zip(wall[n], wall[rows[1]])):.3f}, "
               f"CPU {statistics.median(c / p for c, p in zip(cpu[n], cpu[rows[1]])):.3f} (the same rounds)")
