@@ -157,6 +157,12 @@ def run(rank, world, a, steps):
     return out
 
 
+def _rank_medians(per_rank: list[dict], row: str, steps: int) -> list[tuple[float, float]]:
+    """Per rank, its median (wall, CPU) milliseconds of a step of `row` over the timed rounds."""
+    return [tuple(1000 * statistics.median(r["rounds"][i][row][k] for i in range(steps)) for k in (0, 1))
+            for r in per_rank]
+
+
 def report(size: str, a: dict, per_rank: list[dict], steps: int) -> None:
     rows, timed = rows_of(a["world"]), timed_rows(a["world"], a["deepspeed_norms"])
     binding = "one per core" if a["world"] <= cores() else f"on {cores()} cores"
@@ -177,9 +183,8 @@ def report(size: str, a: dict, per_rank: list[dict], steps: int) -> None:
     # per rank: a wall time above the CPU time is waiting (in collectives, or descheduled); a gap
     # between the rows that shows in CPU and not in waiting is work, which no reordering of syncs hides
     print("per rank, medians (ms/step): " + "; ".join(
-        f"{n} " + ", ".join(f"r{r} CPU {1000 * statistics.median(x['rounds'][i][n][1] for i in range(steps)):.1f} "
-                            f"wall {1000 * statistics.median(x['rounds'][i][n][0] for i in range(steps)):.1f}"
-                            for r, x in enumerate(per_rank)) for n in rows))
+        f"{n} " + ", ".join(f"r{r} CPU {cpu_ms:.1f} wall {wall_ms:.1f}"
+                            for r, (wall_ms, cpu_ms) in enumerate(_rank_medians(per_rank, n, steps))) for n in rows))
     for n in timed[2:]:
         print(f"{n} / plain DeepSpeed: wall {statistics.median(w / p for w, p in zip(wall[n], wall[rows[1]])):.3f}, "
               f"CPU {statistics.median(c / p for c, p in zip(cpu[n], cpu[rows[1]])):.3f} (the same rounds)")
