@@ -108,7 +108,8 @@ def plan_figures(engine, samples):
     """The step's language figures from its plan: real, computed, max_mean (worst micro-batch), step_max_mean."""
     from ds_hetero.step.step_plan import StepPlan
 
-    plan = StepPlan(engine.config, engine.adapter.encoders(), samples, language_cost=engine.adapter.language_cost)
+    plan = StepPlan(engine.config, engine.adapter.encoders(), samples, language_cost=engine.adapter.language_cost,
+                    dense_attention=engine.adapter.dense_attention)
     return plan.language_load()
 
 

@@ -200,7 +200,8 @@ class HeteroEngine:
             raise
         try:  # every other collective and this rank's own work of the step report through one error
             plan = plan or StepPlan(self.config, self.adapter.encoders(), samples,
-                                    language_cost=self.adapter.language_cost)
+                                    language_cost=self.adapter.language_cost,
+                                    dense_attention=self.adapter.dense_attention)
             self.schedule.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0}
             self.schedule.aux_sum = 0.0  # a MoE language stage's aux-loss shares (stage_work.py)
             self.stages.start_step(step)  # the dropout streams restart from (seed, step): resumes draw the same

@@ -219,6 +219,15 @@ class StageAdapter:
             width = self._language_width = (text.hidden_size, text.intermediate_size)
         return transformer_cost(tokens, tokens, *width)
 
+    @property
+    def dense_attention(self) -> bool:
+        """Whether the language model's attention kernel scores a packed row's whole L x L: sdpa
+        (transformers' default) and eager do, under the block-diagonal mask of packed positions;
+        flash-attention's varlen kernel and flex attention's block mask score each sample's own
+        (packed batching cuts its rows by it, step/rows.py)."""
+        text = getattr(self.model.config, "text_config", self.model.config)
+        return getattr(text, "_attn_implementation", None) in (None, "eager", "sdpa")
+
     def vision_inputs(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Keyword arguments of the vision stage's forward for these samples' images."""
         raise NotImplementedError

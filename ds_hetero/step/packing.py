@@ -6,7 +6,8 @@ sample of the global batch goes to one of `micro_batches x dp` bins (bin m * dp 
 part of language micro-batch m) by its language cost (the cost counts attention's quadratic
 term, as the encoder's does), and each
 bin's samples are laid end to end in one packed row (or, under `max_tokens_per_micro_batch`, a
-few rows of at most that many tokens; a longer sample has a row of its own). Each sample keeps
+few rows of at most that many tokens; a longer sample has a row of its own; for a dense
+attention kernel, sdpa or eager, the rows that cost it least: step/rows.py). Each sample keeps
 its own positions (restarting at 0), so the decoder's mask keeps attention inside it
 (models/packing.py builds the row).
 
@@ -41,6 +42,7 @@ import heapq
 from typing import Callable, Sequence
 
 from .balance import lpt
+from .rows import cut_rows, dense_rows
 
 # Width of a language layer when the model's is not known (a pure plan without an adapter):
 # only the ratio of the linear to the quadratic term matters for the assignment.
@@ -68,22 +70,6 @@ def assign_samples(lengths: Sequence[int], dp: int, cost: Callable[[int], int]) 
     for i, r in enumerate(ranks):
         out[r].append(i)
     return out
-
-
-def cut_rows(lengths: Sequence[int], budget: int | None) -> list[list[int]]:
-    """The packed rows of one rank's samples (indices into `lengths`, kept in order): one row, or
-    under `budget` consecutive samples while they fit (next fit: order is the boundary's)."""
-    if budget is None:
-        return [list(range(len(lengths)))]
-    rows: list[list[int]] = []
-    used = budget + 1
-    for i, n in enumerate(lengths):
-        if used + n > budget:
-            rows.append([])
-            used = 0
-        rows[-1].append(i)
-        used += n
-    return rows
 
 
 def assign_bins(lengths: Sequence[int], micro_batches: int, dp: int, cost: Callable[[int], int]
@@ -128,10 +114,13 @@ def _slowest_sum(members: Sequence[Sequence[int]], lengths: Sequence[int], dp: i
 
 
 def pack_batch(lengths: Sequence[int], micro_batches: int, dp: int, cost: Callable[[int], int],
-               budget: int | None = None) -> tuple[tuple[tuple[tuple[int, ...], ...], ...], ...]:
+               budget: int | None = None, dense: bool = False, multiple: int = 1
+               ) -> tuple[tuple[tuple[tuple[int, ...], ...], ...], ...]:
     """`out[m][d][r]`: the batch positions (indices into `lengths`) in row r of dp rank d's part of
     language micro-batch m, ascending (`assign_bins`, or the split inside the samples cut's
-    micro-batches where it is faster; then `cut_rows`)."""
+    micro-batches where it is faster; then `cut_rows` under `budget`, or without one, for a
+    `dense` attention kernel (sdpa, eager), step/rows.py `dense_rows` with rows padded to a
+    multiple of `multiple`)."""
     members = assign_bins(lengths, micro_batches, dp, cost)
     size = len(lengths) // micro_batches
     inside = [[m * size + i for i in mine] for m in range(micro_batches)
@@ -142,7 +131,9 @@ def pack_batch(lengths: Sequence[int], micro_batches: int, dp: int, cost: Callab
     for m in range(micro_batches):
         per_rank = []
         for mine in members[m * dp:(m + 1) * dp]:
-            rows = cut_rows([lengths[i] for i in mine], budget)
+            mine_lengths = [lengths[i] for i in mine]
+            rows = (dense_rows(mine_lengths, cost, multiple) if dense and budget is None
+                    else cut_rows(mine_lengths, budget))
             per_rank.append(tuple(tuple(mine[i] for i in row) for row in rows))
         out.append(tuple(per_rank))
     return tuple(out)

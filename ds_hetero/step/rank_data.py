@@ -75,7 +75,8 @@ class RankDataPath:
     def plan_of(self, samples: Sequence[dict[str, Any]]) -> StepPlan | None:
         """The step's plan; None for a malformed batch (the batch agreement then refuses it on every rank)."""
         try:
-            return StepPlan(self.config, self.adapter.encoders(), samples, language_cost=self.adapter.language_cost)
+            return StepPlan(self.config, self.adapter.encoders(), samples, language_cost=self.adapter.language_cost,
+                            dense_attention=self.adapter.dense_attention)
         except (ValueError, KeyError, TypeError, AttributeError, RuntimeError):  # RuntimeError: torch's
             return None
 

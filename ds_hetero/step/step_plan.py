@@ -80,11 +80,14 @@ class StepPlan:
                     accumulate), whatever `stages.<name>.micro_batches` says
     language_cost   tokens -> the language stage's work on one sample (packed batching: the
                     model adapter's `language_cost`; default step/packing.py's)
+    dense_attention whether the language stage's attention kernel scores a packed row's whole
+                    L x L (sdpa, eager: the adapter's `dense_attention`): its packed rows are
+                    then cut to cost least (step/rows.py), and priced as padded rows
     """
 
     def __init__(self, config: HeteroConfig, ports: Mapping[str, Any], samples: Sequence[dict[str, Any]],
                  micro_batches: int | None = None, per_micro_batch: bool = False,
-                 language_cost: Callable[[int], int] | None = None):
+                 language_cost: Callable[[int], int] | None = None, dense_attention: bool = False):
         self.config = config
         self.micro_batches = micro_batches or config.micro_batches
         self.micro_batch_size = len(samples) // self.micro_batches  # samples of one language micro-batch
@@ -93,12 +96,13 @@ class StepPlan:
         language = config.stages[LANGUAGE]
         self.language_share = self.micro_batch_size // language.dp  # samples per language dp rank
         self.packed = config.packed
+        self.dense_attention = dense_attention
         self._rows, self._language_dp, self._micro_batch_of = (), {}, {}
         self._lengths = [int(s["input_ids"].numel()) for s in samples]
         self._language_cost = language_cost or language_cost_of()
         if self.packed:  # every sample to a (micro-batch, dp rank) bin, across micro-batches
             self._rows = pack_batch(self._lengths, self.micro_batches, language.dp, self._language_cost,
-                                    config.max_tokens_per_micro_batch)
+                                    config.max_tokens_per_micro_batch, dense_attention, padded_length(1, language))
             for m, per_mb in enumerate(self._rows):
                 for d, rows in enumerate(per_mb):
                     for p in (p for row in rows for p in row):
@@ -136,7 +140,9 @@ class StepPlan:
         the step's time over a balanced step's, step/packing.py `step_max_mean`)."""
         language = self.config.stages[LANGUAGE]
         per_mb = [[self.language_rows(d, m) for d in range(language.dp)] for m in range(self.micro_batches)]
-        return batch_load(per_mb, self._lengths, padded_length(1, language), self._language_cost, self.packed)
+        # a dense kernel scores each padded row whole, packed or not
+        return batch_load(per_mb, self._lengths, padded_length(1, language), self._language_cost,
+                          self.packed and not self.dense_attention)
 
     def language_dp_of(self, p: int) -> int:
         """The language dp rank that consumes sample p."""
