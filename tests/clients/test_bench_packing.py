@@ -28,7 +28,7 @@ def test_bench_packing_tiny(capsys):
     assert set(table) == {(ds, row) for ds in ("mix", "shipped") for row in ("samples", "packed")}
     for ds in ("mix", "shipped"):
         packed, samples = table[ds, "packed"], table[ds, "samples"]
-        assert packed["real"] == packed["computed"]
-        assert samples["real"] < samples["computed"]
+        # sdpa scores a packed row whole: its rows are cut (step/rows.py) and pad less than the samples cut
+        assert samples["real"] == packed["real"] <= packed["computed"] < samples["computed"]
         assert packed["step_max_mean"] <= samples["step_max_mean"] + 1e-9
     assert "max/mean (step)" in capsys.readouterr().out
