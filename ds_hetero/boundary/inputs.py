@@ -16,7 +16,7 @@ the micro-batch, i.e. the j-th placeholder position of that sample. Its global i
   dp replica whose positions fall into its sequence shard: samples in ascending index, then
   ascending position. This is the order of `embeds[local_samples, shard][image_mask]`, so a
   `masked_scatter` of the output into the local embeddings of the shard is exactly right
-  (packed sequences: pack samples in ascending index).
+  (packed sequences: list a rank's samples in the order of its packed rows, flattened).
 
 Sequence-shard convention (the cp / sequence-parallel code must follow the same one)
 ------------------------------------------------------------------------------------

@@ -27,9 +27,9 @@ cost less, it is kept. Why not a flat LPT over all the bins (every bin equal): t
 of a long sample's micro-batch would still wait for it. A sample therefore moves out of the micro-batch the samples cut puts it in: the
 StepPlan's encoder passes then cover the samples of the micro-batches they feed (step/
 step_plan.py), and the data paths read them once the plan is known (step/rank_data.py). Inside a
-bin, and inside each row, samples keep ascending batch order: the boundary's destination order
-(boundary/inputs.py: a pass's samples in its order, then positions) is then the order of the
-placeholders in the flattened rows.
+bin, samples go into rows (step/rows.py), each row's in ascending batch order, and the plan lists
+a bin's samples row after row: the boundary's destination order (boundary/inputs.py: a pass's
+samples in its order, then positions) is then the order of the placeholders in the flattened rows.
 
 Pure and deterministic: a function of the samples' lengths alone (light samples will do), the
 same on every rank without communication; O(n (log n + M)) for n samples and M micro-batches
@@ -117,7 +117,7 @@ def pack_batch(lengths: Sequence[int], micro_batches: int, dp: int, cost: Callab
                budget: int | None = None, dense: bool = False, multiple: int = 1
                ) -> tuple[tuple[tuple[tuple[int, ...], ...], ...], ...]:
     """`out[m][d][r]`: the batch positions (indices into `lengths`) in row r of dp rank d's part of
-    language micro-batch m, ascending (`assign_bins`, or the split inside the samples cut's
+    language micro-batch m, each row ascending (`assign_bins`, or the split inside the samples cut's
     micro-batches where it is faster; then `cut_rows` under `budget`, or without one, for a
     `dense` attention kernel (sdpa, eager), step/rows.py `dense_rows` with rows padded to a
     multiple of `multiple`)."""

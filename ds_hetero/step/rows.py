@@ -1,27 +1,33 @@
 """How one language dp rank's samples of a micro-batch become packed rows (step/packing.py
 assigns the samples; models/packing.py builds the rows).
 
-Inside a rank, samples keep ascending batch order, and so do the rows: the boundary delivers a
-rank's encoder rows in that order (boundary/inputs.py), which must be the order of the
-placeholders in the flattened rows. So rows are cut by next fit: consecutive samples while they
-fit under a budget.
+A row may hold any of the rank's samples: the plan delivers a rank's encoder rows in the order of
+its rows, flattened (StepPlan.micro_batch_samples lists each rank's samples row after row), which
+is the order of the placeholders in the flattened rows (boundary/inputs.py). Inside a row the
+samples keep ascending batch order.
 
-Which budget depends on the attention kernel. Flash-attention's varlen kernel (and flex
+Which rows depends on the attention kernel. Flash-attention's varlen kernel (and flex
 attention's block mask) computes each sample's own scores: one row per rank is right, and its
-cost is its samples' own. sdpa and eager are dense: transformers turns packed `position_ids`
+cost is its samples' own. Under `max_tokens_per_micro_batch` the rows are cut by next fit in
+batch order (`cut_rows`). sdpa and eager are dense: transformers turns packed `position_ids`
 into a block-diagonal causal mask, but the kernel still computes the row's whole L x L. One row
 of n samples then costs the attention of their total length, squared: on the shipped dataset at
 global batch 64 on 2 ranks (16 samples a row) about 5x the score entries of the padded samples'.
-For a dense kernel without `max_tokens_per_micro_batch`, `dense_rows` therefore picks the budget
-per rank: the one whose rows, each padded to the rank's longest, cost least (R rows of L tokens:
-R * cost(L), `cost` counting attention over the whole row). Tried: the rank's longest sample
-times 2^(k/2), up to its total (one row); O(n log(total / longest)) for n samples, a pure function
-of the lengths, the same on every rank.
+For a dense kernel without a budget, `dense_rows` therefore picks the rows whose cost, each row
+padded to the rank's longest (R rows of L tokens: R * cost(L), `cost` counting attention over the
+whole row), is least, of two families: R rows of near-equal length (`balanced_rows`, longest
+sample first into the shortest row) for R = 1, 2, 3, 4, 5, 7, ... until the rows are as short as
+the longest sample, and next fit in batch order under the rank's longest sample times 2^(k/2) up to its total
+(the balanced rows are cheaper on almost every rank; the ordered cut keeps the rest from being
+worse than it), both on a geometric grid of row counts and budgets. Each candidate is priced
+from its shape alone (its row count and longest row) and only the chosen one is built:
+O(n log^2 n) for n samples, a pure function of the lengths, the same on every rank.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import heapq
+from typing import Callable, Iterator, Sequence
 
 # the budgets dense_rows tries grow by this factor: finer steps find rows a few per cent cheaper
 # at proportionally more host time per step
@@ -52,17 +58,72 @@ def padded_rows_cost(rows: Sequence[Sequence[int]], lengths: Sequence[int], cost
     return len(rows) * cost(-(-longest // multiple) * multiple)
 
 
+def balanced_rows(lengths: Sequence[int], count: int) -> list[list[int]]:
+    """`count` rows of near-equal length: the longest sample first, each into the shortest row so
+    far (ties: the lower row); each row's indices ascending, the rows ordered by their first."""
+    heap = [(0, r) for r in range(count)]
+    rows: list[list[int]] = [[] for _ in range(count)]
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        used, r = heapq.heappop(heap)
+        rows[r].append(i)
+        heapq.heappush(heap, (used + lengths[i], r))
+    return sorted((sorted(row) for row in rows if row), key=lambda row: row[0])
+
+
+def tried_row_counts(n: int) -> Iterator[int]:
+    """The row counts `dense_rows` tries for the balanced rows of n samples: 1, 2, 3, 4, 5, 7, 9,
+    12, ... (each about BUDGET_STEP times the last), up to n: O(log n) of them."""
+    count = 1
+    while count <= n:
+        yield count
+        count = max(count + 1, int(count * BUDGET_STEP))
+
+
+def _balanced_longest(longest_first: Sequence[int], count: int) -> int:
+    """The longest of `balanced_rows`' `count` rows, from the lengths sorted longest first, without
+    building the rows (which row takes a tie changes no row's length)."""
+    heap = [0] * count
+    for n in longest_first:
+        heapq.heapreplace(heap, heap[0] + n)
+    return max(heap)
+
+
+def _next_fit_shape(lengths: Sequence[int], budget: int) -> tuple[int, int]:
+    """(rows, longest row) of `cut_rows(lengths, budget)`, without building the rows."""
+    rows, longest, used = 0, 0, budget + 1
+    for n in lengths:
+        if used + n > budget:
+            rows, used = rows + 1, 0
+        used += n
+        longest = max(longest, used)
+    return rows, longest
+
+
 def dense_rows(lengths: Sequence[int], cost: Callable[[int], int], multiple: int = 1) -> list[list[int]]:
-    """The rows of one rank's samples for a dense attention kernel: `cut_rows` under the budget,
-    of those tried (module docstring), whose padded rows cost least; ties: the larger budget
-    (fewer rows)."""
-    total, budget = sum(lengths), max(lengths)
-    best, best_cost = None, None
+    """The rows of one rank's samples for a dense attention kernel: of the balanced rows and the
+    ordered cuts tried (module docstring), those whose padded rows cost least; ties: fewer rows,
+    then the balanced. Each candidate is priced from its shape; only the chosen one is built."""
+    total, longest = sum(lengths), max(lengths)
+    longest_first = sorted(lengths, reverse=True)
+
+    def price(rows: int, row_length: int) -> int:
+        return rows * cost(-(-row_length // multiple) * multiple)
+
+    best_key, build = None, None
+    for count in tried_row_counts(len(lengths)):
+        row_length = _balanced_longest(longest_first, count)
+        key = (price(count, row_length), count, 0)
+        if best_key is None or key < best_key:
+            best_key, build = key, (balanced_rows, count)
+        if row_length <= longest:
+            break  # as short as rows get: more of them only cost more
+    budget = longest
     while True:
-        rows = cut_rows(lengths, min(int(budget), total))
-        work = padded_rows_cost(rows, lengths, cost, multiple)
-        if best_cost is None or work <= best_cost:
-            best, best_cost = rows, work
+        cut = min(int(budget), total)
+        rows, row_length = _next_fit_shape(lengths, cut)
+        key = (price(rows, row_length), rows, 1)
+        if key < best_key:
+            best_key, build = key, (cut_rows, cut)
         if budget >= total:
-            return best
+            return build[0](lengths, build[1])
         budget *= BUDGET_STEP

@@ -23,7 +23,7 @@ is what the boundary reconciles.
 
 With `language_batching` "packed" (step/packing.py) the global batch's samples go to (language
 micro-batch, dp rank) bins by token cost and each bin's are packed into rows (`language_rows`): a
-micro-batch is then any set of samples (`micro_batch_samples`, ascending), and an encoder pass
+micro-batch is then any set of samples (`micro_batch_samples`, in the rows' order), and an encoder pass
 covers the samples of the micro-batches it feeds, micro-batch after micro-batch (`EncoderPass.
 samples`: the order the boundary delivers its rows in, so a language rank's rows of consecutive
 micro-batches arrive one micro-batch after the other); the boundary then delivers each row to its
@@ -114,13 +114,16 @@ class StepPlan:
 
     # ------------------------------------------------------------------ language
     def micro_batch_samples(self, m: int) -> Sequence[int]:
-        """Batch positions of language micro-batch m, all dp ranks together (ascending)."""
+        """Batch positions of language micro-batch m, all dp ranks together: the samples cut's
+        range; packed, dp rank after dp rank, each rank's rows after one another (the boundary
+        delivers a rank's rows in this order, that of the placeholders in its flattened rows)."""
         if self.packed:
-            return tuple(sorted(p for rows in self._rows[m] for row in rows for p in row))
+            return tuple(p for rows in self._rows[m] for row in rows for p in row)
         return dp_share(m, self.micro_batch_size, 1, 0)
 
     def language_samples(self, dp: int, m: int) -> Sequence[int]:
-        """Batch positions language dp rank `dp` handles in micro-batch m (ascending)."""
+        """Batch positions language dp rank `dp` handles in micro-batch m: ascending, or packed in
+        the order of its rows (each row's ascending; a dense kernel's rows may interleave)."""
         if self.packed:
             return tuple(p for row in self._rows[m][dp] for p in row)
         return dp_share(m, self.micro_batch_size, self.config.stages[LANGUAGE].dp, dp)

@@ -20,7 +20,8 @@ def _figures(family, model_kw, prepare):
         dp = engine.config.language.dp
         shared = []
         for b in batches:
-            plan = StepPlan(engine.config, engine.adapter.encoders(), b, language_cost=engine.adapter.language_cost)
+            plan = StepPlan(engine.config, engine.adapter.encoders(), b, language_cost=engine.adapter.language_cost,
+                            dense_attention=engine.adapter.dense_attention)  # the engine's plan
             shared.append(max(len(row) for d in range(dp) for m in range(plan.micro_batches)
                               for row in plan.language_rows(d, m)))
         model = build_model(family, seed=7, **model_kw)  # the untrained model, as the engine's before step 1

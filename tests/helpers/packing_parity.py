@@ -3,8 +3,9 @@
 `train_packed(...)` is ds_hetero.testing.parity.train_both with `language_batching` "packed" on
 ds_hetero/testing/uneven.py batches (samples of very different lengths, text-only samples whose
 first token carries a label, several images per sample); it also reports, per step, how many
-samples shared a packed row on this rank's plan (packing must have happened) and the packed
-plan's real/computed tokens. `control` runs a deliberately wrong packing (negative controls):
+samples shared a packed row on this rank's plan (packing must have happened), the packed
+plan's real/computed tokens, and how many ranks' rows hold their samples out of batch order (a
+dense kernel's balanced rows, step/rows.py). `control` runs a deliberately wrong packing (negative controls):
 
     "positions not restarted"   every row's positions count 0..L-1 across its samples (the
                                 mRoPE families: the text plane too), so attention and RoPE
@@ -52,9 +53,10 @@ def _packing_figures(engine, batches):
     from ds_hetero.testing.parity import build_model, reference_forward
 
     language = engine.stages.language
-    shared, computed, real, moved = [], 0, 0, 0
+    shared, computed, real, moved, reordered = [], 0, 0, 0, 0
     for b in batches:
-        plan = StepPlan(engine.config, engine.adapter.encoders(), b, language_cost=engine.adapter.language_cost)
+        plan = StepPlan(engine.config, engine.adapter.encoders(), b, language_cost=engine.adapter.language_cost,
+                        dense_attention=engine.adapter.dense_attention)  # the engine's plan
         dp = engine.config.language.dp
         shared.append(max(len(row) for d in range(dp) for m in range(plan.micro_batches)
                           for row in plan.language_rows(d, m)))
@@ -67,6 +69,8 @@ def _packing_figures(engine, batches):
         for m in range(plan.micro_batches):
             for d in range(dp):
                 rows = plan.language_rows(d, m)
+                flat = [p for row in rows for p in row]
+                reordered += flat != sorted(flat)  # a dense kernel's balanced rows: not in batch order
                 longest = max(sum(int(b[p]["input_ids"].numel()) for p in row) for row in rows)
                 computed += longest * len(rows)
                 real += sum(int(b[p]["input_ids"].numel()) for row in rows for p in row)
@@ -75,7 +79,7 @@ def _packing_figures(engine, batches):
     model = build_model(family, seed=7)
     evaluated = (engine.eval_batch(batches[0]), reference_forward(family, model, adapter_for(model), batches[0])[2])
     return {"most_in_a_row": shared, "real_computed": real / computed, "held": language.held, "eval": evaluated,
-            "moved": moved}
+            "moved": moved, "reordered": reordered}
 
 
 def longest_first(family, model, steps, batch_size):
