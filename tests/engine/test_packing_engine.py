@@ -27,7 +27,7 @@ pytestmark = pytest.mark.distributed
 V4 = {"dp": 4}
 L22 = {"tp": 2, "dp": 2}
 CONTROLS = ("positions not restarted", "loss across samples")
-# runs whose rows keep batch order: the token budget's next fit, and a run whose cheapest rows happen to
+# runs whose rows keep batch order: the token budget's next fit, and a run whose cheapest rows happen to keep it
 IN_ORDER = ("qwen2-vl packed vision tp2dp2 + language dp4, one micro-batch, rows of <= 20 tokens",
             "llava packed skewed")
 
