@@ -7,6 +7,7 @@ import sys
 from dataclasses import replace
 
 from ..errors import HeteroConfigError
+from .workload import ATTENTION_KERNELS
 
 
 def add_plan_parser(sub, launch=None) -> None:
@@ -27,6 +28,10 @@ def add_plan_parser(sub, launch=None) -> None:
     p.add_argument("--lengths", metavar="FILE|sft[:SEED[:SCALE]]",
                    help="a length mix: language tokens per sample of the batch (a file of integers, or the seeded "
                         "SFT-shaped mix of toy/length_mix.py), priced as --config's language_batching cuts it")
+    p.add_argument("--attention", choices=ATTENTION_KERNELS, default="model",
+                   help="how packed rows are priced with --lengths: as the model's attn_implementation runs them "
+                        "(model, the default; sdpa and eager are dense), as flash-attention's varlen kernel "
+                        "(varlen: one row per rank, each sample's own attention), or dense")
     p.add_argument("--machine", default="cpu", help="h100, h200, a100, cpu or calibrate (measure this machine)")
     p.add_argument("--recalibrate", action="store_true", help="with --machine calibrate: measure again")
     p.add_argument("--memory-gb", type=float, help="memory per device (default: the machine's)")
@@ -94,7 +99,7 @@ def run_plan(args: argparse.Namespace) -> int:
                       micro_batches=tuple(args.micro_batches) if args.micro_batches else None,
                       modelled=not args.no_modelled, batch_slack=args.batch_slack,
                       encoder_tokens=args.encoder_tokens, rows=parse_rows(args.rows),
-                      lengths=read_lengths(args.lengths, args.global_batch))
+                      lengths=read_lengths(args.lengths, args.global_batch), attention=args.attention)
     except (HeteroConfigError, ValueError) as exc:
         print(f"plan: {exc}", file=sys.stderr)
         return 1

@@ -13,7 +13,9 @@ test_planner_lengths.py).
 A rank's work is then priced as an equivalent uniform micro-batch: its computed tokens T (rows
 padded to its longest, rounded up to the shard count) and its attention term A (the sum of the
 squared lengths attention spans: each padded row's length with the samples cut, each sample's own
-with packing; padding in a packed row costs its linear work only, as in `load_figures`) give
+with packing under a varlen kernel, and under a dense one (sdpa, eager: `Workload.dense`) each of
+the runtime's dense rows (step/rows.py) padded and whole; padding in a varlen packed row costs its
+linear work only, as in `load_figures`) give
 seq_len A / T and samples T^2 / A, which the formulas turn back into T tokens and A score
 entries. Time: the slowest rank over the step (every rank waits for it at the gradient reduction),
 as a mean micro-batch; memory: the largest micro-batch of any rank. A uniform mix gives back
@@ -45,36 +47,40 @@ class RankWork:
 
 
 def batch_rows(lengths: Sequence[int], micro_batches: int, dp: int, packed: bool, cost,
-               budget: int | None) -> list[list[tuple[tuple[int, ...], ...]]]:
-    """`out[m][d]`: dp rank d's rows (batch positions) in micro-batch m: StepPlan.language_rows."""
+               budget: int | None, dense: bool = False, multiple: int = 1
+               ) -> list[list[tuple[tuple[int, ...], ...]]]:
+    """`out[m][d]`: dp rank d's rows (batch positions) in micro-batch m: StepPlan.language_rows
+    (`dense`: a dense attention kernel's rows, padded to a multiple of `multiple`)."""
     if packed:
-        return [list(per_mb) for per_mb in pack_batch(lengths, micro_batches, dp, cost, budget)]
+        return [list(per_mb) for per_mb in pack_batch(lengths, micro_batches, dp, cost, budget, dense, multiple)]
     size = len(lengths) // micro_batches
     return [[tuple((p,) for p in dp_share(m, size, dp, d)) for d in range(dp)] for m in range(micro_batches)]
 
 
-def rank_work(rows: Sequence[Sequence[int]], lengths: Sequence[int], multiple: int, packed: bool) -> RankWork:
+def rank_work(rows: Sequence[Sequence[int]], lengths: Sequence[int], multiple: int, per_sample: bool) -> RankWork:
+    """`per_sample`: attention spans each sample (packed rows under a varlen kernel), else each padded row."""
     longest = max(sum(lengths[p] for p in row) for row in rows)
     longest = -(-longest // multiple) * multiple
     real = sum(lengths[p] for row in rows for p in row)
-    attention = sum(lengths[p] ** 2 for row in rows for p in row) if packed else longest ** 2 * len(rows)
+    attention = sum(lengths[p] ** 2 for row in rows for p in row) if per_sample else longest ** 2 * len(rows)
     return RankWork(longest * len(rows), attention, real)
 
 
 def step_work(lengths: tuple[int, ...], dp: int, micro_batches: int, multiple: int, packed: bool,
-              budget: int | None, hidden: int, ffn: int) -> tuple[tuple[RankWork, ...], ...]:
+              budget: int | None, hidden: int, ffn: int, dense: bool = False) -> tuple[tuple[RankWork, ...], ...]:
     """`out[m][d]`: dp rank d's work in micro-batch m."""
     cost = language_cost_of(hidden, ffn)
-    return tuple(tuple(rank_work(r, lengths, multiple, packed) for r in per_mb)
-                 for per_mb in batch_rows(lengths, micro_batches, dp, packed, cost, budget))
+    return tuple(tuple(rank_work(r, lengths, multiple, packed and not dense) for r in per_mb)
+                 for per_mb in batch_rows(lengths, micro_batches, dp, packed, cost, budget, dense, multiple))
 
 
 def language_load(lengths: Sequence[int], dp: int, micro_batches: int, multiple: int, packed: bool,
-                  budget: int | None, hidden: int, ffn: int) -> dict[str, float]:
+                  budget: int | None, hidden: int, ffn: int, dense: bool = False) -> dict[str, float]:
     """`real`, `computed` tokens, `max_mean` (worst micro-batch) and `step_max_mean` of a step:
     StepPlan.language_load's figures, from the same rows and `batch_load`."""
     cost = language_cost_of(hidden, ffn)
-    return batch_load(batch_rows(lengths, micro_batches, dp, packed, cost, budget), lengths, multiple, cost, packed)
+    rows = batch_rows(lengths, micro_batches, dp, packed, cost, budget, dense, multiple)
+    return batch_load(rows, lengths, multiple, cost, packed and not dense)
 
 
 def equivalent(tokens: float, attention: float) -> tuple[float, float]:
@@ -113,7 +119,7 @@ def language_shape(spec: ModelSpec, wl: Workload, layout, micro_batches: int, pe
     the slowest rank's mean micro-batch (time) or the largest micro-batch (`peak`: memory)."""
     lm = spec.language
     key = (wl.lengths[:wl.global_batch], layout.dp, micro_batches, shards(layout), wl.batching == "packed",
-           wl.budget, lm.hidden, lm.ffn)
+           wl.budget, lm.hidden, lm.ffn, wl.dense)
     works = wl.memo.get(key)
     if works is None:  # the search prices each layout many times: cut the mix once per layout
         works = wl.memo[key] = step_work(*key)

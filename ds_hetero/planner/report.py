@@ -62,7 +62,7 @@ def mix_lines(plan: Plan) -> list[str]:
         lang, c = p.candidate.language, p.candidate
         b = c.global_batch or wl.global_batch
         f = language_load(lengths[:b], lang.dp, c.micro_batches, shards(lang), wl.batching == "packed", wl.budget,
-                          lm.hidden, lm.ffn)
+                          lm.hidden, lm.ffn, wl.dense)
         out.append(f"  {name}: language real/computed tokens {f['real'] / f['computed']:.3f}, "
                    f"max/mean load {f['max_mean']:.2f} (worst micro-batch), {f['step_max_mean']:.2f} (step)")
     return out + [""]

@@ -32,7 +32,7 @@ from .machine import MachineProfile
 from .model_source import load_model
 from .model_spec import model_spec
 from ..models.shapes import ModelSpec
-from .workload import Workload, image_tokens_of
+from .workload import ATTENTION_KERNELS, Workload, image_tokens_of
 
 DEFAULT_OPTIMIZER = {"type": "AdamW", "params": {"lr": 1e-4}}
 
@@ -113,7 +113,8 @@ def plan(model: Any, world_size: int, seq_len: int, image_tokens: int | None, gl
          max_tp: int | None = None, placements: tuple[str, ...] | None = None,
          micro_batches: tuple[int, ...] | None = None, adapter=None, has_client_optimizer: bool = False,
          modelled: bool = True, batch_slack: float = 0.0, encoder_tokens: int | None = None,
-         rows: Mapping[str, int] | None = None, lengths: Sequence[int] | None = None) -> Plan:
+         rows: Mapping[str, int] | None = None, lengths: Sequence[int] | None = None,
+         attention: str = "model") -> Plan:
     """Every valid configuration of `model` (an HF config, a path, a tiny name or a model), ranked.
 
     `adapter`: the model's stage adapter when the caller already holds the model (initialize);
@@ -122,7 +123,11 @@ def plan(model: Any, world_size: int, seq_len: int, image_tokens: int | None, gl
     `placements` (None: every one the model has: colocated, disaggregated, and mixed with several).
     `lengths`: language tokens of each sample of the batch (a length mix, language_mix.py), cut as
     the base config's `language_batching` says; None: every sample `seq_len` tokens.
+    `attention`: how its packed rows are priced (ATTENTION_KERNELS): as the model's attention
+    kernel runs them ("model": the adapter's `dense_attention`), as a varlen kernel, or dense.
     """
+    if attention not in ATTENTION_KERNELS:
+        raise ValueError(f"attention {attention!r}: one of {', '.join(ATTENTION_KERNELS)}")
     hf_config, instance = load_model(model, build=adapter is None)
     adapter = adapter or adapter_for(instance)
     spec = model_spec(hf_config)
@@ -130,7 +135,9 @@ def plan(model: Any, world_size: int, seq_len: int, image_tokens: int | None, gl
     base = base_config(base, global_batch, None, machine.dtype_bytes == 2 and not base)
     freeze = resolve_freeze(base.get(SECTION), adapter)
     batching, budget = parse_language_batching(base.get(SECTION) or {})
-    mix = {"lengths": tuple(int(n) for n in lengths or ()), "batching": batching, "budget": budget}
+    dense = adapter.dense_attention if attention == "model" else attention == "dense"
+    mix = {"lengths": tuple(int(n) for n in lengths or ()), "batching": batching, "budget": budget,
+           "dense": dense}  # the rows the runtime cuts for that attention kernel
     if several:
         if encoder_tokens is not None:
             raise ValueError("--encoder-tokens: give each encoder's boundary rows with --rows STAGE=N instead")

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field, replace
 from .frozen import Freeze
 from ..models.shapes import ModelSpec
 
+# how `plan --attention` prices packed rows: as the model's kernel runs them, as a varlen kernel
+# (flash-attention: each sample's own scores), or as a dense one (sdpa, eager: each row scored whole)
+ATTENTION_KERNELS = ("model", "varlen", "dense")
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -25,6 +29,9 @@ class Workload:
                    runtime cuts these samples (language_mix.py); the encoders keep image_tokens
     batching       the base config's `language_batching` ("samples" or "packed") and
     budget         its `max_tokens_per_micro_batch`: how the runtime cuts the length mix
+    dense          whether the language's attention kernel scores a packed row whole (sdpa, eager:
+                   the adapter's `dense_attention`): packed rows are then the runtime's dense rows
+                   (step/rows.py), each priced padded and whole
     memo           language_mix.py's rows of the mix per layout (not part of the workload's identity)
     """
 
@@ -38,6 +45,7 @@ class Workload:
     lengths: tuple[int, ...] = ()
     batching: str = "samples"
     budget: int | None = None
+    dense: bool = False
     # the language's rows per (dp, micro-batches, shards) of the length mix, filled by language_mix.py
     # (the search asks for each layout many times); one plan's, shared by its replace()d copies
     memo: dict = field(default_factory=dict, compare=False, hash=False, repr=False)

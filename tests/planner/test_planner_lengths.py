@@ -46,10 +46,11 @@ def _samples(lengths):
     return [{"input_ids": torch.zeros(n, dtype=torch.long)} for n in lengths]
 
 
+@pytest.mark.parametrize("dense", [False, True], ids=["varlen", "dense"])
 @pytest.mark.parametrize("batching,budget,lang", [
     ("samples", None, {"dp": 2}), ("packed", None, {"dp": 2}), ("packed", 300, {"dp": 4}),
     ("packed", None, {"tp": 2, "dp": 2, "sequence_parallel": True}), ("samples", None, {"cp": 2, "dp": 2})])
-def test_plan_figures_equal_the_step_plans(batching, budget, lang):
+def test_plan_figures_equal_the_step_plans(batching, budget, lang, dense):
     lengths = sft_lengths(16, scale=9, seed=3)
     world = lang.get("tp", 1) * lang.get("cp", 1) * lang["dp"]
     section = {"micro_batches": 2, "language_batching": batching, "stages": {"vision": {"dp": world}, "language": lang}}
@@ -57,10 +58,14 @@ def test_plan_figures_equal_the_step_plans(batching, budget, lang):
         section["max_tokens_per_micro_batch"] = budget
     cfg = load_config({"train_batch_size": 16, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
                        "hetero_parallel": section}, world)
-    runtime = StepPlan(cfg, {}, _samples(lengths), language_cost=language_cost_of(64, 172)).language_load()
+    runtime = StepPlan(cfg, {}, _samples(lengths), language_cost=language_cost_of(64, 172),
+                       dense_attention=dense).language_load()
     shards = lang.get("cp", 1) * (lang.get("tp", 1) if lang.get("sequence_parallel") else 1)
-    planned = language_load(lengths, cfg.language.dp, 2, shards, batching == "packed", budget, 64, 172)
+    planned = language_load(lengths, cfg.language.dp, 2, shards, batching == "packed", budget, 64, 172, dense)
     assert planned == runtime
+    if batching == "packed" and budget is None:  # the kernels cut different rows: the check sees the kernel
+        other = language_load(lengths, cfg.language.dp, 2, shards, True, None, 64, 172, not dense)
+        assert other != planned
     if batching == "samples":
         assert planned["computed"] > planned["real"]  # the mix pads: the check can see a difference
 
@@ -93,6 +98,12 @@ def test_a_long_tailed_mix_prices_padding_and_packing_wins():
     assert packed.best.tokens_per_s == pytest.approx(sum(lengths) / packed.best.step_s)
     cfg = packed.ds_config(packed.best)
     assert cfg["hetero_parallel"]["language_batching"] == "packed"  # the written config trains what was priced
+    assert packed.workload.dense  # tiny-llava runs sdpa: its packed rows are priced as the dense kernel's
+    varlen = _plan(lengths, "packed", attention="varlen")
+    assert not varlen.workload.dense and varlen.best.step_s < packed.best.step_s  # each sample's own attention
+    assert _plan(lengths, "packed", attention="dense").best.step_s == packed.best.step_s
+    with pytest.raises(ValueError, match="attention 'flash'"):
+        _plan(lengths, "packed", attention="flash")
 
 
 def test_cli_takes_lengths(tmp_path, capsys):
@@ -103,7 +114,7 @@ def test_cli_takes_lengths(tmp_path, capsys):
     cfg.write_text('{"train_batch_size": 16, "hetero_parallel": {"language_batching": "packed"}}')
     assert cli_main(["plan", "--model", "tiny-llava", "--world-size", "4", "--seq-len", "96", "--image-tokens", "16",
                       "--global-batch", "16", "--machine", "h100", "--no-modelled", "--config", str(cfg),
-                      "--lengths", str(f)]) == 0
+                      "--lengths", str(f), "--attention", "varlen"]) == 0
     assert "packed" in capsys.readouterr().out
     with pytest.raises(ValueError, match="--lengths"):
         _plan([96] * 8, "packed")
