@@ -29,45 +29,68 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Iterator, Sequence
 
+from .balance import lpt
+
 # the budgets dense_rows tries grow by this factor: finer steps find rows a few per cent cheaper
 # at proportionally more host time per step
 BUDGET_STEP = 2 ** 0.5
 
 
+def _next_fit(lengths: Sequence[int], budget: int) -> Iterator[tuple[int, int]]:
+    """Per sample, in order: (its row, that row's tokens so far) under next fit: consecutive
+    samples while they fit under `budget`; a longer sample has a row of its own."""
+    row, used = -1, budget + 1
+    for n in lengths:
+        if used + n > budget:
+            row, used = row + 1, 0
+        used += n
+        yield row, used
+
+
 def cut_rows(lengths: Sequence[int], budget: int | None) -> list[list[int]]:
     """The packed rows of one rank's samples (indices into `lengths`, kept in order): one row, or
-    under `budget` consecutive samples while they fit (next fit); a longer sample has a row of its own."""
+    under `budget` the rows of next fit (`_next_fit`)."""
     if budget is None:
         return [list(range(len(lengths)))]
     rows: list[list[int]] = []
-    used = budget + 1
-    for i, n in enumerate(lengths):
-        if used + n > budget:
+    for i, (row, _) in enumerate(_next_fit(lengths, budget)):
+        if row == len(rows):
             rows.append([])
-            used = 0
-        rows[-1].append(i)
-        used += n
+        rows[row].append(i)
     return rows
+
+
+def padded_cost(count: int, longest: int, cost: Callable[[int], int], multiple: int = 1) -> int:
+    """A dense kernel's work on `count` rows padded to `longest` tokens (rounded up to `multiple`),
+    all of each row's L x L scored."""
+    return count * cost(-(-longest // multiple) * multiple)
 
 
 def padded_rows_cost(rows: Sequence[Sequence[int]], lengths: Sequence[int], cost: Callable[[int], int],
                      multiple: int = 1) -> int:
-    """A dense kernel's work on these rows: each padded to the longest (rounded up to `multiple`),
-    all of its L x L scored."""
-    longest = max(sum(lengths[i] for i in row) for row in rows)
-    return len(rows) * cost(-(-longest // multiple) * multiple)
+    """`padded_cost` of these rows, each padded to the longest."""
+    return padded_cost(len(rows), max(sum(lengths[i] for i in row) for row in rows), cost, multiple)
 
 
 def balanced_rows(lengths: Sequence[int], count: int) -> list[list[int]]:
-    """`count` rows of near-equal length: the longest sample first, each into the shortest row so
-    far (ties: the lower row); each row's indices ascending, the rows ordered by their first."""
-    heap = [(0, r) for r in range(count)]
+    """`count` rows of near-equal length: step/balance.py's `lpt` of the samples over the rows
+    (the longest first, each into the shortest row so far); each row's indices ascending, the rows
+    ordered by their first."""
     rows: list[list[int]] = [[] for _ in range(count)]
-    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        used, r = heapq.heappop(heap)
+    for i, r in enumerate(lpt(lengths, count)):
         rows[r].append(i)
-        heapq.heappush(heap, (used + lengths[i], r))
-    return sorted((sorted(row) for row in rows if row), key=lambda row: row[0])
+    return sorted((row for row in rows if row), key=lambda row: row[0])
+
+
+def _balanced_longest(longest_first: Sequence[int], count: int) -> int:
+    """The longest of `balanced_rows`' `count` rows, from the lengths sorted longest first, without
+    building them: the same greedy as `lpt` on bare loads (which row takes a tie changes no row's
+    length), sorted once for every count tried; `lpt` + `loads` would sort and allocate per count,
+    which doubles the plan's host time at batch 256."""
+    heap = [0] * count
+    for n in longest_first:
+        heapq.heapreplace(heap, heap[0] + n)
+    return max(heap)
 
 
 def tried_row_counts(n: int) -> Iterator[int]:
@@ -79,40 +102,16 @@ def tried_row_counts(n: int) -> Iterator[int]:
         count = max(count + 1, int(count * BUDGET_STEP))
 
 
-def _balanced_longest(longest_first: Sequence[int], count: int) -> int:
-    """The longest of `balanced_rows`' `count` rows, from the lengths sorted longest first, without
-    building the rows (which row takes a tie changes no row's length)."""
-    heap = [0] * count
-    for n in longest_first:
-        heapq.heapreplace(heap, heap[0] + n)
-    return max(heap)
-
-
-def _next_fit_shape(lengths: Sequence[int], budget: int) -> tuple[int, int]:
-    """(rows, longest row) of `cut_rows(lengths, budget)`, without building the rows."""
-    rows, longest, used = 0, 0, budget + 1
-    for n in lengths:
-        if used + n > budget:
-            rows, used = rows + 1, 0
-        used += n
-        longest = max(longest, used)
-    return rows, longest
-
-
 def dense_rows(lengths: Sequence[int], cost: Callable[[int], int], multiple: int = 1) -> list[list[int]]:
     """The rows of one rank's samples for a dense attention kernel: of the balanced rows and the
     ordered cuts tried (module docstring), those whose padded rows cost least; ties: fewer rows,
     then the balanced. Each candidate is priced from its shape; only the chosen one is built."""
     total, longest = sum(lengths), max(lengths)
     longest_first = sorted(lengths, reverse=True)
-
-    def price(rows: int, row_length: int) -> int:
-        return rows * cost(-(-row_length // multiple) * multiple)
-
     best_key, build = None, None
     for count in tried_row_counts(len(lengths)):
         row_length = _balanced_longest(longest_first, count)
-        key = (price(count, row_length), count, 0)
+        key = (padded_cost(count, row_length, cost, multiple), count, 0)
         if best_key is None or key < best_key:
             best_key, build = key, (balanced_rows, count)
         if row_length <= longest:
@@ -120,8 +119,10 @@ def dense_rows(lengths: Sequence[int], cost: Callable[[int], int], multiple: int
     budget = longest
     while True:
         cut = min(int(budget), total)
-        rows, row_length = _next_fit_shape(lengths, cut)
-        key = (price(rows, row_length), rows, 1)
+        rows, row_length = 0, 0
+        for row, used in _next_fit(lengths, cut):  # cut_rows' shape, unbuilt
+            rows, row_length = row + 1, max(row_length, used)
+        key = (padded_cost(rows, row_length, cost, multiple), rows, 1)
         if key < best_key:
             best_key, build = key, (cut_rows, cut)
         if budget >= total:
