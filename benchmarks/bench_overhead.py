@@ -4,6 +4,7 @@
     python benchmarks/bench_overhead.py --sizes quick   # one size only (2 ranks on a 2-core machine, else 4)
     python benchmarks/bench_overhead.py --sizes quick --world 4   # 4 ranks even on 2 cores, for the record
     python benchmarks/bench_overhead.py --sizes quick --world 2 --deepspeed-norms   # + DeepSpeed's own stage norms
+    python benchmarks/bench_overhead.py --sizes quick --two-engines   # + plain DeepSpeed with one engine per stage
 
 The same seeded LLaVA (bench_layouts' "balanced" scenario), the same global batches, ZeRO 1,
 AdamW, clipping 1.0, on N CPU ranks: "ds_hetero dpN" (vision tp1 dpN + language tp1 dpN,
@@ -14,6 +15,12 @@ hits both alike. Each rank is bound to its own core (`os.sched_setaffinity`), so
 collective waits for real instead of handing its core to another rank; on fewer than 4 cores the
 default is therefore the same rows at dp2 on 2 ranks (`--world 4` there measures 4 ranks on 2
 cores, where every collective also waits for a descheduled peer and costs context switches).
+
+With `--two-engines` a third row, "plain DS dpN, two engines", steps plain DeepSpeed with one engine
+per stage module (layouts_plain.PlainTwoEngines: no batch agreement, plan, boundary or global
+norm): ds_hetero / plain then splits into that row over plain (what a second DeepSpeed engine
+costs by itself) and ds_hetero over that row (what ds_hetero's own step adds). Every row's first
+loss (the same batch, the same weights, before any update) is checked equal.
 
 Reported per size:
 - wall time per step (the slowest rank, from a common barrier) and the median of the per-round
@@ -56,16 +63,29 @@ def rows_of(world: int) -> tuple[str, str]:
     return (f"ds_hetero dp{world}", f"plain DS dp{world}")
 
 
-def timed_rows(world: int, deepspeed_norms: bool) -> tuple[str, ...]:
-    """The rows stepped every round: ds_hetero and plain DeepSpeed, and with `--deepspeed-norms` a
+def ds_norms_row(world: int) -> str:
+    return f"{rows_of(world)[0]} (DS norms)"
+
+
+def two_engines_row(world: int) -> str:
+    return f"{rows_of(world)[1]}, two engines"
+
+
+def timed_rows(world: int, deepspeed_norms: bool, two_engines: bool = False) -> tuple[str, ...]:
+    """The rows stepped every round: ds_hetero and plain DeepSpeed; with `--deepspeed-norms` a
     second ds_hetero engine whose stage norms are DeepSpeed's own (no rank shares: the step as it
-    was before optimizer_step/norm_shares.py), to read that change from the same rounds."""
-    return rows_of(world) + ((f"{rows_of(world)[0]} (DS norms)",) if deepspeed_norms else ())
+    was before optimizer_step/norm_shares.py), to read that change from the same rounds; with
+    `--two-engines` plain DeepSpeed with one engine per stage module (layouts_plain.PlainTwoEngines),
+    which splits the overhead into what a second DeepSpeed engine costs and what ds_hetero's own
+    step adds."""
+    return (rows_of(world) + ((ds_norms_row(world),) if deepspeed_norms else ())
+            + ((two_engines_row(world),) if two_engines else ()))
 
 
 def layouts_of(world: int) -> dict:
     hetero, plain = rows_of(world)
-    return {hetero: Layout((1, world), (1, world)), plain: Plain()}
+    return {hetero: Layout((1, world), (1, world)), plain: Plain(),
+            two_engines_row(world): Plain(two_engines=True)}
 
 # phase -> functions (file suffix, name) whose cumulative CPU time it is, for each engine. Nested
 # entries are subtracted where one phase runs inside another (the boundary's backward exchange
@@ -118,19 +138,25 @@ def run(rank, world, a, steps):
 
     if world <= cores():  # one rank per core: waiting is real
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
-    rows, timed = rows_of(world), timed_rows(world, a["deepspeed_norms"])
+    rows, timed = rows_of(world), timed_rows(world, a["deepspeed_norms"], a["two_engines"])
     engines = {}
     for name in timed:
-        model, engine = make_engine(rows[0] if name not in rows else name, a)
+        model, engine = make_engine(rows[0] if name == ds_norms_row(world) else name, a)
         if hasattr(engine, "timeline"):
             engine.timeline.synchronize = False  # as in training: no device sync per span
-        if name not in rows:
+        if name == ds_norms_row(world):
             engine.norm_sharing = frozenset()  # every stage's norm from DeepSpeed's scaled_global_norm
         engines[name] = engine
     batches = make_batches(model, a, 2 * steps + 2)
+    first = {}
     for b in batches[:2]:  # warm-up: DeepSpeed's first steps allocate
-        for engine in engines.values():
-            engine.train_batch(b)
+        for name, engine in engines.items():
+            result = engine.train_batch(b)
+            first.setdefault(name, result["loss"] if isinstance(result, dict) else result.loss)
+    # every row trains the same model from the same weights: the first batch's loss (before any
+    # update) is the same, or a row measures something else
+    if max(first.values()) - min(first.values()) > 1e-5 * abs(first[rows[1]]):
+        raise AssertionError(f"the rows' first losses differ: {first}")
     # the timed rounds run without the profiler (it costs per Python call, and ds_hetero makes more
     # of them than plain DeepSpeed: profiled, the ratio reads high); the profiled rounds follow
     profiles = {name: cProfile.Profile(time.process_time) for name in rows}
@@ -164,7 +190,7 @@ def _rank_medians(per_rank: list[dict], row: str, steps: int) -> list[tuple[floa
 
 
 def report(size: str, a: dict, per_rank: list[dict], steps: int) -> None:
-    rows, timed = rows_of(a["world"]), timed_rows(a["world"], a["deepspeed_norms"])
+    rows, timed = rows_of(a["world"]), timed_rows(a["world"], a["deepspeed_norms"], a["two_engines"])
     binding = "one per core" if a["world"] <= cores() else f"on {cores()} cores"
     wall = {n: [max(r["rounds"][i][n][0] for r in per_rank) for i in range(steps)] for n in timed}
     cpu = {n: [sum(r["rounds"][i][n][1] for r in per_rank) for i in range(steps)] for n in timed}
@@ -188,6 +214,12 @@ def report(size: str, a: dict, per_rank: list[dict], steps: int) -> None:
     for n in timed[2:]:
         print(f"{n} / plain DeepSpeed: wall {statistics.median(w / p for w, p in zip(wall[n], wall[rows[1]])):.3f}, "
               f"CPU {statistics.median(c / p for c, p in zip(cpu[n], cpu[rows[1]])):.3f} (the same rounds)")
+    if a["two_engines"]:  # the overhead split: a second engine's cost, then what ds_hetero's step adds to it
+        two = two_engines_row(a["world"])
+        print(f"ds_hetero / {two}: wall {statistics.median(h / t for h, t in zip(wall[rows[0]], wall[two])):.3f}, "
+              f"CPU {statistics.median(h / t for h, t in zip(cpu[rows[0]], cpu[two])):.3f} (the same rounds)")
+        print(f"per rank, medians (ms/step): {two} " + ", ".join(
+            f"r{r} CPU {cpu_ms:.1f} wall {wall_ms:.1f}" for r, (wall_ms, cpu_ms) in enumerate(_rank_medians(per_rank, two, steps))))
     hetero, plain = (per_rank[0]["breakdown"][n] for n in rows)
     print(f"\nwhere the CPU time goes, rank 0, ms per step:\n{'phase':<38}{'ds_hetero':>10}{'plain DS':>10}{'diff':>8}")
     for phase in hetero:
@@ -205,6 +237,8 @@ def main(argv=None) -> int:
                         "each bound to its own (4 on 2 cores measures descheduled peers, for the record)")
     p.add_argument("--deepspeed-norms", action="store_true",
                    help="also step a ds_hetero engine with DeepSpeed's own stage norms (no rank shares)")
+    p.add_argument("--two-engines", action="store_true",
+                   help="also step plain DeepSpeed with one engine per stage module (what a second engine costs)")
     args = p.parse_args(argv)
     if args.world is None:  # a claim about waiting holds only with a core per rank (docs/benchmarks.md)
         args.world = 4 if cores() >= 4 else 2
@@ -212,7 +246,7 @@ def main(argv=None) -> int:
     for size in args.sizes:
         _, runs = layouts_args((["--quick"] if size == "quick" else []) + ["--scenario", "balanced", "--rows", *ROWS])
         a = dict(runs[0][1], world=args.world, extra_layouts=layouts_of(args.world),
-                 deepspeed_norms=args.deepspeed_norms)
+                 deepspeed_norms=args.deepspeed_norms, two_engines=args.two_engines)
         steps = args.steps or (60 if size == "quick" else 20)
         per_rank = launch(run, a, steps, world=args.world, timeout=3600.0)
         report(size, a, per_rank, steps)

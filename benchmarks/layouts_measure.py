@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 
 from cpu_ranks import launch
-from layouts_plain import PlainEngine
+from layouts_plain import PlainEngine, PlainTwoEngines
 from layouts_rows import (LAYOUTS, Plain, build_model, ds_config, layout_of, make_batches, mb_of, rank_groups,
                           with_param_counts)
 
@@ -22,7 +22,7 @@ def make_engine(name, a):
     model = build_model(a)
     layout = layout_of(name, a)
     if isinstance(layout, Plain):
-        return model, PlainEngine(model, a, layout, ds_config(a, layout))
+        return model, (PlainTwoEngines if layout.two_engines else PlainEngine)(model, a, layout, ds_config(a, layout))
     engine = ds_hetero.initialize(model, ds_config(a, layout))
     engine.timeline.synchronize = True  # the time split per phase is the benchmark's: time the device work
     return model, engine

@@ -63,3 +63,61 @@ class PlainEngine:
                     stage_time={"model": {"forward": times["forward"], "backward": times["backward"]},
                                 "optimizer": {"step": times["step"]}},
                     boundary_bytes=0)
+
+
+class PlainTwoEngines:
+    """Plain DeepSpeed with the model cut into its two stage modules, one engine each (vision tower +
+    projector, language model), as a user who splits the model by hand would run it: the language
+    engine's backward, the rows' gradient fed to the vision engine's backward, then each engine's
+    own step (each clips by its own norm). No ds_hetero step logic: no batch agreement, no plan, no
+    boundary, no global norm. bench_overhead reads what a second DeepSpeed engine costs from it.
+    The same samples per rank as PlainEngine (dp over all ranks)."""
+
+    def __init__(self, model, a, plain, config):
+        import deepspeed
+        import torch.distributed as dist
+
+        from ds_hetero.topology.distributed import ensure_distributed
+        from ds_hetero.families import adapter_for
+        from ds_hetero.families.llava.adapter import split_llava
+
+        assert plain.autotp == 1, "the two-engine row is dp only"
+        self.rank, self.world = ensure_distributed(600)
+        self.a, self.adapter, self.plain = a, adapter_for(model), plain
+        stages = split_llava(model)
+        self.vision, *_ = deepspeed.initialize(model=stages["vision"], config=config,
+                                               model_parameters=stages["vision"].trainable_parameters())
+        self.language, *_ = deepspeed.initialize(model=stages["language"], config=config,
+                                                 model_parameters=list(stages["language"].parameters()))
+        self.dist = dist
+
+    def train_batch(self, samples):
+        import torch
+
+        from ds_hetero.loss import label_token_count, token_loss_sum
+
+        a, gas = self.a, self.a["micro_batches"]
+        n_labels = sum(label_token_count(s["labels"]) for s in samples)
+        dp = self.plain.dp(self.world)
+        per_rank = a["batch"] // (dp * gas)
+        loss_sum = 0.0
+        start = time.perf_counter()
+        for m in range(gas):
+            first = m * (a["batch"] // gas) + self.rank * per_rank
+            mine = samples[first:first + per_rank]
+            batch = self.adapter.language_inputs(mine)
+            rows = self.vision(self.adapter.vision_inputs(mine)["pixel_values"])
+            leaf = rows.detach().requires_grad_()
+            logits = self.language(batch["input_ids"], leaf, attention_mask=batch["attention_mask"],
+                                   position_ids=batch["position_ids"])
+            local = token_loss_sum(logits, batch["labels"])
+            self.language.backward(local / n_labels * (dp * gas))
+            # the rows' gradient is already scaled like the language loss: no second 1/gas
+            self.vision.backward((rows * leaf.grad).sum(), scale_wrt_gas=False)
+            self.language.step()
+            self.vision.step()
+            loss_sum += float(local.detach())
+        loss = torch.tensor([loss_sum], dtype=torch.float64)
+        self.dist.all_reduce(loss)
+        return dict(loss=float(loss) / n_labels, num_tokens=n_labels, step_time=time.perf_counter() - start,
+                    stage_time={}, boundary_bytes=0)

@@ -42,6 +42,9 @@ class Plain:
     leaves the vision tower and projector replicated on the tp ranks."""
 
     autotp: int = 1
+    # two engines (bench_overhead's decomposition row): one deepspeed.initialize per stage module,
+    # stepped by plain DeepSpeed, each clipping by its own norm; dp over all ranks, no AutoTP
+    two_engines: bool = False
 
     def dp(self, world: int) -> int:
         return world // self.autotp
