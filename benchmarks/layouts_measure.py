@@ -53,7 +53,9 @@ def timed_step(engine, samples):
 
 def held_params(model, engine):
     """Parameters this rank holds (its tp shards; a disaggregated rank's other stage is on meta)."""
-    modules = [e.module for e in engine.engines.values()] if hasattr(engine, "engines") else [model]
+    # stages sharing one engine (stages/shared_engine.py) list it under each name: count it once
+    engines = {id(e): e for e in engine.engines.values()} if hasattr(engine, "engines") else {}
+    modules = [e.module for e in engines.values()] or [model]
     return sum(p.numel() for m in modules for p in m.parameters() if p.device.type != "meta")
 
 

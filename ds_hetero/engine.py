@@ -205,7 +205,8 @@ class HeteroEngine:
             self.schedule.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0}
             self.schedule.aux_sum = 0.0  # a MoE language stage's aux-loss shares (stage_work.py)
             self.stages.start_step(step)  # the dropout streams restart from (seed, step): resumes draw the same
-            loss_sum = self.schedule.run(samples, plan, n_labels, step)
+            with self.stages.reduce_once():  # a shared stage engine: one gradient reduction after every pass
+                loss_sum = self.schedule.run(samples, plan, n_labels, step)
             with self.timeline.span("optimizer.norm", "optimizer", step):
                 norms = global_step.stage_norms(self.stages, self.norm_sharing)
             # Waiting here for the other rank set is idle time, not optimizer work.

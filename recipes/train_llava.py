@@ -161,7 +161,13 @@ def _header(engine, model) -> str:
         f"{n} tp{l.tp} cp{l.cp} dp{l.dp}" + (f" pp{l.pp}" if l.pp > 1 else "") + f" ({_memory_options(engine, n)})"
         for n, l in cfg.stages.items())
         + f"; global batch {cfg.global_batch_size} in {cfg.micro_batches} micro-batches; "
-        f"{sum(p.numel() for p in model.parameters()):,} parameters")
+        f"{sum(p.numel() for p in model.parameters()):,} parameters" + _shared(engine))
+
+
+def _shared(engine) -> str:
+    """Which stages share one DeepSpeed engine (same ranks and layout, ZeRO 0/1: docs/configuration.md)."""
+    shared = [s.name for s in engine.stages.held if s.engine_owner is not None]
+    return f"; one DeepSpeed engine for {', '.join(shared)}" if shared else ""
 
 
 def train(engine, model, steps: int, skipped: str = "") -> tuple[list, float]:

@@ -35,7 +35,7 @@ import torch
 from ..tensor_parallel.layers import merge_shards
 from .expert_state import read_expert_stage
 from .layer_map import check_layer_map, part_dirs, saved_entries, saved_pp
-from .manifest import CheckpointError, ep_of, pipeline_of, read_stage_params, saved_stage_zero
+from .manifest import CheckpointError, engine_of, ep_of, pipeline_of, read_stage_params, saved_stage_zero
 
 CACHE = "full_state"
 CACHE_FILE = "{}.hf.pt"  # keyed by the model's names (an older cache, keyed by module names, is not read)
@@ -103,8 +103,8 @@ def _merge_zero_partitions(stage_dir: str, t: int, shard: dict, steps: set) -> N
 
 
 def _read_part(part: str, tag: str, meta: dict[str, Any], zero: int, tp: int) -> tuple[dict, dict]:
-    """One folder of DeepSpeed files (a stage's, or one pipeline chunk's) merged over ZeRO and tp,
-    keyed by the model's parameter names."""
+    """One folder of DeepSpeed files (a stage's, one pipeline chunk's, or the engine a stage
+    shared) merged over ZeRO and tp, keyed by the model's names of the parameters `meta` lists."""
     slices, common = _tp_slices(os.path.join(part, tag), meta, zero, tp)
     params = {}
     for name, info in saved_entries(meta).items():
@@ -143,8 +143,12 @@ def read_stage(ckpt_dir: str, stage: str, manifest: dict[str, Any]) -> dict[str,
         raise CheckpointError(f"{ckpt_dir}: ZeRO stage {zero} checkpoints cannot be resharded yet (ZeRO 0, 1, 2 can)")
     metas = saved_metas(ckpt_dir, stage, manifest)
     params, common, steps = {}, None, set()
-    # the engine's DeepSpeed files: ckpt_dir/<stage>/<tag>/, or ckpt_dir/<stage>/pp_<k>/<tag>/ (store.py)
-    for part, meta in zip(part_dirs(ckpt_dir, stage, len(metas)), metas):
+    # the engine's DeepSpeed files: ckpt_dir/<stage>/<tag>/, or ckpt_dir/<stage>/pp_<k>/<tag>/ (store.py),
+    # or, for a stage that shared its engine (never pipelined), ckpt_dir/<its engine's owner>/<tag>/
+    parts = part_dirs(ckpt_dir, stage, len(metas))
+    if engine_of(manifest, stage) != stage:
+        parts = [os.path.join(ckpt_dir, engine_of(manifest, stage))]
+    for part, meta in zip(parts, metas):
         part_params, part_common = _read_part(part, manifest["tag"], meta, zero, layout["tp"])
         params.update(part_params)  # check_layer_map: no name in two chunks
         common = common or part_common  # the scheduler and counters: every chunk's engine steps alike

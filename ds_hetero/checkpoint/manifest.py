@@ -8,7 +8,9 @@
     placement, world_size, zero_stage, dtype, optimizer
     stages        per stage: tp, cp, dp, ranks, sequence_parallel, zero_stage; pp and pp_layers
                   (the layers of each pipeline chunk, as cut) for a pipelined stage; ep (experts
-                  sharded over ep ranks: the stage's files are expert_state.py's)
+                  sharded over ep ranks: the stage's files are expert_state.py's); engine: the
+                  stage whose folder holds its engine's DeepSpeed files (itself, or the first of
+                  the stages sharing one engine, stages/shared_engine.py)
     model         the Hugging Face class and config (for `ds-hetero checkpoint convert --to-hf`)
     versions      ds_hetero, deepspeed, torch, transformers
 
@@ -19,7 +21,8 @@ expert weight sharded over ep has its full shape (all experts) and `"ep_split": 
 its experts are: expert_parallel/gather.py; {"dim": 0, "outer": 1} for the fused expert weights).
 A tied weight's copy on the last pipeline stage (stages/tied_embeddings.py) is recorded under the
 model's one name with `"shared_copy": true`: the full state takes that name from the first chunk.
-A pipelined stage has one folder per chunk, each with its params.json (layer_map.py).
+A pipelined stage has one folder per chunk, each with its params.json (layer_map.py). Stages that
+share one engine each have their params.json, naming their parameters as the engine's files do.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import json
 import os
 from typing import Any
 
+from ..stages.shared_engine import engine_names
 from ..stages.tied_embeddings import is_shared_copy
 from .layer_map import chunk_record, current_counts
 
@@ -81,7 +85,8 @@ def engine_facts(stages) -> dict[str, Any]:
                           "sequence_parallel": l.sequence_parallel,
                           # each stage's own: stages.<name>.zero_stage, and 0 for a stage that trains nothing
                           "zero_stage": stage_zero(stages, name),
-                          "pp": l.pp, "pp_layers": current_counts(stages, name), "ep": l.ep}
+                          "pp": l.pp, "pp_layers": current_counts(stages, name), "ep": l.ep,
+                          "engine": stages[name].engine_owner or name}
                    for name, l in cfg.stages.items()},
     }
 
@@ -113,12 +118,19 @@ def build_manifest(stages, model, tag: str, step: int, data: dict[str, Any]) -> 
     }
 
 
+def engine_of(facts: dict[str, Any], stage: str) -> str:
+    """The stage whose folder holds `stage`'s DeepSpeed files (older manifests: its own)."""
+    return facts["stages"].get(stage, {}).get("engine", stage)
+
+
 def stage_params(stage, model) -> dict[str, Any]:
-    """params.json of one stage, from a rank that holds it: full shapes, tp splits, HF names."""
-    module = stage.engine.module
+    """params.json of one stage, from a rank that holds it: full shapes, tp splits, HF names; each
+    parameter under its name in the engine's files (a shared engine's: `stages.<stage>.` first)."""
     hf_names = {id(p): n for n, p in model.named_parameters()}
+    names = engine_names(stage)
     params = {}
-    for name, p in module.named_parameters():
+    for p in stage.module.parameters():
+        name = names[id(p)]
         shape = full_shape(p, stage.layout.tp)
         split = None
         if getattr(p, "tensor_model_parallel", False) and stage.layout.tp > 1:
@@ -129,8 +141,7 @@ def stage_params(stage, model) -> dict[str, Any]:
             params[name]["ep_split"] = {"dim": p.ep_dim, "outer": p.ep_outer}
         if is_shared_copy(p):  # a tied weight's copy on the last pipeline stage: the first chunk's is saved
             params[name]["shared_copy"] = True
-    names = {id(p): n for n, p in module.named_parameters()}
-    optimizer = stage.engine.optimizer
+    optimizer = stage.engine.optimizer  # ZeRO 0's files index its state by the engine's whole order
     order = []
     if hasattr(optimizer, "param_groups") and not hasattr(optimizer, "bit16_groups"):
         order = [names[id(p)] for g in optimizer.param_groups for p in g["params"] if id(p) in names]
@@ -215,6 +226,7 @@ def same_layout(saved: dict[str, Any], current: dict[str, Any]) -> bool:
     return all(saved[k] == current[k] for k in keys) and same_zero and all(
         {k: saved["stages"].get(s, {}).get(k) for k in LAYOUT_KEYS} == {k: l[k] for k in LAYOUT_KEYS}
         and pipeline_of(saved, s) == pipeline_of(current, s) and ep_of(saved, s) == ep_of(current, s)
+        and engine_of(saved, s) == engine_of(current, s)
         for s, l in current["stages"].items())
 
 
@@ -236,7 +248,9 @@ def format_manifest(manifest: dict[str, Any]) -> str:
         pp += f" ep{ep_of(manifest, name)}" if ep_of(manifest, name) > 1 else ""
         lines.append(f"  {name:<9} tp{l['tp']} cp{l['cp']} dp{l['dp']}{pp} ranks {l['ranks']} "
                      f"ZeRO {saved_stage_zero(manifest, name)}"
-                     + (" sequence-parallel" if l["sequence_parallel"] else ""))
+                     + (" sequence-parallel" if l["sequence_parallel"] else "")
+                     + (f" (one engine with {engine_of(manifest, name)}: its files in {engine_of(manifest, name)}/)"
+                        if engine_of(manifest, name) != name else ""))
     d = manifest["data"]
     lines.append("data: " + ", ".join(f"{k} {v}" for k, v in d.items()))
     lines.append(f"model: {manifest['model']['class']}")

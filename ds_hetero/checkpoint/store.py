@@ -69,6 +69,8 @@ def save_checkpoint(stages, model, save_dir: str | os.PathLike, tag: str | None,
         with stage.context():
             if stage.layout.ep > 1:  # experts sharded over ep: ds_hetero's own files (expert_state.py)
                 save_expert_stage(stage, model, stage_dir(partial, stage))
+            elif not stage.owns_engine:  # a shared engine's files go to its owner's folder, once
+                os.makedirs(stage_dir(partial, stage), exist_ok=True)
             else:
                 stage.engine.save_checkpoint(stage_dir(partial, stage), tag=tag, save_latest=False,
                                              client_state={"ds_hetero_global_steps": step})
@@ -136,8 +138,8 @@ def refusal(manifest: dict[str, Any], current: dict[str, Any], ckpt_dir: str, st
             reasons.append(f"stage {name}: {exc}")
             continue
         here = {}
-        to_hf = hf_names(stage.engine.module, model)
-        for pname, p in stage.engine.module.named_parameters():
+        to_hf = hf_names(stage.module, model)
+        for pname, p in stage.module.named_parameters():
             here[to_hf[pname]] = full_shape(p, current["stages"][name]["tp"])
         # a pipeline chunk holds a part of the stage: its names are among the saved ones, and the
         # saved ones among the model's (every rank checks its chunk, so together they cover the stage)
@@ -179,6 +181,8 @@ def load_checkpoint(stages, load_dir: str | os.PathLike, tag: str | None, data: 
 
     if deepspeed_load_applies(manifest, facts):
         for stage in stages.held:
+            if not stage.owns_engine:  # a shared engine loads once, from its owner's folder
+                continue
             with stage.context():
                 path, _ = stage.engine.load_checkpoint(stage_dir(ckpt_dir, stage), tag=tag)
             if path is None:
@@ -187,9 +191,9 @@ def load_checkpoint(stages, load_dir: str | os.PathLike, tag: str | None, data: 
         _convert(stages, ckpt_dir, manifest)
         for stage in stages.held:
             state = stage_full_state(ckpt_dir, stage.name, manifest)
-            to_hf = hf_names(stage.engine.module, model)  # the cache is keyed by the model's names
-            with stage.context():
-                apply_full_state(stage.engine, {to_hf[n]: p for n, p in stage.engine.module.named_parameters()}, state,
+            to_hf = hf_names(stage.module, model)  # the cache is keyed by the model's names
+            with stage.context():  # a shared engine: each stage sets its own parameters in it
+                apply_full_state(stage.engine, {to_hf[n]: p for n, p in stage.module.named_parameters()}, state,
                                  stage.coord.tp, stage.layout.tp, saved_stage_zero(facts, stage.name))
     _warn_if_data_differs(stages.rank, manifest["data"], data)
     dist.barrier(group=stages.boundary_group)

@@ -40,9 +40,10 @@ def check_clippable(stages: StageSet) -> None:
 def stage_norms(stages: StageSet, sharing: frozenset[str] = frozenset()) -> dict[str, StageNorm]:
     """The gradient norm (or, for the stages in `sharing` (norm_shares.sharing_stages), this rank's
     share of its square) of every stage this rank trains: a 0-dim tensor on the device, no host
-    read; a frozen stage has no gradient and adds nothing."""
+    read; a frozen stage has no gradient and adds nothing. Stages sharing one engine
+    (stages/shared_engine.py) have one norm, under the name of the stage that owns the engine."""
     norms = {}
-    for stage in stages.training:
+    for stage in stages.stepping:
         with stage.context():
             if stage.name in sharing and norm_shares.shares_this_step(stage.engine.optimizer):
                 norms[stage.name] = StageNorm(norm_shares.norm_sq_share(stage.engine.optimizer), True)
@@ -87,9 +88,9 @@ def combine_norms_and_loss(stages: StageSet, norms: dict[str, StageNorm], loss_s
 
 
 def step_all(stages: StageSet, grad_norm: float, clip: float) -> list[bool]:
-    """Every trained stage's last (clipped) step with the model's norm; whether each applied."""
+    """Every trained engine's last (clipped) step with the model's norm; whether each applied."""
     applied = []
-    for stage in stages.training:
+    for stage in stages.stepping:
         with stage.context():
             applied.append(clipping.step_with_global_norm(stage.engine, grad_norm, clip))
     return applied

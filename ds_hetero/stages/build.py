@@ -5,7 +5,8 @@ collective): process groups of every stage -> rank 0's initial weights on every 
 (equal_replicas.py; not with a checkpoint, which every rank reads alike) -> shard each stage over its tp group -> cut the
 model into stage modules -> read each held stage's weights shard (if a checkpoint was given)
 -> free the modules of stages this rank does not hold -> one `deepspeed.initialize` per held
-stage, each with its own StageMPU and batch keys. With a pipelined language stage (pp > 1) a rank
+stage, each with its own StageMPU and batch keys (stages on the same ranks in the same layout,
+ZeRO 0/1: one engine for all of them, shared_engine.py). With a pipelined language stage (pp > 1) a rank
 holds one pipeline stage of it (pipeline_parallel/chunk.py): its Stage's module and engine are that
 chunk's, its mpu answers for the chunk's tp/cp/dp groups (gradients reduced over the chunk's dp).
 
@@ -34,6 +35,7 @@ from ..topology.groups import build_groups
 from ..topology.mpu import StageMPU, stage_context
 from ..weights import load_stages
 from .equal_replicas import equalize_replicas
+from .shared_engine import SharedStages, shared_ds_config, sharing_stages
 from .stage_set import Stage, StageSet
 from .tied_embeddings import param_groups, tied_copy
 from ..pipeline_parallel.zero3 import confine_trace_check
@@ -46,6 +48,7 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
     """(the StageSet of this rank, the weights load report or None). `seed` (the same on every rank)
     seeds each stage's model-parallel dropout streams (tensor_parallel/rng.py)."""
     import deepspeed
+    from deepspeed.moe.utils import is_moe_param
 
     groups = build_groups(cfg.stages, rank, timeout=timedelta(seconds=cfg.timeout_s))
     if checkpoint is None:  # before the split and the tp cut: every rank still holds the whole model
@@ -68,6 +71,9 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
     # load, which replaces parameter objects; collective: every rank builds the embedding group)
     copy = tied_copy(language, rank, groups.cache, modules[LANGUAGE] if language.contains(rank) else None, tied)
     stages = {}
+    shared = sharing_stages(cfg, {n: trainable_parameters(modules[n]) for n in cfg.stages}, held,
+                            has_experts=any(is_moe_param(p) for p in modules[LANGUAGE].parameters()))
+    shared_engine = None
     for name, layout in cfg.stages.items():  # same order on every rank: deepspeed.initialize is collective
         trainable = trainable_parameters(modules[name])  # the same on every rank: flags set before any rank differs
         stage = Stage(name, layout, groups[name], modules[name], cfg.micro_batches_of(name), trains=bool(trainable),
@@ -76,6 +82,15 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
             enable_recompute(modules[name], cfg.options_of(name).recompute, rng=stage.rng)
         if name not in held:  # disaggregated: another rank set holds this stage; free its memory
             modules[name].to("meta")
+        elif name in shared:  # one engine over all of them, built at the first (collective, in config order)
+            stage.mpu, stage.engine_owner = StageMPU(groups[name]), shared[0]
+            if shared_engine is None:
+                with stage_context(stage.mpu):
+                    shared_engine, *_ = deepspeed.initialize(
+                        model=SharedStages({n: modules[n] for n in shared}),
+                        model_parameters=[p for n in shared for p in trainable_parameters(modules[n])],
+                        optimizer=optimizer, mpu=stage.mpu, config=shared_ds_config(cfg, shared))
+            stage.engine = shared_engine
         else:
             stage.mpu = StageMPU(groups[name])
             ds_config = cfg.stage_ds_config(name, trains=stage.trains)

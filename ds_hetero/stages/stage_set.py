@@ -49,6 +49,9 @@ class Stage:
     engine: Any = None
     tied: Any = None  # a pipelined language stage's TiedCopy of a tied embedding (stages/tied_embeddings.py)
     rng: Any = None  # its model-parallel dropout streams (tensor_parallel/rng.py), None where nothing draws from them
+    # the stage whose folder holds the engine's checkpoint files, where this stage shares its engine
+    # with others (stages/shared_engine.py); None where the stage has an engine of its own
+    engine_owner: str | None = None
 
     @property
     def held(self) -> bool:
@@ -71,6 +74,12 @@ class Stage:
         return self.layout.rank_at(pp=self.coord.pp)
 
     @property
+    def owns_engine(self) -> bool:
+        """Whether this stage's engine is its own or it built the shared one: the stage that steps
+        the engine, saves its files and contributes its norm (once for all the stages sharing it)."""
+        return self.engine_owner in (None, self.name)
+
+    @property
     def pipeline(self) -> bool:
         return self.layout.pp > 1
 
@@ -86,6 +95,8 @@ class Stage:
         its outputs for `engine.backward`, which refuses the plain backward `backward()` takes."""
         with stage_context(self.mpu), torch.set_grad_enabled(torch.is_grad_enabled() and (
                 self.trains if grad is None else grad)):
+            if self.engine_owner is not None:  # the shared engine runs this stage's module by name
+                return self.engine(self.name, *args, **kwargs)
             return (self.engine if self.trains else self.engine.module)(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -95,12 +106,16 @@ class Stage:
             (loss / self.passes).backward()
             return
         with stage_context(self.mpu):
-            self.engine.backward(loss)
+            if self.engine_owner is not None:  # the shared engine takes one accumulation step: the passes are ours
+                self.engine.backward(loss / self.passes)
+            else:
+                self.engine.backward(loss)
 
     def micro_step(self) -> None:
         """DeepSpeed's `step()` between micro-batches: it counts the micro-step and updates nothing.
-        The last micro-batch's step is the clipped one (optimizer_step/clipping.py). None when frozen."""
-        if not self.trains:
+        The last micro-batch's step is the clipped one (optimizer_step/clipping.py). None when frozen,
+        or with a shared engine (it takes one accumulation step per optimizer step)."""
+        if not self.trains or self.engine_owner is not None:
             return
         with stage_context(self.mpu):
             self.engine.step()
@@ -157,6 +172,31 @@ class StageSet:
         """The held stages that train (have an optimizer and step)."""
         return [s for s in self.held if s.trains]
 
+    @property
+    def stepping(self) -> list[Stage]:
+        """The training stages that own their engine: each engine once (stages sharing one engine
+        take one norm and one step)."""
+        return [s for s in self.training if s.owns_engine]
+
+    @contextlib.contextmanager
+    def reduce_once(self) -> Iterator[None]:
+        """Around a step's backward passes: a shared engine (stages/shared_engine.py) accumulates
+        every pass's gradients with DeepSpeed's accumulation boundary held off, then reduces them
+        in one `allreduce_gradients()` at the boundary. Nothing is reduced when the passes raise
+        (no collective that a failed peer would not pair); the engine is then at the boundary
+        again, as before the step."""
+        owner = next((s for s in self.held if s.engine_owner is not None and s.owns_engine), None)
+        if owner is None:
+            yield
+            return
+        owner.engine.set_gradient_accumulation_boundary(False)
+        try:
+            yield
+        finally:
+            owner.engine.set_gradient_accumulation_boundary(True)  # the step that follows is the boundary
+        with stage_context(owner.mpu):
+            owner.engine.allreduce_gradients()
+
     def start_step(self, step: int) -> None:
         """Every held stage's model-parallel dropout streams restart from (seed, step)."""
         for stage in self.held:
@@ -164,5 +204,5 @@ class StageSet:
                 stage.rng.start_step(step)
 
     def modules(self) -> list[nn.Module]:
-        """The modules of the held stages (their DeepSpeed engines' modules)."""
-        return [s.engine.module for s in self.held]
+        """The modules of the held stages."""
+        return [s.module for s in self.held]

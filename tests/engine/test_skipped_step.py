@@ -85,7 +85,7 @@ def _one_layout(rank, zero, placement, bf16=False):
     before = {n: (_state(e), _counters(e)) for n, e in engine.engines.items()}
     hook = None
     if "vision" in engine.engines:
-        param = next(p for p in engine.engines["vision"].module.parameters() if p.requires_grad)
+        param = next(p for p in engine.stages["vision"].module.parameters() if p.requires_grad)
         hook = param.register_hook(lambda g: g * float("nan"))
     out["results"].append(engine.train_batch(batches[2]))
     if hook is not None:

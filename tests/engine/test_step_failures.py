@@ -1,6 +1,8 @@
 """What a failed step reports (ds_hetero/failures.py): this rank's own error as itself, or which peer stopped.
 
-Distributed, 2 CPU ranks, colocated vision dp2 + language dp2:
+Distributed, 2 CPU ranks, colocated vision dp2 + language dp2 (one engine shared by both stages,
+stages/shared_engine.py: the raise comes while its gradient reduction is held off, and the raising
+rank must not enter the reduction its peer will never join):
 - rank 1's language forward raises ValueError in step 1: rank 1 reports that ValueError, noted with
   its rank, stages and step, never as a stopped peer; rank 0 (whose collective then fails) says a
   peer stopped answering and names rank 1 with its error.
@@ -31,7 +33,7 @@ def _raise_in_step_1(rank, world_size, raising):
     samples = llava_samples(model, 4, seed=3)
     engine.train_batch(samples)
     if rank in raising:
-        stage = engine.engines["language"].module
+        stage = engine.stages["language"].module  # the stage's own module (a shared engine holds both)
 
         def forward(*args, **kwargs):
             raise ValueError(f"boom on rank {rank}")

@@ -68,7 +68,8 @@ class HeteroOptimizer(torch.optim.Optimizer):
     """A live view over every stage optimizer's param_groups, so an HF LR scheduler drives them all."""
 
     def __init__(self, engine):
-        self._engines = [s.engine for s in engine.stages.training]  # a frozen stage has no optimizer
+        # a frozen stage has no optimizer; stages sharing one engine share its optimizer (once)
+        self._engines = [s.engine for s in engine.stages.stepping]
         super().__init__([torch.zeros(1, requires_grad=True)], {"lr": 0.0})
 
     @property
