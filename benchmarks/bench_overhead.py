@@ -8,7 +8,8 @@
 
 The same seeded LLaVA (bench_layouts' "balanced" scenario), the same global batches, ZeRO 1,
 AdamW, clipping 1.0, on N CPU ranks: "ds_hetero dpN" (vision tp1 dpN + language tp1 dpN,
-colocated: two stage engines, a boundary that moves nothing) against "plain DS dpN" (one
+colocated: the stages share one DeepSpeed engine (stages/shared_engine.py), a boundary that moves
+nothing) against "plain DS dpN" (one
 `deepspeed.initialize` over the whole model, benchmarks/layouts_plain.py). Both engines live in
 ONE set of processes and step round-robin (each row first in turn), so a shared machine's drift
 hits both alike. Each rank is bound to its own core (`os.sched_setaffinity`), so a rank waiting in a
