@@ -13,15 +13,20 @@ what `recipes/train_llava.py --data` reads: 48 LLaVA-JSON rows, one or two image
 encoded with the bench model's processor (ds_hetero/toy/processors.py), a seeded draw of the batch per step
 (with replacement only when the batch is larger than the 48 rows).
 
-Rows (colocated, vision dp = language dp = world, ZeRO 1, AdamW, clipping 1.0, 2 micro-batches):
+Rows (colocated, vision dp = language dp = world, ZeRO 1, AdamW, clipping 1.0, 2 micro-batches; the
+model under sdpa, transformers' default):
 
     samples   hetero_parallel.language_batching "samples": each language dp rank takes a contiguous
               share of every micro-batch, padded to its longest sample
     packed    "packed": the global batch's samples to (micro-batch, dp rank) bins by token cost, across
-              micro-batches (step/packing.py), one packed row each
+              micro-batches (step/packing.py), one packed row each, sdpa called once per sample
+              (models/per_sample_attention.py, the default)
+    row_mask  "packed" with packed_attention "row_mask": the same bins, each rank's samples in the rows
+              that cost sdpa least when it scores every row whole under the block-diagonal mask
+              (step/rows.py), padded to the longest
 
-Both rows' engines live in ONE set of processes and step alternately on the same batches (A B, B A,
-...), so the drift of a shared machine hits both alike. Per row: the step time (slowest rank,
+Every row's engine lives in ONE set of processes and they step in turn on the same batches (A B C,
+C B A, ...), so the drift of a shared machine hits all alike. Per row: the step time (slowest rank,
 median of rounds), the ratio to "samples", real / computed language tokens (computed: every rank's
 rows padded to its longest), and the language stage's max/mean load over the dp ranks (the step
 plan's cost per rank, worst micro-batch, mean over steps; step/packing.py `load_figures`) and the step's
@@ -43,7 +48,7 @@ from cpu_ranks import launch  # noqa: E402
 
 from ds_hetero.toy.length_mix import sft_mix  # noqa: E402  (the mix `ds-hetero plan --lengths sft` prices)
 
-ROWS = ("samples", "packed")
+ROWS = ("samples", "packed", "row_mask")
 DATASETS = ("mix", "shipped")
 SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "recipes", "data", "shapes_llava.json")
 
@@ -99,7 +104,8 @@ def config(row, a, world):
         "train_batch_size": a.batch, "zero_optimization": {"stage": 1}, "gradient_clipping": 1.0,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
         "zero_allow_untested_optimizer": True, "steps_per_print": 10**6,
-        "hetero_parallel": {"micro_batches": 2, "language_batching": row,
+        "hetero_parallel": {"micro_batches": 2, "language_batching": "samples" if row == "samples" else "packed",
+                            **({"packed_attention": "row_mask"} if row == "row_mask" else {}),
                             "stages": {"vision": {"dp": world}, "language": {"dp": world}}},
     }
 
@@ -109,7 +115,7 @@ def plan_figures(engine, samples):
     from ds_hetero.step.step_plan import StepPlan
 
     plan = StepPlan(engine.config, engine.adapter.encoders(), samples, language_cost=engine.adapter.language_cost,
-                    dense_attention=engine.adapter.dense_attention)
+                    dense_attention=engine.adapter.dense_rows(engine.config.packed_attention))
     return plan.language_load()
 
 
@@ -130,7 +136,7 @@ def run(rank, world, a):
     data = {ds: make[ds](model, a, n) for ds in a.datasets}
     rec = {(ds, row): [] for ds in a.datasets for row in ROWS}
     for i in range(n):
-        for ds in a.datasets:  # interleaved: every round both datasets, both rows, the order alternating
+        for ds in a.datasets:  # interleaved: every round both datasets, every row, the order alternating
             samples = data[ds][i]
             for row in (ROWS if i % 2 == 0 else ROWS[::-1]):
                 engine = engines[row]
@@ -155,9 +161,9 @@ def summarize(per_rank):
                           max_mean=statistics.mean(x["max_mean"] for x in first),
                           step_max_mean=statistics.mean(x["step_max_mean"] for x in first),
                           losses=[x["loss"] for x in first])
-    for ds in {k[0] for k in table}:  # the same function, less work
-        x, y = table[ds, "samples"]["losses"], table[ds, "packed"]["losses"]
-        assert all(abs(p - q) <= 1e-4 * abs(p) for p, q in zip(x, y)), (ds, x, y)
+    for ds, row in table:  # the same function, less work
+        x, y = table[ds, "samples"]["losses"], table[ds, row]["losses"]
+        assert all(abs(p - q) <= 1e-4 * abs(p) for p, q in zip(x, y)), (ds, row, x, y)
     return table
 
 

@@ -201,7 +201,7 @@ class HeteroEngine:
         try:  # every other collective and this rank's own work of the step report through one error
             plan = plan or StepPlan(self.config, self.adapter.encoders(), samples,
                                     language_cost=self.adapter.language_cost,
-                                    dense_attention=self.adapter.dense_attention)
+                                    dense_attention=self.adapter.dense_rows(self.config.packed_attention))
             self.schedule.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0}
             self.schedule.aux_sum = 0.0  # a MoE language stage's aux-loss shares (stage_work.py)
             self.stages.start_step(step)  # the dropout streams restart from (seed, step): resumes draw the same

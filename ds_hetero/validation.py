@@ -155,6 +155,8 @@ def check_model(cfg: HeteroConfig, model, adapter=None) -> None:
         raise HeteroConfigError("hetero_parallel.language_batching",
                                 f"\"packed\" is not supported for {type(model).__name__}: {adapter.PACKING_REFUSED}; "
                                 "use \"samples\"")
+    if cfg.packed:
+        adapter.packed_attention(cfg.packed_attention)  # a choice the decoder cannot take raises by name
     check_freeze(cfg, adapter)
     check_recompute(cfg, adapter)
     check_pipeline_model(cfg, model)

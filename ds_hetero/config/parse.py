@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from ..errors import HeteroConfigError
-from .batching import parse_language_batching
+from .batching import parse_language_batching, parse_packed_attention
 from .pipeline_keys import parse_pipeline
 from .ranks import assign_ranks
 from .read import read_ds_config
@@ -87,6 +87,7 @@ def parse_config(ds: Mapping[str, Any], world_size: int, encoder_stages: Sequenc
     encoder_mbs = _encoder_micro_batches(specs, micro_batches, placement)
     encoder_balance = _encoder_balance(specs, balance)
     language_batching, max_tokens = parse_language_batching(section)
+    packed_attention = parse_packed_attention(section, language_batching)
 
     for name, layout in layouts.items():
         mbs = encoder_mbs.get(name, micro_batches)
@@ -117,6 +118,7 @@ def parse_config(ds: Mapping[str, Any], world_size: int, encoder_stages: Sequenc
         pp_layers=specs[LANGUAGE]["pp_layers"],
         language_batching=language_batching,
         max_tokens_per_micro_batch=max_tokens,
+        packed_attention=packed_attention,
     )
 
 

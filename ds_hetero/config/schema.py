@@ -11,6 +11,7 @@ rejects unknown keys inside its own sections), so the plugin owns one top-level 
         "balance": "tokens",                     # encoder images to dp ranks by cost, or "position"
         "language_batching": "samples",          # or "packed": token-balanced packed rows (docs/packing.md)
         "max_tokens_per_micro_batch": null,      # packed: the longest packed row (config/batching.py)
+        "packed_attention": null,                # packed under sdpa/eager: "per_sample" (default) or "row_mask"
         "stages": {
             "vision":   {"tp": 1, "dp": 4, "micro_batches": 1},   # encoder passes per step
             "audio":    {"tp": 2, "dp": 2, "balance": "position"}, # per-encoder balance (docs/multi-encoder.md)
@@ -45,11 +46,14 @@ LANGUAGE = "language"
 # The encoder stages' names come from the model families (families/ `known_encoder_stages`): parsing is
 # given them (parse_config `encoder_stages`); config keeps no list of its own.
 SECTION_KEYS = ("placement", "micro_batches", "stages", "timeout_s", "balance", "language_batching",
-                "max_tokens_per_micro_batch")
+                "max_tokens_per_micro_batch", "packed_attention")
 DEFAULT_TIMEOUT_S = 300.0  # a collective waiting longer than this raises instead of hanging
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # process-group timeouts are integer milliseconds: keep them finite and sane
 BALANCES = ("tokens", "position")  # how encoder images go to dp ranks (step/balance.py)
 LANGUAGE_BATCHINGS = ("samples", "packed")  # how the language stage cuts its micro-batches (step/packing.py)
+# how packed rows are attended under a dense kernel (sdpa, eager): each sample's own causal attention,
+# or the whole row under the block-diagonal mask (models/per_sample_attention.py)
+PACKED_ATTENTIONS = ("per_sample", "row_mask")
 STAGE_KEYS = AXES + FOLDED_AXES + ("ranks", "sequence_parallel", "micro_batches", "balance", "pp_layers") + OPTION_KEYS
 # DeepSpeed batch keys that ds_hetero derives per stage.
 DERIVED_BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
@@ -93,6 +97,8 @@ class HeteroConfig:
     # ranks by token cost and are packed into rows (step/packing.py, docs/packing.md)
     language_batching: str = "samples"
     max_tokens_per_micro_batch: int | None = None  # packed: the longest packed row (None: one row per rank)
+    # packed under sdpa / eager: "per_sample" or "row_mask"; None: per_sample where the decoder allows it
+    packed_attention: str | None = None
 
     @property
     def packed(self) -> bool:

@@ -87,7 +87,8 @@ def shard_language_batch(batch: dict[str, Any], layout: StageLayout, rank: int) 
     and `position_ids` ([b, S], [k, b, S] for M-RoPE, or None for 0..S-1). Returns `input_ids`
     (the cp chunk: what the tp group's vocab-parallel embedding takes), `labels` (already
     shifted, the cp chunk), `position_ids` (global values, the cp chunk), `attention_mask` (the
-    full sequence's 4-D mask).
+    full sequence's 4-D mask; None for packed rows attended per sample, whose `packed_segments`,
+    the whole rows' segment lengths, are passed on: the attention sees whole rows).
     """
     ids = batch["input_ids"]
     length = ids.shape[-1]
@@ -96,12 +97,19 @@ def shard_language_batch(batch: dict[str, Any], layout: StageLayout, rank: int) 
     positions = batch.get("position_ids")
     if positions is None:  # what the decoder would count for the full, right-padded sequence
         positions = torch.arange(length, device=ids.device).expand(ids.shape[0], length)
+    segments = batch.get("packed_segments")
+    if segments is not None:  # attended per sample, over whole rows (models/per_sample_attention.py): no mask
+        mask = None
+    elif batch.get("attention_mask") is None:
+        mask = packed_attention_mask(batch["sequence_ids"])
+    else:
+        mask = full_attention_mask(batch["attention_mask"])
     return {
         "input_ids": ids[..., c0:c1],
         "labels": shifted_labels(batch["labels"])[..., c0:c1],
         "position_ids": positions[..., c0:c1],
-        "attention_mask": (packed_attention_mask(batch["sequence_ids"]) if batch.get("attention_mask") is None
-                           else full_attention_mask(batch["attention_mask"])),
+        "attention_mask": mask,
+        **({} if segments is None else {"packed_segments": segments}),
     }
 
 

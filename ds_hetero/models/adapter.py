@@ -22,6 +22,7 @@ from torch import nn
 
 from ..loss import IGNORE_INDEX
 from .item_cost import transformer_cost
+from .per_sample_attention import PER_SAMPLE, ROW_MASK, apply_per_sample_attention, packed_attention_mode
 
 
 # Media fields the families' processors emit (and their HF forwards take). A sample carrying one its
@@ -192,7 +193,9 @@ class StageAdapter:
         check_expert_parallel(self.model.config.text_config, cfg)  # ep needs experts; a MoE stage's limits
 
     def shard(self, groups, cfg) -> None:
-        """Shard each stage this rank holds over that stage's tp group (in place, no communication)."""
+        """Shard each stage this rank holds over that stage's tp group, and give its language
+        decoder the attention its batches need: per sample in packed rows, Ulysses over sequence
+        shards (in place, no communication)."""
         from ..context_parallel import apply_sequence_sharded_attention, is_sharded
         from ..tensor_parallel import shard_language_model, shard_vision_tower
 
@@ -207,6 +210,8 @@ class StageAdapter:
             shard_language_model(self.model, groups["language"].tp,
                                  sequence_parallel=language.sequence_parallel, split_input=False,
                                  plans=self.tp_plans)
+        if groups["language"].is_member and cfg.packed and self.packed_attention(cfg.packed_attention) == PER_SAMPLE:
+            apply_per_sample_attention(self.model.get_decoder())  # before the shards' wrapper, which calls it
         if groups["language"].is_member and is_sharded(language):
             apply_sequence_sharded_attention(self.model.get_decoder(), groups["language"].cp)
 
@@ -219,14 +224,18 @@ class StageAdapter:
             width = self._language_width = (text.hidden_size, text.intermediate_size)
         return transformer_cost(tokens, tokens, *width)
 
-    @property
-    def dense_attention(self) -> bool:
-        """Whether the language model's attention kernel scores a packed row's whole L x L: sdpa
-        (transformers' default) and eager do, under the block-diagonal mask of packed positions;
-        flash-attention's varlen kernel and flex attention's block mask score each sample's own
-        (packed batching cuts its rows by it, step/rows.py)."""
+    def packed_attention(self, choice: str | None = None) -> str:
+        """How the language stage attends inside packed rows for `hetero_parallel.packed_attention`
+        = choice (models/per_sample_attention.py): "per_sample" (sdpa or eager called per sample),
+        "row_mask" (the whole row under the block-diagonal mask) or "kernel" (flash-attention varlen,
+        flex attention: the model's kernel scores each sample alone)."""
         text = getattr(self.model.config, "text_config", self.model.config)
-        return getattr(text, "_attn_implementation", None) in (None, "eager", "sdpa")
+        return packed_attention_mode(text, choice)
+
+    def dense_rows(self, choice: str | None = None) -> bool:
+        """Whether packed rows are scored whole (ROW_MASK: a row of n samples pays the attention of
+        their total length), so that packed batching cuts them to cost that least (step/rows.py)."""
+        return self.packed_attention(choice) == ROW_MASK
 
     def vision_inputs(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Keyword arguments of the vision stage's forward for these samples' images."""

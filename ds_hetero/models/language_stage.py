@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from .adapter import placeholder_mask
+from .per_sample_attention import segments_mask
 
 
 def empty_rows(stage: nn.Module, dummy_inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -53,16 +54,21 @@ class LanguageStage(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         n_placeholders: Sequence[int] | None = None,
+        packed_segments: Sequence[Sequence[int]] | None = None,
     ) -> torch.Tensor:
         """`rows`: one `[T_e, H]` tensor per encoder (a single tensor for a single encoder).
         `n_placeholders`: each encoder's placeholder count, when the caller counted it on the
-        host (the engine does); otherwise it is read from `input_ids` (a device sync on a GPU)."""
+        host (the engine does); otherwise it is read from `input_ids` (a device sync on a GPU).
+        `packed_segments`: packed rows' segment lengths, for the per-sample attention
+        (models/per_sample_attention.py), which takes them from the decoder's keywords."""
         embeds, extra = self.embed_inputs(input_ids, rows, n_placeholders)
         # use_cache False: training keeps no cache, and with one the decoder's mask code would not
         # look for packed sequences in `position_ids` (masking_utils, models/packing.py)
         out = self.language_model(
-            inputs_embeds=embeds, attention_mask=self.decoder_mask(input_ids, embeds, attention_mask, position_ids),
+            inputs_embeds=embeds,
+            attention_mask=self.decoder_attention_mask(input_ids, embeds, attention_mask, position_ids, packed_segments),
             position_ids=position_ids, use_cache=False, **self.decoder_options(), **extra,
+            **({} if packed_segments is None else {"packed_segments": packed_segments}),
         )
         self.router_logits = self.router_logits_of(out, input_ids, attention_mask)
         return self.lm_head(out.last_hidden_state)
@@ -92,6 +98,15 @@ class LanguageStage(nn.Module):
         act on the decoder's layers counted from its first one (Qwen3-VL's DeepStack levels are
         added after its first layers), so a pipeline gives them to its first chunk only."""
         return self.embed(input_ids, rows, n_placeholders), {}
+
+    def decoder_attention_mask(self, input_ids: torch.Tensor, hidden: torch.Tensor,
+                               attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+                               packed_segments: Sequence[Sequence[int]] | None = None):
+        """The decoder's `attention_mask` argument: `decoder_mask`'s, or for packed rows attended per
+        sample (`packed_segments`) `segments_mask`: no [L, L] mask is built for them."""
+        if packed_segments is not None and attention_mask is None:
+            return segments_mask(hidden)
+        return self.decoder_mask(input_ids, hidden, attention_mask, position_ids)
 
     def decoder_mask(self, input_ids: torch.Tensor, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
                      position_ids: torch.Tensor | None):

@@ -20,7 +20,8 @@ predicts the label at t+1, so that label was only ever the target of the previou
 token; inside its own sample no position predicts a sample's first token.
 
 Padding is one more segment (positions 0.. again, pad ids, labels -100): it attends to itself
-only and takes no loss.
+only and takes no loss. `packed_segments` lists every row's segment lengths (padding last) for the
+per-sample attention (models/per_sample_attention.py), which needs them on the host.
 """
 
 from __future__ import annotations
@@ -42,9 +43,11 @@ def _sample_parts(adapter, sample: dict[str, Any]) -> tuple[torch.Tensor, torch.
 
 
 def packed_language_inputs(adapter, rows: Sequence[Sequence[dict[str, Any]]], multiple: int = 1
-                           ) -> dict[str, torch.Tensor | None]:
+                           ) -> dict[str, Any]:
     """`input_ids`, `labels`, `position_ids` ([R, L], or [4, R, L] for mRoPE), `sequence_ids`
-    (the sample index of every token inside its row, padding its own) and `attention_mask` None."""
+    (the sample index of every token inside its row, padding its own), `attention_mask` None and
+    `packed_segments`: each row's segment lengths on the host, its samples' and then its padding's
+    (what models/per_sample_attention.py attends over)."""
     parts = [[_sample_parts(adapter, s) for s in row] for row in rows]
     longest = max(sum(int(ids.numel()) for ids, _, _ in row) for row in parts)
     length = -(-longest // multiple) * multiple
@@ -58,6 +61,7 @@ def packed_language_inputs(adapter, rows: Sequence[Sequence[dict[str, Any]]], mu
     text = torch.zeros(shape, dtype=torch.long)
     rope = torch.zeros((k, *shape), dtype=torch.long) if k else None
     segments = torch.zeros(shape, dtype=torch.long)
+    lengths: list[tuple[int, ...]] = []
     for r, row in enumerate(parts):
         offset = 0
         for i, (sample_ids, sample_labels, positions) in enumerate(row):
@@ -71,10 +75,11 @@ def packed_language_inputs(adapter, rows: Sequence[Sequence[dict[str, Any]]], mu
             segments[r, span] = i
             offset += n
         pad = length - offset
+        lengths.append(tuple(int(ids.numel()) for ids, _, _ in row) + ((pad,) if pad else ()))
         text[r, offset:] = torch.arange(pad)
         if rope is not None:
             rope[:, r, offset:] = torch.arange(pad)
         segments[r, offset:] = len(row)
     position_ids = torch.cat([text[None], rope]) if rope is not None else text
     return {"input_ids": ids, "attention_mask": None, "labels": labels, "position_ids": position_ids,
-            "sequence_ids": segments}
+            "sequence_ids": segments, "packed_segments": tuple(lengths)}

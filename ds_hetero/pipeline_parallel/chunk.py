@@ -36,7 +36,7 @@ class PipelineChunk(nn.Module):
     """Pipeline stage `index` of `pp` of a language stage (models/language_stage.py), holding decoder layers `layers`.
 
     The stage is read, not imported: its decoder (`language_model`), `token_ids`, `embed_inputs`,
-    `decoder_mask` and `lm_head`, so this axis sits below the model adapters."""
+    `decoder_attention_mask` and `lm_head`, so this axis sits below the model adapters."""
 
     def __init__(self, stage: nn.Module, index: int, pp: int, layers: range):
         super().__init__()
@@ -63,8 +63,8 @@ class PipelineChunk(nn.Module):
         # must not hold the other chunks' parameters.
         self._embed_inputs = stage.embed_inputs if self.is_first else None
         # The family's decoder mask (Gemma 3: image blocks bidirectional), built by every chunk from
-        # the micro-batch's `input_ids`, as the pp-1 stage builds it (LanguageStage.decoder_mask).
-        self._decoder_mask = stage.decoder_mask
+        # the micro-batch's `input_ids`, as the pp-1 stage builds it (LanguageStage.decoder_attention_mask).
+        self._decoder_mask = stage.decoder_attention_mask
         # The family's decoder options and what its loss takes from the decoder's output (a MoE
         # family's router logits, of this chunk's layers only: expert_parallel/aux_loss.py sums
         # them over the chunks), as the pp-1 stage calls them (LanguageStage.router_logits_of).
@@ -80,22 +80,25 @@ class PipelineChunk(nn.Module):
         position_ids: torch.Tensor | None = None,
         n_placeholders: Sequence[int] | None = None,
         input_ids: torch.Tensor | None = None,
+        packed_segments=None,
     ) -> torch.Tensor:
         """First chunk: `input_ids` [b, s] and each encoder's rows; others: hidden [b, s, H] and the
         micro-batch's `input_ids` (a family's mask is built from them).
         Returns hidden [b, s, H], or logits on the last chunk. With sequence shards s is this
-        rank's shard (the ids: the cp chunk; hidden: its tp sub-chunk under sequence parallelism)."""
+        rank's shard (the ids: the cp chunk; hidden: its tp sub-chunk under sequence parallelism).
+        `packed_segments`: as LanguageStage.forward's, handed to the decoder."""
         extra = {}
         if self.is_first:
             input_ids = hidden_or_ids
             embeds, extra = self._embed_inputs(input_ids, rows, n_placeholders)
         else:
             embeds = hidden_or_ids
-        mask = self._decoder_mask(input_ids, embeds, attention_mask, position_ids)
+        mask = self._decoder_mask(input_ids, embeds, attention_mask, position_ids, packed_segments)
         # use_cache False: a cache built from the chunk's config has only the chunk's layers, but
         # the layers index it by their index in the whole decoder
         out = self.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
-                           use_cache=False, **self._decoder_options(), **extra)
+                           use_cache=False, **self._decoder_options(), **extra,
+                           **({} if packed_segments is None else {"packed_segments": packed_segments}))
         self.router_logits = self._router_logits_of(out, input_ids, attention_mask)
         hidden = out.last_hidden_state
         return self.lm_head(hidden) if self.is_last else hidden

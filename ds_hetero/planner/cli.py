@@ -29,9 +29,10 @@ def add_plan_parser(sub, launch=None) -> None:
                    help="a length mix: language tokens per sample of the batch (a file of integers, or the seeded "
                         "SFT-shaped mix of toy/length_mix.py), priced as --config's language_batching cuts it")
     p.add_argument("--attention", choices=ATTENTION_KERNELS, default="model",
-                   help="how packed rows are priced with --lengths: as the model's attn_implementation runs them "
-                        "(model, the default; sdpa and eager are dense), as flash-attention's varlen kernel "
-                        "(varlen: one row per rank, each sample's own attention), or dense")
+                   help="how packed rows are priced with --lengths: as the runtime attends in them for the model's "
+                        "attn_implementation and --config's packed_attention (model, the default; sdpa and eager "
+                        "per sample unless \"row_mask\"), as a varlen kernel (varlen: one row per rank, each "
+                        "sample's own attention), or dense (each row scored whole)")
     p.add_argument("--machine", default="cpu", help="h100, h200, a100, cpu or calibrate (measure this machine)")
     p.add_argument("--recalibrate", action="store_true", help="with --machine calibrate: measure again")
     p.add_argument("--memory-gb", type=float, help="memory per device (default: the machine's)")

@@ -106,7 +106,7 @@ def freeze_values(section: Any) -> dict[str, Any]:
 
 # how the language stage cuts its samples (config/batching.py): like freeze, every candidate keeps it,
 # and the planner prices it on a length mix (language_mix.py)
-BATCHING_KEYS = ("language_batching", "max_tokens_per_micro_batch")
+BATCHING_KEYS = ("language_batching", "max_tokens_per_micro_batch", "packed_attention")
 
 
 def kept_section(section: Any) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..config import SECTION
-from ..config.batching import parse_language_batching
+from ..config.batching import parse_language_batching, parse_packed_attention
 from ..families import adapter_for
 from .cost import Prediction
 from .enumerate import SearchSpace, enumerate_candidates
@@ -124,7 +124,8 @@ def plan(model: Any, world_size: int, seq_len: int, image_tokens: int | None, gl
     `lengths`: language tokens of each sample of the batch (a length mix, language_mix.py), cut as
     the base config's `language_batching` says; None: every sample `seq_len` tokens.
     `attention`: how its packed rows are priced (ATTENTION_KERNELS): as the model's attention
-    kernel runs them ("model": the adapter's `dense_attention`), as a varlen kernel, or dense.
+    kernel runs them ("model": the adapter's `dense_rows` for the base config's `packed_attention`:
+    per sample under sdpa and eager by default), as a varlen kernel, or dense.
     """
     if attention not in ATTENTION_KERNELS:
         raise ValueError(f"attention {attention!r}: one of {', '.join(ATTENTION_KERNELS)}")
@@ -135,7 +136,8 @@ def plan(model: Any, world_size: int, seq_len: int, image_tokens: int | None, gl
     base = base_config(base, global_batch, None, machine.dtype_bytes == 2 and not base)
     freeze = resolve_freeze(base.get(SECTION), adapter)
     batching, budget = parse_language_batching(base.get(SECTION) or {})
-    dense = adapter.dense_attention if attention == "model" else attention == "dense"
+    choice = parse_packed_attention(base.get(SECTION) or {}, batching)
+    dense = adapter.dense_rows(choice) if attention == "model" else attention == "dense"
     mix = {"lengths": tuple(int(n) for n in lengths or ()), "batching": batching, "budget": budget,
            "dense": dense}  # the rows the runtime cuts for that attention kernel
     if several:

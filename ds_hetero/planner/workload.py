@@ -8,7 +8,8 @@ from .frozen import Freeze
 from ..models.shapes import ModelSpec
 
 # how `plan --attention` prices packed rows: as the model's kernel runs them, as a varlen kernel
-# (flash-attention: each sample's own scores), or as a dense one (sdpa, eager: each row scored whole)
+# (flash-attention, or sdpa / eager called per sample: each sample's own scores), or as a dense one
+# (sdpa, eager under packed_attention "row_mask": each row scored whole)
 ATTENTION_KERNELS = ("model", "varlen", "dense")
 
 
@@ -29,8 +30,8 @@ class Workload:
                    runtime cuts these samples (language_mix.py); the encoders keep image_tokens
     batching       the base config's `language_batching` ("samples" or "packed") and
     budget         its `max_tokens_per_micro_batch`: how the runtime cuts the length mix
-    dense          whether the language's attention kernel scores a packed row whole (sdpa, eager:
-                   the adapter's `dense_attention`): packed rows are then the runtime's dense rows
+    dense          whether the language's attention scores a packed row whole (`packed_attention`
+                   "row_mask": the adapter's `dense_rows`): packed rows are then the runtime's dense rows
                    (step/rows.py), each priced padded and whole
     memo           language_mix.py's rows of the mix per layout (not part of the workload's identity)
     """

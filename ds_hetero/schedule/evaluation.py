@@ -71,7 +71,7 @@ class EvaluationSchedule(StageWork):
         # (assigned as in training, by position or by cost), and one exchange per encoder feeds it.
         plan = StepPlan(self.stages.config, self.ports, samples, len(samples) // self._micro_batch_size(),
                         per_micro_batch=True, language_cost=self.adapter.language_cost,
-                        dense_attention=self.adapter.dense_attention)
+                        dense_attention=self.adapter.dense_rows(self.stages.config.packed_attention))
         language = self.stages.language
         # summed on the device, read once with the all-reduce below (no device sync per micro-batch)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.stages.device)

@@ -22,6 +22,7 @@ from ..loss import token_loss_sum
 from ..pipeline_parallel.hidden_shape import hidden_shape as shard_shape
 from ..step.step_plan import StepPlan
 from .router_carry import RouterCarry
+from .stage_work import segments_of
 
 
 class OneFOneB:
@@ -111,10 +112,10 @@ class OneFOneB:
                 rows = tuple(self.arrived[m][e.name] for e in self.work.stages.encoders)
                 s["rows"] = rows
                 out = language(batch["input_ids"], rows, batch["attention_mask"], batch["position_ids"],
-                               n_placeholders=s["counts"])
+                               n_placeholders=s["counts"], **segments_of(batch))
             else:
                 out = language(s["input"], (), batch["attention_mask"], batch["position_ids"],
-                               input_ids=batch["input_ids"])
+                               input_ids=batch["input_ids"], **segments_of(batch))
             if self.carry is not None:
                 self.carry.forward(s)
             if self.nxt is None:

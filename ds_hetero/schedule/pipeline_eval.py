@@ -20,6 +20,7 @@ from ..loss import token_loss_sum
 from ..step.step_plan import StepPlan
 from .evaluation import EvaluationSchedule
 from .router_carry import RouterCarry
+from .stage_work import segments_of
 from ..pipeline_parallel.hidden_shape import hidden_shape
 
 
@@ -40,14 +41,14 @@ class PipelineEvaluationSchedule(EvaluationSchedule):
         experts = self.adapter.router_experts
         carry, s = (RouterCarry(self, experts) if experts else None), {}
         if coord.pp == 0:
-            out = language(batch["input_ids"], tuple(rows_in), *args, n_placeholders=counts)
+            out = language(batch["input_ids"], tuple(rows_in), *args, n_placeholders=counts, **segments_of(batch))
         else:
             x = torch.empty(hidden_shape(language.layout, batch, sharded, self.adapter.language_hidden_size),
                             dtype=self.stages.dtype, device=self.stages.device)
             dist.recv(x, neighbours[coord.pp - 1], group=group)
             if carry is not None:
                 carry.recv(s, neighbours[coord.pp - 1], group)
-            out = language(x, (), *args, input_ids=batch["input_ids"])
+            out = language(x, (), *args, input_ids=batch["input_ids"], **segments_of(batch))
         if carry is not None:
             carry.forward(s)
         if coord.pp < pp - 1:

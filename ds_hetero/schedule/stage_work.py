@@ -28,10 +28,17 @@ from ..context_parallel import is_sharded, shard_input_ids, shard_language_batch
 from ..expert_parallel import take_aux_loss
 from ..loss import token_loss_sum
 from ..models.packing import packed_language_inputs
+from ..models.per_sample_attention import PER_SAMPLE
 from ..stages.stage_set import Stage, StageSet
 from ..step.step_plan import StepPlan
 from ..tensor_parallel import VocabParallelLMHead
 from ..timeline import Timeline
+
+
+def segments_of(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """The language stage's `packed_segments` keyword for this batch (none for padded samples)."""
+    segments = batch.get("packed_segments")
+    return {} if segments is None else {"packed_segments": segments}
 
 
 class StageWork:
@@ -43,6 +50,8 @@ class StageWork:
         self.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0}
         self.loss_observer = None  # (logits, labels, shifted) -> None, called after each language loss
         self.aux_sum = 0.0  # this step's aux-loss shares of a MoE language stage (reset by the engine)
+        # packed rows attended per sample (models/per_sample_attention.py): the batch carries their segments
+        self.per_sample = stages.config.packed and adapter.packed_attention(stages.config.packed_attention) == PER_SAMPLE
 
     def _span(self, name: str, category: str, step: int | None):
         """A timeline span of a training step; evaluation (step None) records none."""
@@ -112,7 +121,9 @@ class StageWork:
         # counted on the host, so the stage's placeholder check needs no device read
         ids = shard_input_ids(host["input_ids"], layout, self.stages.rank) if sharded else host["input_ids"]
         counts = tuple(int(port.mask(ids).sum()) for port in self.ports.values())
-        batch = {k: (t.to(self.stages.device) if t is not None else None) for k, t in host.items()}
+        if not self.per_sample:  # the segments are for the per-sample attention alone
+            host.pop("packed_segments", None)
+        batch = {k: (t.to(self.stages.device) if isinstance(t, torch.Tensor) else t) for k, t in host.items()}
         if sharded:  # this rank's sequence shard (the [b, 1, S, S] mask is built on the device)
             batch = shard_language_batch(batch, layout, self.stages.rank)
         return batch, counts, sharded
@@ -143,7 +154,8 @@ class StageWork:
         with self._span(f"language.forward[m={m}]", "forward", step):
             # a frozen language stage still carries the gradient of a trained encoder's rows
             logits = language(batch["input_ids"], tuple(rows_in), batch["attention_mask"], batch["position_ids"],
-                              n_placeholders=counts, grad=language.trains or any(r.requires_grad for r in rows_in))
+                              n_placeholders=counts, grad=language.trains or any(r.requires_grad for r in rows_in),
+                              **segments_of(batch))
             local = token_loss_sum(logits, batch["labels"], self.lm_head, shifted=sharded)
             aux = take_aux_loss(language.module, *self.aux_group())
             if aux is not None and n_labels is not None:

@@ -76,7 +76,7 @@ class RankDataPath:
         """The step's plan; None for a malformed batch (the batch agreement then refuses it on every rank)."""
         try:
             return StepPlan(self.config, self.adapter.encoders(), samples, language_cost=self.adapter.language_cost,
-                            dense_attention=self.adapter.dense_attention)
+                            dense_attention=self.adapter.dense_rows(self.config.packed_attention))
         except (ValueError, KeyError, TypeError, AttributeError, RuntimeError):  # RuntimeError: torch's
             return None
 

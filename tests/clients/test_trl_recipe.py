@@ -96,6 +96,8 @@ def test_one_line_matches_stock_sft_trainer(runs, model):
         assert h["num_tokens"] == s["num_tokens"]
         assert h["grad_norm"] == pytest.approx(s["grad_norm"], rel=1e-4)
         assert "hetero/vision/forward_s" in h
+        if packed:  # sdpa called per sample: one row per rank and micro-batch, no padding computed
+            assert h["hetero/language_real_token_fraction"] == 1.0, h
     assert stock[-1]["mean_token_accuracy"] > 0 and stock[-1]["loss"] < stock[0]["loss"]  # it trains
 
 

@@ -1,19 +1,24 @@
 """Packed, token-balanced language micro-batches against the single-process reference.
 
 The reference is the unmodified Hugging Face model on the UNPACKED, padded batch
-(`model(**batch).loss`); the engine packs each language dp rank's samples into one row with
+(`model(**batch).loss`); the engine packs each language dp rank's samples into packed rows with
 positions restarting per sample (tests/helpers/packing_parity.py). fp32, 5 steps, clipping
 active: losses 1e-5 relative, grad norms 1e-4, every weight 1e-5; boundary bytes equal the
-lower bound. LLaVA with tp2 dp2, sp, cp2, pp2, first_stage and disaggregated; Qwen2-VL (variable
-image tokens, text-only samples) with ZeRO 2 and with ZeRO 3 under a token budget. Across micro-batches
-(the samples go to (micro-batch, dp rank) bins of the whole batch): batches sorted longest first, so
-the samples cut's first micro-batch holds every long sample, 4 micro-batches of 16 samples: LLaVA
-with one vision pass feeding all four (the pass takes their union), Qwen2-VL with pp2 (1F1B shapes
-per micro-batch) and with cp2 + sp; every run reports how many samples left their samples-cut
-micro-batch (the skewed ones must move some), and how many ranks' rows (sdpa: the rows that cost
-the dense kernel least, step/rows.py) hold their samples out of batch order (all runs but one
-must have some). Negative controls: positions not restarted (attention and RoPE across samples),
-and the loss taken across a sample boundary, each far from the reference.
+lower bound. The model runs sdpa, so by default every sample gets its own attention call in one
+row per rank (models/per_sample_attention.py; checked: the mode, the language ranks' attention
+modules calling it, no padding); runs named "row_mask" take `packed_attention: "row_mask"`, the
+whole row under the block-diagonal mask, in the rows that cost that least (step/rows.py), which
+hold some rank's samples out of batch order (checked), delivered by the boundary in the rows' order.
+LLaVA with tp2 dp2, sp, cp2, pp2, first_stage (row_mask) and disaggregated; Qwen2-VL (variable
+image tokens, text-only samples) with tp2 dp2 ZeRO 2 (row_mask) and dp4 ZeRO 3 under a token budget
+(several rows, padding segments). Across micro-batches (the samples go to (micro-batch, dp rank)
+bins of the whole batch): batches sorted longest first, so the samples cut's first micro-batch holds
+every long sample, 4 micro-batches of 16 samples: LLaVA with one vision pass feeding all four (the
+pass takes their union), Qwen2-VL with pp2 (1F1B shapes per micro-batch) and with cp2 + sp (both
+attentions); the skewed runs must move samples out of their samples-cut micro-batch. Negative
+controls: positions not restarted (attention and RoPE across samples: the per-sample attention
+takes each row as one segment), per sample on LLaVA and row_mask on Qwen2-VL, and the loss taken
+across a sample boundary, each far from the reference.
 """
 
 import pytest
@@ -27,9 +32,7 @@ pytestmark = pytest.mark.distributed
 V4 = {"dp": 4}
 L22 = {"tp": 2, "dp": 2}
 CONTROLS = ("positions not restarted", "loss across samples")
-# runs whose rows keep batch order: the token budget's next fit, and a run whose cheapest rows happen to keep it
-IN_ORDER = ("qwen2-vl packed vision tp2dp2 + language dp4, one micro-batch, rows of <= 20 tokens",
-            "llava packed skewed")
+ROW_MASK = {"packed_attention": "row_mask"}
 
 
 def _llava_suite(rank, world_size):
@@ -44,9 +47,9 @@ def _llava_suite(rank, world_size):
             layout={"vision": V4, "language": {"cp": 2, "dp": 2}}),
         "llava packed vision dp4 + language pp2dp2 zero1 sgd": dict(
             layout={"vision": V4, "language": {"dp": 2, "pp": 2}}),
-        "llava packed first_stage vision tp2 + language pp2tp2 zero1 adamw": dict(
+        "llava packed row_mask first_stage vision tp2 + language pp2tp2 zero1 adamw": dict(
             layout={"vision": {"tp": 2, "dp": 1}, "language": {"tp": 2, "dp": 1, "pp": 2}}, optimizer="adamw",
-            placement="first_stage", micro_batches=4),
+            placement="first_stage", micro_batches=4, hetero=ROW_MASK),
         "llava packed skewed, 4 micro-batches, one vision pass dp4 + language tp2dp2 zero1 sgd": dict(
             layout={"vision": {"dp": 4, "micro_batches": 1}, "language": L22}, micro_batches=4, batch_size=16,
             skewed=True),
@@ -60,8 +63,8 @@ def _llava_suite(rank, world_size):
 
 def _qwen_suite(rank, world_size):
     runs = {
-        "qwen2-vl packed vision dp4 + language tp2dp2 zero2 sgd": dict(
-            layout={"vision": V4, "language": L22}, zero_stage=2),
+        "qwen2-vl packed row_mask vision dp4 + language tp2dp2 zero2 sgd": dict(
+            layout={"vision": V4, "language": L22}, zero_stage=2, hetero=ROW_MASK),
         "qwen2-vl packed vision tp2dp2 + language dp4, one micro-batch, rows of <= 20 tokens, zero3 sgd": dict(
             layout={"vision": {"tp": 2, "dp": 2}, "language": {"dp": 4}}, zero_stage=3, micro_batches=1,
             hetero={"max_tokens_per_micro_batch": 20}),
@@ -70,11 +73,14 @@ def _qwen_suite(rank, world_size):
         "qwen2-vl packed skewed, 4 micro-batches, vision dp4 + language tp2 cp2 sp zero1 sgd": dict(
             layout={"vision": V4, "language": {"tp": 2, "cp": 2, "dp": 1, "sequence_parallel": True}},
             micro_batches=4, batch_size=16, skewed=True),
+        "qwen2-vl packed row_mask skewed, 4 micro-batches, vision dp4 + language tp2 cp2 sp zero1 sgd": dict(
+            layout={"vision": V4, "language": {"tp": 2, "cp": 2, "dp": 1, "sequence_parallel": True}},
+            micro_batches=4, batch_size=16, skewed=True, hetero=ROW_MASK),
     }
     out = {name: train_packed(rank, world_size, "qwen2_vl", **kw) for name, kw in runs.items()}
-    out["control: positions not restarted"] = train_packed(
+    out["control: positions not restarted, row_mask"] = train_packed(
         rank, world_size, "qwen2_vl", {"vision": V4, "language": {"dp": 2, "tp": 2}}, steps=2,
-        control="positions not restarted")
+        control="positions not restarted", hetero=ROW_MASK)
     return out
 
 
@@ -88,9 +94,16 @@ def _check(results):
             assert abs(got - want) <= RTOL * abs(want), (name, r["eval"])
             if "skewed" in name:  # the long samples of the first micro-batch were spread over the others
                 assert r["moved"] > 0, (name, r["moved"])
-            # sdpa: some rank's balanced rows hold its samples out of batch order, and the boundary
-            # delivers in the rows' order
-            assert r["reordered"] > 0 or name.startswith(IN_ORDER), (name, r["reordered"])
+            if "row_mask" in name:
+                # sdpa scores rows whole: some rank's balanced rows hold its samples out of batch
+                # order, and the boundary delivers in the rows' order; no module calls per sample
+                assert r["mode"] == "row_mask" and not r["per_sample_modules"], (name, r["mode"])
+                assert r["reordered"] > 0, (name, r["reordered"])
+            else:  # the default under sdpa: each sample's own attention, one row per rank (or the budget's)
+                assert r["mode"] == "per_sample", (name, r["mode"])
+                assert r["per_sample_modules"] or not r["held"], (name, r["per_sample_modules"])
+                if "rows of" not in name:  # no padding (the figure leaves out the shard rounding)
+                    assert r["real_computed"] == 1.0, (name, r["real_computed"])
     for per_rank in results:
         for name, r in per_rank.items():
             if name.startswith("control"):

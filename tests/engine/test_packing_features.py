@@ -11,6 +11,8 @@ placement (the two-encoder omni thinker: vision on the language ranks, audio on 
 dropout 0.1 under tp: recompute replays the forward's masks (losses and norms equal with and without
 recompute, 1e-6; differ without dropout), since no single process can draw a packed sharded row's masks.
 Also recompute on a pp2 language stage with the tower frozen. Frozen parameters stay bit-identical.
+Every case attends per sample (sdpa with no `packed_attention` key: models/per_sample_attention.py),
+checked on every language rank.
 Negative controls (must miss the bar): tied pp2 with the copies' gradients not summed; LoRA with
 the packed positions not restarted (more controls of packing itself in test_packing_engine.py).
 """
@@ -81,6 +83,9 @@ def test_packed_with_feature_matches_single_process_reference(launched, name):
         assert max(r["most_in_a_row"]) > 1, (name, "no row held two samples: nothing was packed")
         got, want = r["eval"]
         assert abs(got - want) <= RTOL * abs(want), (name, r["eval"])
+    # sdpa, no packed_attention key: the language ranks' attention modules call sdpa per sample
+    held = [r["per_sample_modules"] for r in results if r["per_sample_modules"] is not None]
+    assert held and all(held), (name, held)
     for stage, spec in CASES[name]["layout"].items():  # recompute is on where asked, and only there
         held = [r["recomputed"][stage] for r in results if stage in r["recomputed"]]
         assert held and all(h == bool(spec.get("recompute")) for h in held), (name, stage, held)

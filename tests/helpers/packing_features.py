@@ -15,13 +15,14 @@ from ds_hetero.testing.uneven import uneven_batches
 def _figures(family, model_kw, prepare):
     def inspect(engine, batches):
         from ds_hetero.families import adapter_for
+        from ds_hetero.models.per_sample_attention import calls_per_sample
         from ds_hetero.step.step_plan import StepPlan
 
         dp = engine.config.language.dp
         shared = []
         for b in batches:
             plan = StepPlan(engine.config, engine.adapter.encoders(), b, language_cost=engine.adapter.language_cost,
-                            dense_attention=engine.adapter.dense_attention)  # the engine's plan
+                            dense_attention=engine.adapter.dense_rows(engine.config.packed_attention))  # the engine's
             shared.append(max(len(row) for d in range(dp) for m in range(plan.micro_batches)
                               for row in plan.language_rows(d, m)))
         model = build_model(family, seed=7, **model_kw)  # the untrained model, as the engine's before step 1
@@ -31,7 +32,10 @@ def _figures(family, model_kw, prepare):
         # which held stages checkpoint some layer (models/recompute.py sets the flag per layer)
         recomputed = {s.name: any(getattr(m, "gradient_checkpointing", False) is True for m in s.module.modules())
                       for s in engine.stages.held}
-        return {"most_in_a_row": shared, "eval": (engine.eval_batch(batches[0]), want), "recomputed": recomputed}
+        language = engine.stages.language  # its attention modules call the per-sample entry (sdpa, the default)
+        per_sample = sum(map(calls_per_sample, language.module.modules())) if language.held else None
+        return {"most_in_a_row": shared, "eval": (engine.eval_batch(batches[0]), want), "recomputed": recomputed,
+                "per_sample_modules": per_sample}
 
     return inspect
 

@@ -8,8 +8,9 @@ plan's real/computed tokens, and how many ranks' rows hold their samples out of 
 dense kernel's balanced rows, step/rows.py). `control` runs a deliberately wrong packing (negative controls):
 
     "positions not restarted"   every row's positions count 0..L-1 across its samples (the
-                                mRoPE families: the text plane too), so attention and RoPE
-                                cross sample boundaries
+                                mRoPE families: the text plane too) and the per-sample attention
+                                takes the row as one segment, so attention and RoPE cross sample
+                                boundaries
     "loss across samples"       the first label of each sample is kept, so the last token of a
                                 sample predicts the first token of the next
 """
@@ -33,6 +34,7 @@ def _wrong_packing(kind):
             length = p.shape[-1]
             out["position_ids"] = torch.arange(length).expand_as(p).contiguous()
             out["sequence_ids"] = torch.zeros_like(out["sequence_ids"])
+            out["packed_segments"] = tuple((length,) for _ in rows)
         else:  # restore every sample's own first label
             labels = out["labels"]
             for r, row in enumerate(rows):
@@ -49,6 +51,7 @@ def _wrong_packing(kind):
 
 def _packing_figures(engine, batches):
     from ds_hetero.families import adapter_for
+    from ds_hetero.models.per_sample_attention import calls_per_sample
     from ds_hetero.step.step_plan import StepPlan
     from ds_hetero.testing.parity import build_model, reference_forward
 
@@ -56,7 +59,7 @@ def _packing_figures(engine, batches):
     shared, computed, real, moved, reordered = [], 0, 0, 0, 0
     for b in batches:
         plan = StepPlan(engine.config, engine.adapter.encoders(), b, language_cost=engine.adapter.language_cost,
-                        dense_attention=engine.adapter.dense_attention)  # the engine's plan
+                        dense_attention=engine.adapter.dense_rows(engine.config.packed_attention))  # the engine's
         dp = engine.config.language.dp
         shared.append(max(len(row) for d in range(dp) for m in range(plan.micro_batches)
                           for row in plan.language_rows(d, m)))
@@ -79,7 +82,9 @@ def _packing_figures(engine, batches):
     model = build_model(family, seed=7)
     evaluated = (engine.eval_batch(batches[0]), reference_forward(family, model, adapter_for(model), batches[0])[2])
     return {"most_in_a_row": shared, "real_computed": real / computed, "held": language.held, "eval": evaluated,
-            "moved": moved, "reordered": reordered}
+            "moved": moved, "reordered": reordered,
+            "mode": engine.adapter.packed_attention(engine.config.packed_attention),
+            "per_sample_modules": sum(map(calls_per_sample, language.module.modules())) if language.held else None}
 
 
 def longest_first(family, model, steps, batch_size):

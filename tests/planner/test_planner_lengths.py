@@ -70,10 +70,12 @@ def test_plan_figures_equal_the_step_plans(batching, budget, lang, dense):
         assert planned["computed"] > planned["real"]  # the mix pads: the check can see a difference
 
 
-def _plan(lengths=None, batching=None, **kw):
+def _plan(lengths=None, batching=None, packed_attention=None, **kw):
     base = {"train_batch_size": 16, "zero_optimization": {"stage": 1}, "bf16": {"enabled": True}}
     if batching:
         base["hetero_parallel"] = {"language_batching": batching}
+    if packed_attention:
+        base["hetero_parallel"]["packed_attention"] = packed_attention
     return plan("tiny-llava", 4, 96, 16, 16, machine_profile("h100"), base=base, lengths=lengths, **kw)
 
 
@@ -98,10 +100,13 @@ def test_a_long_tailed_mix_prices_padding_and_packing_wins():
     assert packed.best.tokens_per_s == pytest.approx(sum(lengths) / packed.best.step_s)
     cfg = packed.ds_config(packed.best)
     assert cfg["hetero_parallel"]["language_batching"] == "packed"  # the written config trains what was priced
-    assert packed.workload.dense  # tiny-llava runs sdpa: its packed rows are priced as the dense kernel's
-    varlen = _plan(lengths, "packed", attention="varlen")
-    assert not varlen.workload.dense and varlen.best.step_s < packed.best.step_s  # each sample's own attention
-    assert _plan(lengths, "packed", attention="dense").best.step_s == packed.best.step_s
+    # tiny-llava runs sdpa, by default called per sample: priced as each sample's own attention in one row
+    assert not packed.workload.dense
+    assert _plan(lengths, "packed", attention="varlen").best.step_s == packed.best.step_s
+    row_mask = _plan(lengths, "packed", "row_mask")  # each row scored whole, rows cut for that
+    assert row_mask.workload.dense and packed.best.step_s < row_mask.best.step_s
+    assert row_mask.ds_config(row_mask.best)["hetero_parallel"]["packed_attention"] == "row_mask"  # kept
+    assert _plan(lengths, "packed", attention="dense").best.step_s == row_mask.best.step_s
     with pytest.raises(ValueError, match="attention 'flash'"):
         _plan(lengths, "packed", attention="flash")
 

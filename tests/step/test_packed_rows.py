@@ -69,12 +69,14 @@ def test_pack_batch_cuts_rows_only_for_a_dense_kernel_without_a_budget():
     assert pack_batch(lengths, 2, 2, cost, 40, dense=True) == pack_batch(lengths, 2, 2, cost, 40)  # a budget wins
 
 
-def test_adapter_says_which_kernels_are_dense():
+def test_adapter_says_when_rows_are_scored_whole():
     from ds_hetero.families import adapter_for
     from ds_hetero.toy import tiny_llava
 
     model = tiny_llava("clip", seed=0)
     adapter = adapter_for(model)
-    assert model.config.text_config._attn_implementation == "sdpa" and adapter.dense_attention
-    model.config.text_config._attn_implementation_internal = "flash_attention_2"
-    assert not adapter_for(model).dense_attention
+    # sdpa: per sample by default (one row), whole rows under "row_mask"
+    assert model.config.text_config._attn_implementation == "sdpa"
+    assert not adapter.dense_rows() and not adapter.dense_rows("per_sample") and adapter.dense_rows("row_mask")
+    model.config.text_config._attn_implementation_internal = "flash_attention_2"  # varlen: one row
+    assert not adapter_for(model).dense_rows() and adapter_for(model).packed_attention() == "kernel"

@@ -48,6 +48,8 @@ def test_config_reads_the_keys_and_defaults_to_samples():
     del plain["hetero_parallel"]["language_batching"]
     cfg = load_config(plain, 4)
     assert cfg.language_batching == "samples" and not cfg.packed and cfg.max_tokens_per_micro_batch is None
+    assert cfg.packed_attention is None and load_config(_ds({"dp": 4}, packed_attention="row_mask"), 4
+                                                        ).packed_attention == "row_mask"
 
 
 @pytest.mark.parametrize("section, field, words", [
@@ -56,6 +58,9 @@ def test_config_reads_the_keys_and_defaults_to_samples():
     ({"max_tokens_per_micro_batch": True}, "hetero_parallel.max_tokens_per_micro_batch", "positive integer"),
     ({"language_batching": "samples", "max_tokens_per_micro_batch": 64},
      "hetero_parallel.max_tokens_per_micro_batch", "\"packed\" only"),
+    ({"packed_attention": "mask"}, "hetero_parallel.packed_attention", "'per_sample' or 'row_mask'"),
+    ({"language_batching": "samples", "packed_attention": "row_mask"},
+     "hetero_parallel.packed_attention", "\"packed\" only"),
 ])
 def test_config_errors_name_the_field(section, field, words):
     with pytest.raises(HeteroConfigError) as e:
