@@ -13,6 +13,7 @@
 # N == 1: the engine on CUDA at world size 1 (vision tp1 dp1 + language tp1 dp1: fp32 parity
 #         against the HF model and bf16; recipes/check_one_device.py), the main job for a few
 #         steps, and the stage models' step times (check_one_device.py --synchronize).
+# Any N: packed rows' per-sample attention against the block-diagonal mask on CUDA (one process).
 # TF32 is turned off: the parity bars are fp32's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,9 +54,11 @@ if [ "$GPUS" -ge 2 ]; then
   else
     run "$PY" -m pytest -q -k "$KEEP_ALIVE" $TWO_RANK
   fi
+  run "$PY" -m pytest -q tests/step/test_per_sample_attention.py  # packed rows' per-sample attention on CUDA
   run "$PY" benchmarks/bench_boundary.py --backend nccl --max-world "$GPUS" --iters 20
 elif [ "$GPUS" -eq 1 ]; then
   run "$PY" recipes/check_one_device.py --steps 5 --synchronize
+  run "$PY" -m pytest -q tests/step/test_per_sample_attention.py  # packed rows' per-sample attention on CUDA
   TMP=/tmp/check_gpu_dry_run
   if [ "$DRY" = 0 ]; then TMP=$(mktemp -d); fi
   CONFIG="$TMP/world_of_one.json"

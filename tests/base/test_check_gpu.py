@@ -20,7 +20,11 @@ def _dry_run(gpus):
 def test_dry_run_lists_the_checks_for_each_device_count():
     one = _dry_run(1)
     assert one.returncode == 0, one.stderr
-    assert "check_one_device.py" in one.stdout and "train_llava.py" in one.stdout and "pytest" not in one.stdout
+    assert "check_one_device.py" in one.stdout and "train_llava.py" in one.stdout
+    # one device: only the one-process per-sample attention test (CUDA parametrised), no multi-process suite
+    assert [line for line in one.stdout.splitlines() if "pytest" in line] == [
+        "+ .venv/bin/python -m pytest -q tests/step/test_per_sample_attention.py"]
+    assert "test_per_sample_attention.py" in _dry_run(2).stdout
     two = _dry_run(2)
     assert two.returncode == 0, two.stderr
     assert "tests/engine/test_skipped_step.py" in two.stdout and "test_engine_parity" not in two.stdout

@@ -9,7 +9,7 @@ row per rank (models/per_sample_attention.py; checked: the mode, the language ra
 modules calling it, no padding); runs named "row_mask" take `packed_attention: "row_mask"`, the
 whole row under the block-diagonal mask, in the rows that cost that least (step/rows.py), which
 hold some rank's samples out of batch order (checked), delivered by the boundary in the rows' order.
-LLaVA with tp2 dp2, sp, cp2, pp2, first_stage (row_mask) and disaggregated; Qwen2-VL (variable
+LLaVA with tp2 dp2, sp, cp2 (ZeRO 0), pp2, first_stage (row_mask) and disaggregated; Qwen2-VL (variable
 image tokens, text-only samples) with tp2 dp2 ZeRO 2 (row_mask) and dp4 ZeRO 3 under a token budget
 (several rows, padding segments). Across micro-batches (the samples go to (micro-batch, dp rank)
 bins of the whole batch): batches sorted longest first, so the samples cut's first micro-batch holds
@@ -43,8 +43,8 @@ def _llava_suite(rank, world_size):
             layout={"vision": V4, "language": {**L22, "sequence_parallel": True}}, zero_stage=2),
         "llava packed disaggregated vision dp2 (0-1) + language dp2 (2-3) zero1 sgd": dict(
             layout={"vision": {"dp": 2}, "language": {"dp": 2}}, placement="disaggregated"),
-        "llava packed vision dp4 + language cp2dp2 zero1 sgd": dict(
-            layout={"vision": V4, "language": {"cp": 2, "dp": 2}}),
+        "llava packed vision dp4 + language cp2dp2 zero0 sgd": dict(
+            layout={"vision": V4, "language": {"cp": 2, "dp": 2}}, zero_stage=0),
         "llava packed vision dp4 + language pp2dp2 zero1 sgd": dict(
             layout={"vision": V4, "language": {"dp": 2, "pp": 2}}),
         "llava packed row_mask first_stage vision tp2 + language pp2tp2 zero1 adamw": dict(

@@ -3,7 +3,8 @@ that packs: the language stage's logits and gradients (every parameter's, and th
 with sdpa (and eager) called once per sample equal those of the same packed rows under the
 block-diagonal mask transformers builds; a call without `packed_segments` is exactly the model's
 own kernel; the decoder's config is untouched. Negative control: segments that join the samples
-of a row differ. The mode each decoder gets, and the errors of a choice it cannot take.
+of a row differ. The mode each decoder gets, and the errors of a choice it cannot take. On a
+machine with CUDA (recipes/check_gpu.sh) the comparison runs on the GPU too, with TF32 off.
 """
 
 import pytest
@@ -17,6 +18,7 @@ from ds_hetero.models.per_sample_attention import (KERNELS, apply_per_sample_att
 from tests.step.test_packing_rows import FAMILIES, _rows
 
 PACKING = [name for name in FAMILIES if name not in ("qwen3_5", "gemma3")]  # the refused ones
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _run(language, batch, rows, segments, weights):
@@ -30,17 +32,18 @@ def _run(language, batch, rows, segments, weights):
     return logits.detach(), grads, [r.grad for r in rows]
 
 
-def _case(name, kernel="sdpa"):
+def _case(name, kernel="sdpa", device="cpu"):
     model, samples = FAMILIES[name]()
     if kernel != "sdpa":
         model.set_attn_implementation(kernel)
     adapter = adapter_for(model)
-    language = adapter.split()["language"]
+    language = adapter.split()["language"].to(device)
     # two rows, the second with a padding segment (rows padded to a multiple of 8)
     batch = packed_language_inputs(adapter, [samples[:3], samples[3:]], multiple=8)
-    rows = tuple(torch.cat(r) for r in _rows(adapter, samples))
+    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    rows = tuple(torch.cat(r).to(device) for r in _rows(adapter, samples))
     torch.manual_seed(0)
-    weights = torch.randn(*batch["input_ids"].shape, language.lm_head.out_features)
+    weights = torch.randn(*batch["input_ids"].shape, language.lm_head.out_features).to(device)
     return model, language, batch, rows, weights
 
 
@@ -49,9 +52,11 @@ def _close(a, b, tol=1e-5):
     return all(float((x - y).abs().max()) <= tol * float(y.abs().max()) for x, y in zip(a, b, strict=True))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name, kernel", [(n, "sdpa") for n in PACKING] + [("llava", "eager"), ("qwen2_vl", "eager")])
-def test_per_sample_equals_the_block_diagonal_mask(name, kernel):
-    model, language, batch, rows, weights = _case(name, kernel)
+def test_per_sample_equals_the_block_diagonal_mask(name, kernel, device):
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # fp32's bar on a GPU
+    model, language, batch, rows, weights = _case(name, kernel, device)
     assert any(pad for pad in batch["packed_segments"][1][-1:]) and sum(batch["packed_segments"][0]) == \
         batch["input_ids"].shape[1]
     want = _run(language, batch, rows, None, weights)  # transformers' mask over the whole row
