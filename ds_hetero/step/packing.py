@@ -6,8 +6,9 @@ sample of the global batch goes to one of `micro_batches x dp` bins (bin m * dp 
 part of language micro-batch m) by its language cost (the cost counts attention's quadratic
 term, as the encoder's does), and each
 bin's samples are laid end to end in one packed row (or, under `max_tokens_per_micro_batch`, a
-few rows of at most that many tokens; a longer sample has a row of its own; for a dense
-attention kernel, sdpa or eager, the rows that cost it least: step/rows.py). Each sample keeps
+few rows of at most that many tokens; a longer sample has a row of its own; for attention that
+scores rows whole, sdpa or eager under `packed_attention` "row_mask", the rows that cost it least:
+step/rows.py). Each sample keeps
 its own positions (restarting at 0), so the decoder's mask keeps attention inside it
 (models/packing.py builds the row).
 
@@ -119,7 +120,7 @@ def pack_batch(lengths: Sequence[int], micro_batches: int, dp: int, cost: Callab
     """`out[m][d][r]`: the batch positions (indices into `lengths`) in row r of dp rank d's part of
     language micro-batch m, each row ascending (`assign_bins`, or the split inside the samples cut's
     micro-batches where it is faster; then `cut_rows` under `budget`, or without one, for a
-    `dense` attention kernel (sdpa, eager), step/rows.py `dense_rows` with rows padded to a
+    `dense` attention (sdpa or eager scoring rows whole), step/rows.py `dense_rows` with rows padded to a
     multiple of `multiple`)."""
     members = assign_bins(lengths, micro_batches, dp, cost)
     size = len(lengths) // micro_batches

@@ -6,11 +6,13 @@ its rows, flattened (StepPlan.micro_batch_samples lists each rank's samples row 
 is the order of the placeholders in the flattened rows (boundary/inputs.py). Inside a row the
 samples keep ascending batch order.
 
-Which rows depends on the attention kernel. Flash-attention's varlen kernel (and flex
-attention's block mask) computes each sample's own scores: one row per rank is right, and its
-cost is its samples' own. Under `max_tokens_per_micro_batch` the rows are cut by next fit in
-batch order (`cut_rows`). sdpa and eager are dense: transformers turns packed `position_ids`
-into a block-diagonal causal mask, but the kernel still computes the row's whole L x L. One row
+Which rows depends on the attention. Flash-attention's varlen kernel (and flex attention's block
+mask), and sdpa or eager called once per sample (models/per_sample_attention.py, the default for
+them), compute each sample's own scores: one row per rank is right, and its cost is its samples'
+own. Under `max_tokens_per_micro_batch` the rows are cut by next fit in
+batch order (`cut_rows`). sdpa and eager scoring a whole row (`packed_attention` "row_mask") are
+dense: transformers turns packed `position_ids` into a block-diagonal causal mask, but the kernel
+still computes the row's whole L x L. One row
 of n samples then costs the attention of their total length, squared: on the shipped dataset at
 global batch 64 on 2 ranks (16 samples a row) about 5x the score entries of the padded samples'.
 For a dense kernel without a budget, `dense_rows` therefore picks the rows whose cost, each row

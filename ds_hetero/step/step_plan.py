@@ -80,9 +80,10 @@ class StepPlan:
                     accumulate), whatever `stages.<name>.micro_batches` says
     language_cost   tokens -> the language stage's work on one sample (packed batching: the
                     model adapter's `language_cost`; default step/packing.py's)
-    dense_attention whether the language stage's attention kernel scores a packed row's whole
-                    L x L (sdpa, eager: the adapter's `dense_attention`): its packed rows are
-                    then cut to cost least (step/rows.py), and priced as padded rows
+    dense_attention whether the language stage's attention scores a packed row's whole L x L
+                    (sdpa or eager under `packed_attention` "row_mask": the adapter's
+                    `dense_rows`): its packed rows are then cut to cost least (step/rows.py),
+                    and priced as padded rows
     """
 
     def __init__(self, config: HeteroConfig, ports: Mapping[str, Any], samples: Sequence[dict[str, Any]],
