@@ -7,6 +7,7 @@ vision dp4 + language dp4 ep4 (one micro-batch each: the aux loss is the global 
 language dp4 ep2 with 2 micro-batches (the aux loss per micro-batch, averaged: docs/expert-parallel.md),
 language tp2 dp2 with sequence parallelism ep2, language cp2 dp2 ep4 with 2 micro-batches, and
 language dp4 ep2 with ZeRO 3 (each expert partitioned over its 2 expert-data-parallel ranks),
+language tp2 dp2 ep2 with packed rows (`language_batching` "packed", one micro-batch, per-sample attention),
 a frozen router with recompute (tp2 dp2 ep2), frozen experts under ZeRO 3 (and refused under ZeRO 2),
 and pipelined: language dp2 pp2 ep2 with 4 micro-batches (ZeRO 1, and ZeRO 3), language tp2 pp2
 with sequence parallelism (ep 1): the experts on both pipeline stages, the aux loss over every
@@ -40,6 +41,9 @@ LAYOUTS = {
     "vision dp4 + language tp2 dp2 (ep 1) zero1": dict(layout={"vision": V, "language": {"tp": 2, "dp": 2}},
                                                        zero_stage=1),
     "vision dp4 + language tp2 dp2 ep2 zero0": dict(layout={"vision": V, "language": {"tp": 2, "dp": 2, "ep": 2}}),
+    # packed rows (one micro-batch: the aux loss is still the global batch's), attended per sample
+    "vision dp4 + language tp2 dp2 ep2, packed": dict(layout={"vision": V, "language": {"tp": 2, "dp": 2, "ep": 2}},
+                                                     hetero={"language_batching": "packed"}),
     "vision dp4 + language dp4 ep4 zero2": dict(layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 4}},
                                                 zero_stage=2),
     "language dp4 ep2, 2 micro-batches, zero1": dict(layout={"vision": V, "language": {"tp": 1, "dp": 4, "ep": 2}},
