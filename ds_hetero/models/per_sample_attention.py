@@ -110,21 +110,17 @@ def _per_sample(name: str) -> Callable:
         if packed_segments is None:  # not a packed micro-batch: the decoder built the mask
             return inner(module, query, key, value, attention_mask, **kwargs)
         kwargs.pop("is_causal", None)
-        masks: dict[int, torch.Tensor] = {}
+        if name != "eager":
+            kwargs["is_causal"] = True  # sdpa: causal without a mask (its flash / cuDNN kernels on a GPU)
+        masks: dict[int, torch.Tensor] = {}  # eager adds a mask: one causal mask per sample length
         rows = []
         for r, lengths in enumerate(packed_segments):
             parts, start = [], 0
             for n in lengths:
-                span = slice(start, start + n)
-                if name == "eager":
-                    mask = masks.get(n)
-                    if mask is None:
-                        mask = masks[n] = _causal(n, query)
-                    out, _ = inner(module, query[r:r + 1, :, span], key[r:r + 1, :, span], value[r:r + 1, :, span],
-                                   mask, **kwargs)
-                else:
-                    out, _ = inner(module, query[r:r + 1, :, span], key[r:r + 1, :, span], value[r:r + 1, :, span],
-                                   None, is_causal=True, **kwargs)
+                q, k, v = (t[r:r + 1, :, start:start + n] for t in (query, key, value))
+                if name == "eager" and n not in masks:
+                    masks[n] = _causal(n, query)
+                out, _ = inner(module, q, k, v, masks.get(n), **kwargs)
                 parts.append(out)
                 start += n
             if start != query.shape[2]:
