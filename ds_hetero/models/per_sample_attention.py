@@ -158,12 +158,13 @@ def apply_per_sample_attention(decoder: nn.Module) -> int:
     that config; returns how many attention modules call it (a decoder with none raises)."""
     _register()
     config = decoder.config
+    kernel = config._attn_implementation or "sdpa"
     own = copy.copy(config)  # the decoder's config (its mask code, save_pretrained) is untouched
-    own._attn_implementation_internal = KERNELS[config._attn_implementation or "sdpa"]
+    own._attn_implementation_internal = KERNELS[kernel]
     for module in decoder.modules():
         if module is not decoder and getattr(module, "config", None) is config:
             module.config = own
-        if type(module).__name__.endswith("Attention"):
+        if kernel == "eager" and type(module).__name__.endswith("Attention"):  # its model file's own eager
             eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
             if eager is not None:
                 setattr(module, EAGER, eager)
