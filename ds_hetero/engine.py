@@ -22,7 +22,8 @@ import torch.distributed as dist
 from .boundary import BoundaryCommunicator
 from .config import HeteroConfig
 from .data import agreement
-from .data.loader import GlobalBatchLoader
+from .data.loader import GlobalBatchLoader, prepare_dataset
+from .data.prefetch import StepPrefetcher
 from .data.samples import as_sample_list
 from .failures import is_collective_failure, own_failure, peer_failure
 from .loss import label_token_total
@@ -106,10 +107,14 @@ class HeteroEngine:
         schedule = (PipelineSchedule if config.language.pp > 1 else
                     ColocatedSchedule if config.placement == "colocated" else DisaggregatedSchedule)
         self.schedule = schedule(self.stages, self.boundaries, self.adapter, self.timeline)
+        # a dataset with a length index measures it here, every rank a share, before the first step
         self.loader = (
-            GlobalBatchLoader(training_data, config.global_batch_size, collate_fn, seed=seed)
+            GlobalBatchLoader(prepare_dataset(training_data, self.stages.boundary_group), config.global_batch_size,
+                              collate_fn, seed=seed)
             if training_data is not None else None
         )
+        self._prefetcher: StepPrefetcher | None = None  # started at the first train_batch() without samples
+        self._planned: dict[int, tuple[list, StepPlan | None]] = {}  # step -> (light batch, plan), from the reader
         self.global_steps = 0
 
     @property
@@ -139,18 +144,35 @@ class HeteroEngine:
         return self.stages.device
 
     # ------------------------------------------------------------------ training
-    def _next_samples(self) -> tuple[list[dict[str, Any]], StepPlan | None]:
-        """The loader's batch (this rank's shares in full, the rest light) and, when it could be
-        built from the light batch, the step's plan."""
+    def _positions_of(self, step: int) -> set[int]:
+        """Batch positions this rank reads in full in `step`: its shares by position, and those the plan
+        gives it (token-balanced encoders, packed rows), planned from the light batch (no image read).
+        Called by the reader, ahead of the step; the plan is kept for the step."""
+        light = self.loader.light_batch(step)
+        plan = self.data_path.plan_of(light)
+        self._planned[step] = (light, plan)
+        needed = self.data_path.needed_positions()
+        return needed | self.data_path.balanced_positions(plan) if plan is not None else needed
+
+    def _next_samples(self, step: int) -> tuple[list[dict[str, Any]], StepPlan | None, str | None, float]:
+        """(the step's batch: this rank's shares in full, the rest light; its plan; the problem that stopped
+        this rank reading its share, for the batch agreement; seconds waited for the reader)."""
         if self.loader is None:
             raise ValueError("train_batch() without samples needs training_data at initialize()")
-        batch = self.loader.load(self.global_steps, self.data_path.needed_positions())
-        plan = self.data_path.plan_of(batch)
-        if plan is not None:
-            self.loader.fill(self.global_steps, batch, self.data_path.balanced_positions(plan))
-        return batch, plan
+        if self._prefetcher is None:
+            self._prefetcher = StepPrefetcher(self.loader, self._positions_of, step, self.config.data_workers,
+                                              self.config.prefetch_steps, self.config.timeout_s)
+        with self.timeline.span("data.wait", "data", step):
+            full, problem, waited = self._prefetcher.next(step)
+        if step not in self._planned:  # the reader failed before planning it
+            self._positions_of(step)
+        light, plan = self._planned.pop(step)
+        for old in [k for k in self._planned if k < step]:  # steps read ahead of a restart, never asked for
+            del self._planned[old]
+        return [full.get(p, sample) for p, sample in enumerate(light)], plan, problem, waited
 
-    def _agree_on_batch(self, samples: Sequence[dict[str, Any]], plan: StepPlan | None = None) -> int:
+    def _agree_on_batch(self, samples: Sequence[dict[str, Any]], plan: StepPlan | None = None,
+                        read_problem: str | None = None) -> int:
         """The global label-token count, after every rank of every stage accepted the batch.
 
         With samples passed in, every rank holds the same full list; from the loader a rank reads
@@ -158,7 +180,8 @@ class HeteroEngine:
         raise alike, before any other collective of the step; it also sums the label tokens of
         the language shares (one tp x cp rank per language dp replica counts its share).
         """
-        problem = agreement.local_problem(samples, self.config.global_batch_size, self.adapter.check_sample)
+        problem = read_problem or agreement.local_problem(samples, self.config.global_batch_size,
+                                                          self.adapter.check_sample)
         if problem is None and plan is None and self.config.packed:
             problem = "the batch could not be planned (language_batching \"packed\" reads every sample's input_ids)"
         mine, inputs = 0, 0
@@ -187,13 +210,17 @@ class HeteroEngine:
         step = self.global_steps
         start = time.perf_counter()
         # lists / numpy converted; a collated dict or raw dataset rows refused by name (data/samples.py)
-        samples, plan = self._next_samples() if samples is None else (as_sample_list(samples), None)
+        read_problem, data_wait = None, 0.0
+        if samples is None:
+            samples, plan, read_problem, data_wait = self._next_samples(step)
+        else:
+            samples, plan = as_sample_list(samples), None
 
         if plan is None:  # built once, before the agreement: it digests the plan's item rows, and with
             # packed batching the plan's language shares say who counts which labels
             plan = self.data_path.plan_of(samples)  # None for a malformed batch: the agreement refuses it
         try:  # the batch agreement: a refused batch raises ValueError on every rank alike, engine usable
-            n_labels = self._agree_on_batch(samples, plan)
+            n_labels = self._agree_on_batch(samples, plan, read_problem)
         except Exception as exc:
             if is_collective_failure(exc):
                 raise self._peer_failure(exc, step) from exc
@@ -241,7 +268,8 @@ class HeteroEngine:
             boundary_bytes_lower_bound=bytes_["lower_bound"],
             boundary_bytes_backward=bytes_["backward"],
             busy_time=busy,
-            bubble_fraction=bubble_fraction(busy, step_time),
+            bubble_fraction=bubble_fraction(busy, step_time - data_wait),  # waiting for data is not a bubble
+            data_wait=data_wait,
             skipped=not all(applied),  # as the stage engines counted it (a non-finite norm skips all)
             aux_loss=aux if self.adapter.has_aux_loss else None,
             language_tokens=plan.language_load(),  # O(samples) on the host, no communication

@@ -22,7 +22,11 @@ class StepResult:
     boundary_bytes_backward     the part of boundary_bytes this rank sent in backward exchanges (0 for
                                 an encoder that does not train: it has no backward exchange)
     busy_time       seconds this rank spent in forward, backward and optimizer work
-    bubble_fraction 1 - busy_time / step_time: the share of the step this rank waited
+    bubble_fraction 1 - busy_time / (step_time - data_wait): the share of the step this rank waited on
+                    other ranks (the data wait is counted apart)
+    data_wait       seconds this step waited for this rank's share of the training data (the loader's
+                    reader: 0 when samples are passed in; with data workers, only what they had not read
+                    ahead; docs/real-data.md)
     aux_loss        a mixture-of-experts language stage's router load-balancing loss (None without
                     one), as the Hugging Face model computes it (`load_balancing_loss_func`): per
                     language micro-batch over all of that micro-batch's tokens (every dp x cp rank's
@@ -51,6 +55,7 @@ class StepResult:
     skipped: bool = False
     aux_loss: float | None = None
     language_tokens: dict[str, float] = field(default_factory=dict)
+    data_wait: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)

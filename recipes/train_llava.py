@@ -66,6 +66,9 @@ def parse_args(argv=None):
     p.add_argument("--image-folder", default=None, help="where --data's image paths point (default: its folder)")
     p.add_argument("--skip-bad-rows", action="store_true",
                    help="leave out --data's bad rows (printed with their count) instead of stopping at the first")
+    p.add_argument("--data-workers", type=int, default=None,
+                   help="worker processes per rank reading its samples of the next steps (sets "
+                        "hetero_parallel.data_workers; default: the config's, else 0)")
     p.add_argument("--model", default=None,
                    help="a safetensors checkpoint directory of a supported family (LLaVA, Qwen2-VL, Qwen2.5-VL, "
                         "Qwen3-VL, InternVL, LLaVA-OneVision, Gemma 3), loaded per stage and tp shard")
@@ -82,6 +85,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if not args.data and (args.image_folder or args.skip_bad_rows):
         p.error("--image-folder and --skip-bad-rows apply to --data FILE, which is not given")
+    if args.data_workers is not None and args.data_workers < 0:
+        p.error(f"--data-workers must be 0 or more, got {args.data_workers}")
     return args
 
 
@@ -123,8 +128,11 @@ def build_dataset(args, model):
     if args.data:
         from ds_hetero.sft_data import SFTDataset
 
-        return SFTDataset.from_file(args.data, data_processor(args, model), image_folder=args.image_folder,
-                                    skip_bad_rows=args.skip_bad_rows)
+        dataset = SFTDataset.from_file(args.data, data_processor(args, model), image_folder=args.image_folder,
+                                       skip_bad_rows=args.skip_bad_rows)
+        if int(os.environ.get("RANK", "0")) == 0:  # how the length index was found or measured (initialize builds it)
+            dataset.log = lambda line: print(line, flush=True)
+        return dataset
     if args.model_family == "omni" or type(model).__name__.startswith("Qwen2_5Omni"):
         from ds_hetero.toy.omni_shapes import OmniShapesDataset
 
@@ -186,7 +194,7 @@ def train(engine, model, steps: int, skipped: str = "") -> tuple[list, float]:
         history.append(r)
         if bar is not None:
             bar.set_postfix(loss=f"{r.loss:.3f}", tok_s=f"{r.num_tokens / r.step_time:.0f}",
-                            step_s=f"{r.step_time:.3f}", bubble=f"{r.bubble_fraction:.2f}")
+                            step_s=f"{r.step_time:.3f}", data_s=f"{r.data_wait:.3f}", bubble=f"{r.bubble_fraction:.2f}")
             bar.update()
     wall = time.perf_counter() - start
     if bar is not None:
@@ -207,6 +215,7 @@ def gathered(engine, history, tail, trace: str | None) -> dict:
     out = {"memory": _gather(engine, round(peak_memory_mb(engine.device), 1)),
            "sent": _gather(engine, sum(r.boundary_bytes for r in history)),
            "bubbles": _gather(engine, round(sum(r.bubble_fraction for r in tail) / len(tail), 3)),
+           "data_wait": _gather(engine, round(sum(r.data_wait for r in tail) / len(tail), 5)),
            "pipeline": None}
     if engine.config.language.pp > 1:  # where each rank's time went around the pipeline, in the last step
         from ds_hetero.timeline import pipeline_overlap
@@ -251,6 +260,8 @@ def summarize(engine, history, wall: float, trace: str | None = None) -> dict:
         "boundary_bytes_sent_per_step_fwd_bwd": sum(g["sent"]) / len(history),
         "peak_memory_mb_per_rank": g["memory"],
         "bubble_fraction_per_rank": g["bubbles"],
+        # seconds a step waited for the rank's share of the data (not in the bubble; docs/real-data.md)
+        "data_wait_s_per_step_per_rank": g["data_wait"],
         "stages_per_rank": [cfg.stages_of_rank(r) for r in range(engine.world_size)],
         "stage_memory_options": {n: _memory_options(engine, n) for n in cfg.stages},
         "boundary_backward_bytes_per_step_rank0": sum(r.boundary_bytes_backward for r in history) / len(history),
@@ -272,7 +283,12 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
     model, weights = build_model(args)
     dataset = build_dataset(args, model)
-    engine = ds_hetero.initialize(model, args.deepspeed_config, training_data=dataset, weights=weights,
+    config = args.deepspeed_config
+    if args.data_workers is not None:  # the one key this option sets; the rest of the config as given
+        with open(config) as f:
+            config = json.load(f)
+        config.setdefault("hetero_parallel", {})["data_workers"] = args.data_workers
+    engine = ds_hetero.initialize(model, config, training_data=dataset, weights=weights,
                                   seed=args.seed)  # the data order too, as the Trainer recipe does
     engine.timeline.trace_window = args.trace_window
     engine.timeline.synchronize = bool(args.trace)  # a trace times device work, at the cost of overlap

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import HeteroConfigError
 from .batching import parse_language_batching, parse_packed_attention
+from .data_keys import parse_data_keys
 from .pipeline_keys import parse_pipeline
 from .ranks import assign_ranks
 from .read import read_ds_config
@@ -88,6 +89,7 @@ def parse_config(ds: Mapping[str, Any], world_size: int, encoder_stages: Sequenc
     encoder_balance = _encoder_balance(specs, balance)
     language_batching, max_tokens = parse_language_batching(section)
     packed_attention = parse_packed_attention(section, language_batching)
+    data_workers, prefetch_steps = parse_data_keys(section)
 
     for name, layout in layouts.items():
         mbs = encoder_mbs.get(name, micro_batches)
@@ -119,6 +121,8 @@ def parse_config(ds: Mapping[str, Any], world_size: int, encoder_stages: Sequenc
         language_batching=language_batching,
         max_tokens_per_micro_batch=max_tokens,
         packed_attention=packed_attention,
+        data_workers=data_workers,
+        prefetch_steps=prefetch_steps,
     )
 
 

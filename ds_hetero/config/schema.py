@@ -12,6 +12,8 @@ rejects unknown keys inside its own sections), so the plugin owns one top-level 
         "language_batching": "samples",          # or "packed": token-balanced packed rows (docs/packing.md)
         "max_tokens_per_micro_batch": null,      # packed: the longest packed row (config/batching.py)
         "packed_attention": null,                # packed under sdpa/eager: "per_sample" (default) or "row_mask"
+        "data_workers": 0,                       # processes per rank reading the next steps' samples (data_keys.py)
+        "prefetch_steps": 2,                     # steps they read ahead, at most
         "stages": {
             "vision":   {"tp": 1, "dp": 4, "micro_batches": 1},   # encoder passes per step
             "audio":    {"tp": 2, "dp": 2, "balance": "position"}, # per-encoder balance (docs/multi-encoder.md)
@@ -46,7 +48,7 @@ LANGUAGE = "language"
 # The encoder stages' names come from the model families (families/ `known_encoder_stages`): parsing is
 # given them (parse_config `encoder_stages`); config keeps no list of its own.
 SECTION_KEYS = ("placement", "micro_batches", "stages", "timeout_s", "balance", "language_batching",
-                "max_tokens_per_micro_batch", "packed_attention")
+                "max_tokens_per_micro_batch", "packed_attention", "data_workers", "prefetch_steps")
 DEFAULT_TIMEOUT_S = 300.0  # a collective waiting longer than this raises instead of hanging
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # process-group timeouts are integer milliseconds: keep them finite and sane
 BALANCES = ("tokens", "position")  # how encoder images go to dp ranks (step/balance.py)
@@ -99,6 +101,8 @@ class HeteroConfig:
     max_tokens_per_micro_batch: int | None = None  # packed: the longest packed row (None: one row per rank)
     # packed under sdpa / eager: "per_sample" or "row_mask"; None: per_sample where the decoder allows it
     packed_attention: str | None = None
+    data_workers: int = 0  # worker processes per rank reading its share of the next steps (config/data_keys.py)
+    prefetch_steps: int = 2
 
     @property
     def packed(self) -> bool:

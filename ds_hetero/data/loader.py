@@ -4,7 +4,10 @@ Every rank walks the same seeded order of sample indices, so every rank agrees o
 samples form step k's global batch. A rank materialises in full (image fields included) only
 the samples its stages handle; for every other sample it needs just the token ids, to know the
 sample's image-token count for the boundary plan. A dataset that can give those cheaply
-implements `input_ids(index)`; otherwise the full item is read and its image fields dropped.
+implements `light(index)` (the real-data length index, sft_data/) or `input_ids(index)` (the toy
+sets); otherwise the full item is read and its image fields dropped. A dataset with a `prepare(group)`
+(sft_data's: its length index, measured by all ranks together) is prepared first, on every rank.
+The full samples are read ahead by worker processes (prefetch.py) where the config asks for them.
 """
 
 from __future__ import annotations
@@ -12,6 +15,13 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
+
+
+def prepare_dataset(dataset: Any, group) -> Any:
+    """The dataset after its `prepare(group)` where it has one (collective over `group`: every rank calls it)."""
+    if hasattr(dataset, "prepare"):
+        dataset.prepare(group)
+    return dataset
 
 
 class GlobalBatchLoader:
@@ -26,10 +36,10 @@ class GlobalBatchLoader:
         seed: int = 0,
     ):
         if len(dataset) < global_batch_size:
+            name = getattr(dataset, "name", None)
             raise ValueError(
-                f"training_data has {len(dataset)} samples, fewer than one global batch "
-                f"(train_batch_size={global_batch_size})"
-            )
+                f"training_data{f' ({name})' if name else ''} has {len(dataset)} usable samples, fewer than one "
+                f"global batch (train_batch_size={global_batch_size}): give more rows or a smaller train_batch_size")
         self.dataset = dataset
         self.global_batch_size = global_batch_size
         self.collate_fn = collate_fn
@@ -76,11 +86,17 @@ class GlobalBatchLoader:
         for p, sample in zip(positions, self._read([indices[p] for p in positions])):
             batch[p] = sample
 
+    def light_batch(self, step: int) -> list[dict[str, Any]]:
+        """Step `step`'s global batch as light samples (token ids only), what the step plan reads."""
+        return [self._light(i) for i in self.indices(step)]
+
     def _read(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         items = [self.dataset[i] for i in indices]
         return self.collate_fn(items) if self.collate_fn is not None else items
 
     def _light(self, index: int) -> dict[str, Any]:
+        if self.collate_fn is None and hasattr(self.dataset, "light"):
+            return self.dataset.light(index)
         if self.collate_fn is None and hasattr(self.dataset, "input_ids"):
             return {"input_ids": self.dataset.input_ids(index), "light": True}
         sample = self._read([index])[0]

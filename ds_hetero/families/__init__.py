@@ -3,7 +3,8 @@
 Adding a family is its home plus one line in FAMILIES. Everything outside the homes reaches a family
 through this registry: the adapter of a model instance (`adapter_for`), the merged tensor-parallel plans
 (`tp_plans`), the encoder stages a config may name (`known_encoder_stages`), the built-in tiny models
-(`tiny_model`, meta.py) and the shapes data in a family's format (`family_of_config`).
+(`tiny_model`, meta.py), the shapes data in a family's format (`family_of_config`) and an image's token count
+by a processor's resize rule (`image_token_rule`).
 """
 
 from __future__ import annotations
@@ -95,3 +96,20 @@ def family_named(name: str, families: Sequence[Family] = FAMILIES) -> Family:
 
 __all__ = ["FAMILIES", "Family", "adapter_for", "family_named", "family_of", "family_of_config",
            "known_encoder_stages", "tp_plans"]
+
+
+def image_token_rule(processor, families: Sequence[Family] = FAMILIES):
+    """`(height, width) -> placeholder tokens` of an image under `processor`, without its pixels: the rule of
+    the family that lists the processor's class (along its MRO), else transformers' generic
+    `_get_num_multimodal_tokens` where the processor has one, else None (the length index then encodes)."""
+    by_class = {name: rule for family in families for name, rule in family.media_tokens.items()}
+    for cls in type(processor).__mro__:
+        if cls.__name__ in by_class:
+            rule = by_class[cls.__name__]
+            return lambda height, width: rule(processor, height, width)
+    if hasattr(processor, "_get_num_multimodal_tokens"):
+        def generic(height: int, width: int) -> int:
+            data = processor._get_num_multimodal_tokens(image_sizes=[(height, width)])
+            return int(data["num_image_tokens"][0])
+        return generic
+    return None

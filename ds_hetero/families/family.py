@@ -6,6 +6,8 @@ A family's home is its folder, ds_hetero/families/<family>/:
     plans.py     its tensor-parallel plans (which module classes are sharded how)
     tiny.py      a tiny seeded model built from config (`tiny-<name>` for validate, tests and demos)
     sample_format.py  the shapes-captioning data in its sample format (toy/shapes.py), where it has one
+    media_tokens.py  an image's token count from its size by the family's processors' resize rule (the
+                 real-data length index), where the family has processors it knows
     shapes.py    the planner's shapes of the model (models/shapes.py's records) read from its Hugging Face
                  config, one reader per HF `model_type` (`SHAPES`; planner/model_spec.py looks them up)
     __init__.py  the `FAMILY` record below, which the registry (families/__init__.py) lists in one line
@@ -34,6 +36,9 @@ class Family:
                    sample format (None: the family has a dataset of its own in toy/)
     shapes         HF model_type -> the reader of the planner's shapes (HF config or its dict ->
                    models/shapes.py ModelSpec); empty: the planner does not plan the family
+    media_tokens   HF processor class -> (processor, height, width) -> the image's placeholder-token count,
+                   by the processor's own resize rule and without its pixels (media_tokens.py; the real-data
+                   length index reads sizes from image headers; sft_data/length_index.py)
     """
 
     name: str
@@ -44,6 +49,7 @@ class Family:
     tp_plans: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     shapes_samples: Callable[..., dict] | None = None
     shapes: Mapping[str, Callable[[Any], Any]] = field(default_factory=lambda: MappingProxyType({}))
+    media_tokens: Mapping[str, Callable[[Any, int, int], int]] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def tiny_name(self) -> str:

@@ -19,7 +19,6 @@ out and reported in the skipped list, so a caller can print the count.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -29,14 +28,25 @@ IMAGE_MARKER = "<image>"
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 
 
-class BadRowError(ValueError):
-    """A row of a data file that cannot be trained on; the message names the file, the row and the fix."""
+SKIP_ADVICE = "fix the row, or skip bad rows (skip_bad_rows=True, the recipe's --skip-bad-rows)"
 
-    def __init__(self, file: str, row: int, reason: str, line: int | None = None):
-        self.file, self.row, self.reason, self.line = file, row, reason, line
+
+class BadRowError(ValueError):
+    """A row of a data file that cannot be trained on; the message names the file, the row and the fix.
+
+    `advice` is the fix: by default fixing or skipping the row; a caller that already skips bad rows (or
+    finds the row too late to skip it) says what else to do, never the option already given."""
+
+    def __init__(self, file: str, row: int, reason: str, line: int | None = None, advice: str = SKIP_ADVICE):
+        self.file, self.row, self.reason, self.line, self.advice = file, row, reason, line, advice
         where = f"row {row}" + (f" (line {line})" if line is not None else "")
-        super().__init__(f"{file}: {where}: {reason}; fix the row, or skip bad rows (skip_bad_rows=True, "
-                         f"the recipe's --skip-bad-rows)")
+        super().__init__(f"{file}: {where}: {reason}; {advice}")
+
+    def __reduce__(self):  # raised in a data worker process, re-raised in the trainer's: pickled whole
+        return (BadRowError, (self.file, self.row, self.reason, self.line, self.advice))
+
+    def as_dict(self) -> dict:
+        return {"file": self.file, "row": self.row, "reason": self.reason, "line": self.line}
 
 
 @dataclass(frozen=True)
@@ -150,40 +160,21 @@ def parse_row(obj: Any, file: str, index: int, image_folder: str, line: int | No
     return Row(file, index, tuple(turns), tuple(paths), line)
 
 
-def _objects(path: str) -> list[tuple[Any, int | None]]:
-    """(object, JSONL line or None) of every row; a JSONL line that is not JSON is a bad row itself."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if text.lstrip().startswith("["):
-        try:
-            return [(obj, None) for obj in json.loads(text)]
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not a JSON list of rows ({exc})") from exc
-    out = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            try:
-                out.append((json.loads(line), n))
-            except json.JSONDecodeError as exc:
-                out.append((_Undecodable(str(exc)), n))
-    return out
-
-
-class _Undecodable:
-    def __init__(self, reason: str):
-        self.reason = reason
-
-
 def read_rows(path: str, image_folder: str | None = None, skip_bad_rows: bool = False
               ) -> tuple[list[Row], list[BadRowError]]:
-    """(rows, skipped) of a LLaVA / messages file; with skip_bad_rows=False the first bad row raises."""
-    folder = os.path.dirname(os.path.abspath(path)) if image_folder is None else image_folder
+    """(rows, skipped) of a LLaVA / messages file, every row parsed (the whole file in memory: the dataset
+    reads a row at a time instead, sft_data/dataset.py); with skip_bad_rows=False the first bad row raises."""
+    from .sources import Undecodable, open_source
+
+    source = open_source(path)
+    folder = default_image_folder(source) if image_folder is None else image_folder
     rows, skipped = [], []
-    for index, (obj, line) in enumerate(_objects(path)):
+    for index in range(len(source)):
+        raw = source.raw(index)
         try:
-            if isinstance(obj, _Undecodable):
-                raise BadRowError(path, index, f"not JSON ({obj.reason})", line)
-            rows.append(parse_row(obj, path, index, folder, line))
+            if isinstance(raw.obj, Undecodable):
+                raise BadRowError(raw.file, raw.row, raw.obj.reason, raw.line)
+            rows.append(parse_row(raw.obj, raw.file, raw.row, folder, raw.line))
         except BadRowError as exc:
             if not skip_bad_rows:
                 raise
@@ -191,3 +182,11 @@ def read_rows(path: str, image_folder: str | None = None, skip_bad_rows: bool = 
     if not rows:
         raise ValueError(f"{path}: no usable rows" + (f" ({len(skipped)} bad, first: {skipped[0]})" if skipped else ""))
     return rows, skipped
+
+
+def default_image_folder(source) -> str:
+    """Image paths are relative to the data file's folder (a folder of shards: that folder) unless given."""
+    paths = getattr(source, "paths", None)
+    if not paths:
+        raise ValueError(f"{source.name}: give image_folder (the folder its rows' image paths are relative to)")
+    return os.path.dirname(paths[0])
