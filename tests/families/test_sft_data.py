@@ -81,8 +81,8 @@ def test_both_formats_give_the_same_samples(family, request):
     for i in range(len(a)):
         x, y = a[i], b[i]
         assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), i
-        n_images = len(a.rows[i].images)
-        kinds.add((n_images, sum(t.role == "assistant" for t in a.rows[i].turns)))
+        n_images = len(a.row(i).images)
+        kinds.add((n_images, sum(t.role == "assistant" for t in a.row(i).turns)))
         assert ("pixel_values" in x) == (n_images > 0)
         if family == "qwen" and n_images:
             assert x["image_grid_thw"].shape == (n_images, 3)
@@ -98,7 +98,7 @@ def _label_errors(data, model, processor) -> list[str]:
     """What is wrong with each sample's labels: anything but exactly its assistant turns' tokens."""
     errors = []
     for i in range(len(data)):
-        s, row = data[i], data.rows[i]
+        s, row = data[i], data.row(i)
         labels, ids = s["labels"], s["input_ids"]
         kept = labels != -100
         words = processor.tokenizer.convert_ids_to_tokens(ids[~kept].tolist())  # the unlabelled tokens
@@ -165,7 +165,7 @@ def test_trl_parts_and_llava_image_lists(tmp_path, llava):
     assert [t.role for t in parsed[0].turns] == ["system", "user", "assistant"]
     assert parsed[0].turns[1:] == parsed[1].turns and parsed[0].images == parsed[1].images
     assert len(parsed[2].images) == 2 and parsed[2].images[1].endswith("001.png")
-    data = SFTDataset(parsed, processor)
+    data = SFTDataset.from_file(path, processor, image_folder=DATA, index_dir=None)
     assert data[0]["labels"][data[0]["labels"] != -100].tolist() == _expected_labels(parsed[0], processor.tokenizer)
 
 
@@ -211,10 +211,12 @@ def test_every_bad_row_is_named(tmp_path, case):
     assert [r.index for r in rows] == [0, 1] and [s.row for s in skipped] == [2]
 
 
-def test_json_list_rows_are_named_without_lines(tmp_path):
-    path = _write(tmp_path, [GOOD, BAD["missing image"][0]], jsonl=False)
-    with pytest.raises(BadRowError, match=r"rows.json: row 1: image .*nope.png"):
-        read_rows(path, image_folder=DATA)
+def test_json_list_rows_are_named_with_their_lines(tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text("[\n" + ",\n".join(json.dumps(r, indent=1) for r in [GOOD, BAD["missing image"][0]]) + "\n]\n")
+    first = json.dumps(GOOD, indent=1).count("\n") + 1  # lines of the first row
+    with pytest.raises(BadRowError, match=rf"rows.json: row 1 \(line {first + 2}\): image .*nope.png"):
+        read_rows(str(path), image_folder=DATA)
 
 
 def test_skip_bad_rows_counts(tmp_path, llava):
@@ -223,7 +225,7 @@ def test_skip_bad_rows_counts(tmp_path, llava):
     path = _write(tmp_path, rows)
     data = SFTDataset.from_file(path, processor, image_folder=DATA, skip_bad_rows=True)
     assert len(data) == 2 and len(data.skipped) == len(BAD)
-    assert [r.index for r in data.rows] == [0, len(rows) - 1]
+    assert [data.row(i).index for i in range(len(data))] == [0, len(rows) - 1]
     assert data.skipped_summary().startswith(f"skipped {len(BAD)} bad row(s) of {path} (first: ")
     only_bad = _write(tmp_path, [b for b, _ in BAD.values()], name="bad.jsonl")
     with pytest.raises(ValueError, match="no usable rows"):
@@ -334,9 +336,9 @@ def test_markers_the_processor_inserts_around_images_carry_no_label(llava, tmp_p
     bracketed = SFTDataset.from_file(path, Bracketing(), image_folder=DATA)
     for i in (0, 1, 2, 4):
         a, b = plain[i], bracketed[i]
-        assert len(b["input_ids"]) == len(a["input_ids"]) + 2 * len(plain.rows[i].images)
+        assert len(b["input_ids"]) == len(a["input_ids"]) + 2 * len(plain.row(i).images)
         assert b["labels"][b["labels"] != -100].tolist() == a["labels"][a["labels"] != -100].tolist() \
-            == _expected_labels(plain.rows[i], processor.tokenizer), i
+            == _expected_labels(plain.row(i), processor.tokenizer), i
         # every inserted </s> sits right after an image run and is unlabelled
         after_image = torch.zeros_like(b["input_ids"], dtype=torch.bool)
         after_image[1:] = b["input_ids"][:-1] == image_id
