@@ -22,11 +22,10 @@ import torch
 from torch.utils.data import Dataset
 
 from .encode import encode_row
-from .index_build import build_index, skipped_errors
+from .index_build import RowMeasure, build_index, cache_folder, skipped_errors
 from .length_index import LengthIndex
 from .rows import BadRowError, Row, default_image_folder
 from .sources import RawRow, Undecodable, open_source
-from .index_build import RowMeasure
 
 LATE_ADVICE = ("fix or remove the row: its image was found broken only when decoded, after the step's plan "
                "counted it, so it cannot be skipped")
@@ -39,6 +38,7 @@ class SFTDataset(Dataset):
         self.image_folder = default_image_folder(source) if image_folder is None else image_folder
         self.skip_bad_rows, self.index_dir = skip_bad_rows, index_dir
         self.index: LengthIndex | None = None
+        self.index_folder: str | None = None  # where the index is cached (None: not cached)
         self.log = None  # where prepare() says what it did (the recipe: rank 0's print)
 
     @classmethod
@@ -71,6 +71,7 @@ class SFTDataset(Dataset):
                 raise ValueError(f"{self.source.name}: no usable rows" +
                                  (f" ({len(bad)} bad, first: {bad[0]})" if bad else ""))
             self.index = index
+            self.index_folder = cache_folder(self.source, self.processor, self.image_folder, self.index_dir)
         return self
 
     def _index(self) -> LengthIndex:
@@ -111,8 +112,9 @@ class SFTDataset(Dataset):
             raise row.error(
                 f"its encoding ({sample['input_ids'].numel()} tokens) differs from its length index entry "
                 f"({expected.numel()} tokens, from the text and the image headers): an image changed after the "
-                f"index was built, or the processor expands images differently from its family's token rule; "
-                f"delete the index folder ({self.index_dir}) to rebuild it")
+                f"index was built, or the processor expands images differently from its family's token rule; " +
+                (f"delete the index folder ({self.index_folder}) to rebuild it" if self.index_folder else
+                 "check the image files and the processor"))
         return sample
 
     def light(self, index: int) -> dict[str, Any]:
