@@ -76,6 +76,9 @@ def parse_args(argv=None):
                    help="the built-in tiny model to train (ignored with --model, whose config names its family)")
     p.add_argument("--vision", default="clip", choices=["clip", "siglip"], help="tower of the built-in tiny LLaVA")
     p.add_argument("--save", default=None, help="save a checkpoint here at the end")
+    p.add_argument("--load", default=None,
+                   help="resume from a checkpoint saved with --save (weights, optimizer, data position): the "
+                        "run's --steps continue from its step, mid-epoch included")
     p.add_argument("--summary-json", default=None, help="rank 0 writes the summary here as JSON")
     p.add_argument("--trace", default=None,
                    help="rank 0 writes a Chrome trace (chrome://tracing, Perfetto) of every rank's spans here")
@@ -290,6 +293,8 @@ def main(argv=None) -> int:
         config.setdefault("hetero_parallel", {})["data_workers"] = args.data_workers
     engine = ds_hetero.initialize(model, config, training_data=dataset, weights=weights,
                                   seed=args.seed)  # the data order too, as the Trainer recipe does
+    if args.load:
+        engine.load_checkpoint(args.load)
     engine.timeline.trace_window = args.trace_window
     engine.timeline.synchronize = bool(args.trace)  # a trace times device work, at the cost of overlap
     skipped = dataset.skipped_summary() if hasattr(dataset, "skipped_summary") else ""

@@ -10,7 +10,8 @@ counts the label tokens of its language share. One SUM all-reduce over the bound
 so every rank learns which ranks refused the batch, whether all ranks see the same boundary
 inputs, and the global label-token count (the loss's denominator) at once, before any other
 collective of the step, and all decide alike from the same vector. A refused batch raises the
-same ValueError everywhere and leaves the engine as it was; a batch without label tokens is
+same ValueError everywhere (the refusing ranks' texts gathered then, on that path only: every rank
+names the bad row, not just the rank that read it) and leaves the engine as it was; a batch without label tokens is
 refused alike (the loss would divide by zero). Slots per rank rather than a MAX: a SUM carries
 the count too, in one collective (16 bytes a rank). With the digest agreed here every step, the
 boundary's own per-exchange consensus is needed only on the first step (hidden size and dtype
@@ -66,12 +67,13 @@ def agree(problem: str | None, label_tokens: int, group, device: torch.device, i
     dist.all_reduce(vec, group=group)
     values = vec.tolist()  # the step's one host read of it
     flags, digests, total = values[:size], values[size:2 * size], values[2 * size]
-    if problem is not None:
-        raise ValueError(f"train_batch: {problem}")
     bad = [dist.get_global_rank(group, i) for i, flag in enumerate(flags) if flag]
-    if bad:
-        raise ValueError(f"train_batch: rank {bad[0]} found an invalid sample in the global batch (see its error); "
-                         f"ranks refusing it: {bad}")
+    if bad:  # every rank saw the flags: all take this path, so one more collective here is safe
+        texts: list[Any] = [None] * size
+        dist.all_gather_object(texts, problem, group=group)  # only on a refused batch: the text itself
+        first = next(t for t in texts if t is not None)
+        raise ValueError(f"train_batch: {first} (rank {bad[0]} found an invalid sample in the global batch; "
+                         f"ranks refusing it: {bad})")
     if len(set(digests)) > 1:
         odd = [dist.get_global_rank(group, i) for i, d in enumerate(digests) if d != digests[0]]
         raise ValueError(

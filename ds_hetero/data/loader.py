@@ -12,7 +12,7 @@ The full samples are read ahead by worker processes (prefetch.py) where the conf
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -63,28 +63,6 @@ class GlobalBatchLoader:
         """Dataset indices of step `step`'s global batch (a fresh permutation every epoch)."""
         epoch, k = divmod(step, self.steps_per_epoch)
         return self.epoch_order(epoch)[k * self.global_batch_size: (k + 1) * self.global_batch_size]
-
-    def load(self, step: int, needed: Iterable[int]) -> list[dict[str, Any]]:
-        """The global batch; full samples at positions in `needed`, light ones elsewhere."""
-        indices = self.indices(step)
-        needed = set(needed)
-        full_positions = sorted(needed)
-        full = self._read([indices[p] for p in full_positions])
-        batch: list[dict[str, Any]] = [None] * len(indices)  # type: ignore[list-item]
-        for p, sample in zip(full_positions, full):
-            batch[p] = sample
-        for p, index in enumerate(indices):
-            if batch[p] is None:
-                batch[p] = self._light(index)
-        return batch
-
-    def fill(self, step: int, batch: list[dict[str, Any]], positions: Iterable[int]) -> None:
-        """Replace the light samples at `positions` of step `step`'s batch by full ones, in place
-        (for shares known only from the batch's token ids, e.g. token-balanced encoders)."""
-        positions = sorted(p for p in positions if batch[p].get("light"))
-        indices = self.indices(step)
-        for p, sample in zip(positions, self._read([indices[p] for p in positions])):
-            batch[p] = sample
 
     def light_batch(self, step: int) -> list[dict[str, Any]]:
         """Step `step`'s global batch as light samples (token ids only), what the step plan reads."""

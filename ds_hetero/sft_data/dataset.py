@@ -104,9 +104,9 @@ class SFTDataset(Dataset):
         row = self.row(index)
         try:
             sample = encode_row(row, self.processor)
-        except BadRowError as exc:  # found only now (an image broken past its header): too late to skip
-            raise BadRowError(exc.file, exc.row, exc.reason, exc.line,
-                              advice=LATE_ADVICE if self.skip_bad_rows else exc.advice) from None
+        except BadRowError as exc:  # found only now (an image broken past its header, or changed since the
+            # index): skip_bad_rows could not have left it out, so the advice never names it
+            raise BadRowError(exc.file, exc.row, exc.reason, exc.line, advice=LATE_ADVICE) from None
         expected = self._index().input_ids(index)
         if not torch.equal(sample["input_ids"], expected):
             raise row.error(

@@ -9,7 +9,7 @@ Pure: one process. What each test shows:
 - an image changed after the index raises naming the row and the index folder;
 - rows that cannot be read (non-UTF-8 bytes, truncated PNG / JPEG) are named by file, row and line at index
   time and skipped under skip_bad_rows; an image broken only past its header is named when decoded, and
-  the message then never advises the option already given;
+  the message then advises fixing the row, never the skip option (which could not have left it out);
 - too few rows for one global batch names the file.
 """
 
@@ -202,10 +202,11 @@ def test_an_image_broken_past_its_header_is_named_without_advising_skip(llava, d
         dataset[i]
     assert LATE_ADVICE in str(err.value) and SKIP_ADVICE not in str(err.value)
     plain = SFTDataset.from_file(str(data / "rows.jsonl"), llava, index_dir=None)
-    plain.index = dataset.index  # the same index, bad rows not skipped: the usual advice
+    plain.index = dataset.index  # bad rows not skipped: skipping would not have left this row out either
     with pytest.raises(BadRowError) as err:
         plain[i]
-    assert LATE_ADVICE not in str(err.value)
+    assert LATE_ADVICE in str(err.value) and SKIP_ADVICE not in str(err.value)
+    dataset[i - 1 if i else i + 1]  # negative control: the other rows still encode
 
 
 def test_too_few_rows_names_the_file(llava, data):

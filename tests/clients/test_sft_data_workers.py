@@ -1,0 +1,76 @@
+"""The main job's real-data path under the real launcher: each rank reads only its stages' samples, ahead of the step.
+
+One `deepspeed --num_gpus 4` launch of tests/helpers/sft_workers_driver.py: recipes/train_llava.py, tiny
+Qwen2-VL, --data shapes_llava.json, the default layout (vision dp4, language tp2 dp2, 2 micro-batches,
+global batch 16: 3 steps an epoch), five runs (the driver's docstring). Checked:
+- a rank encodes exactly the rows at its plan's positions, fewer than the global batch every step (the
+  old path encoded all 16 every step on every rank: the negative control's count);
+- the losses with 2 data workers, and those of a run saved after 2 steps and resumed with --load (mid-epoch),
+  are the 4-step run's own bit for bit;
+- an image broken past its header (its PNG chunks verify, its pixel stream is not zlib), found only when a
+  worker decodes it, stops every rank with the same error naming file and row, never advising the skip.
+"""
+
+import json
+import os
+import shutil
+import struct
+import zlib
+
+import pytest
+
+from tests.helpers.driver_report import launch_driver
+
+pytestmark = pytest.mark.distributed
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DATA = os.path.join(ROOT, "recipes", "data")
+
+
+def _broken_past_header(src: str, dst: str) -> None:
+    """A copy of PNG `src` whose pixel data is zeros (not a zlib stream) under a correct CRC."""
+    blob, out, at = open(src, "rb").read(), bytearray(), 8
+    out += blob[:8]
+    while at < len(blob):
+        size, kind = struct.unpack(">I4s", blob[at:at + 8])
+        body = blob[at + 8:at + 8 + size]
+        if kind == b"IDAT":
+            body = bytes(len(body))
+        out += struct.pack(">I4s", len(body), kind) + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+        at += 12 + size
+    open(dst, "wb").write(bytes(out))
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sft_workers")
+    rows = json.load(open(os.path.join(DATA, "shapes_llava.json")))
+    shutil.copytree(os.path.join(DATA, "images"), out / "images")
+    bad = rows[5]["image"][0]  # row 5 has two images: the first is broken
+    _broken_past_header(os.path.join(DATA, bad), str(out / bad))
+    json.dump(rows, open(out / "late_bad.json", "w"))
+    return launch_driver(ROOT, "sft_workers_driver.py", out, timeout=900), str(out / "late_bad.json")
+
+
+def test_each_rank_encodes_only_its_stages_rows(ranks):
+    reports, _ = ranks
+    for rank, r in enumerate(reports):
+        counted = r["counted"]
+        assert len(counted["planned"]) == 4
+        assert counted["reads"] == sorted(i for step in counted["planned"] for i in step), rank
+        assert all(len(step) < 16 for step in counted["planned"]), (rank, counted["planned"])
+
+
+def test_workers_and_resume_give_the_runs_own_losses(ranks):
+    reports, _ = ranks
+    full = reports[0]["counted"]["losses"]
+    assert len(full) == 4 and reports[0]["workers"] == full  # bit for bit
+    assert reports[0]["saved"] == full[:2] and reports[0]["resumed"] == full[2:]
+
+
+def test_a_row_broken_past_its_header_stops_every_rank_alike(ranks):
+    reports, path = ranks
+    errors = [r["late_bad"] for r in reports]
+    assert all(errors) and len(set(errors)) == 1, errors
+    assert f"{path}: row 5" in errors[0] and "fix or remove the row" in errors[0], errors[0]
+    assert "--skip-bad-rows" not in errors[0] and "skip_bad_rows=True" not in errors[0], errors[0]
