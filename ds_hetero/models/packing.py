@@ -50,7 +50,7 @@ def packed_language_inputs(adapter, rows: Sequence[Sequence[dict[str, Any]]], mu
     (what models/per_sample_attention.py attends over)."""
     parts = [[_sample_parts(adapter, s) for s in row] for row in rows]
     longest = max(sum(int(ids.numel()) for ids, _, _ in row) for row in parts)
-    length = -(-longest // multiple) * multiple
+    length = max(1, -(-longest // multiple)) * multiple  # rows of empty samples only: one padding position
     planes = {p.shape[0] for row in parts for _, _, p in row if p is not None and p.dim() == 2}
     if len(planes) > 1:
         raise ValueError(f"samples of one micro-batch give position planes {sorted(planes)}")
@@ -68,7 +68,8 @@ def packed_language_inputs(adapter, rows: Sequence[Sequence[dict[str, Any]]], mu
             n = int(sample_ids.numel())
             span = slice(offset, offset + n)
             ids[r, span], labels[r, span] = sample_ids, sample_labels
-            labels[r, offset] = IGNORE_INDEX  # the previous sample's last token predicts nothing
+            if n:  # an empty sample holds no token (and no segment to attend: per_sample_attention skips it)
+                labels[r, offset] = IGNORE_INDEX  # the previous sample's last token predicts nothing
             text[r, span] = torch.arange(n)
             if rope is not None:
                 rope[:, r, span] = positions if positions is not None and positions.dim() == 2 else torch.arange(n)

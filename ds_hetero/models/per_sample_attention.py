@@ -117,6 +117,8 @@ def _per_sample(name: str) -> Callable:
         for r, lengths in enumerate(packed_segments):
             parts, start = [], 0
             for n in lengths:
+                if n == 0:  # an empty sample holds no position: nothing to attend (the kernels refuse 0 rows)
+                    continue
                 q, k, v = (t[r:r + 1, :, start:start + n] for t in (query, key, value))
                 if name == "eager" and n not in masks:
                     masks[n] = _causal(n, query)
@@ -125,7 +127,7 @@ def _per_sample(name: str) -> Callable:
                 start += n
             if start != query.shape[2]:
                 raise ValueError(f"packed_segments of row {r} cover {start} positions, the row has {query.shape[2]}")
-            rows.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=1))
+            rows.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=1))  # a row holds >= 1 position
         return (rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)), None
 
     attend.__name__ = KERNELS[name]

@@ -9,7 +9,8 @@ row per rank (models/per_sample_attention.py; checked: the mode, the language ra
 modules calling it, no padding); runs named "row_mask" take `packed_attention: "row_mask"`, the
 whole row under the block-diagonal mask, in the rows that cost that least (step/rows.py), which
 hold some rank's samples out of batch order (checked), delivered by the boundary in the rows' order.
-LLaVA with tp2 dp2, sp, cp2 (ZeRO 0), pp2, first_stage (row_mask) and disaggregated; Qwen2-VL (variable
+LLaVA with tp2 dp2, sp, cp2 (ZeRO 0), pp2, first_stage (row_mask) and disaggregated, and with an
+empty sample (no token) in every batch under a token budget (it gets no position and no attention call); Qwen2-VL (variable
 image tokens, text-only samples) with tp2 dp2 ZeRO 2 (row_mask) and dp4 ZeRO 3 under a token budget
 (several rows, padding segments). Across micro-batches (the samples go to (micro-batch, dp rank)
 bins of the whole batch): batches sorted longest first, so the samples cut's first micro-batch holds
@@ -50,6 +51,9 @@ def _llava_suite(rank, world_size):
         "llava packed row_mask first_stage vision tp2 + language pp2tp2 zero1 adamw": dict(
             layout={"vision": {"tp": 2, "dp": 1}, "language": {"tp": 2, "dp": 1, "pp": 2}}, optimizer="adamw",
             placement="first_stage", micro_batches=4, hetero=ROW_MASK),
+        "llava packed, an empty sample in every batch, rows of <= 40 tokens, vision dp4 + language tp2dp2 zero1 sgd":
+            dict(layout={"vision": V4, "language": L22}, steps=3, empty_sample=True,
+                 hetero={"max_tokens_per_micro_batch": 40}),
         "llava packed skewed, 4 micro-batches, one vision pass dp4 + language tp2dp2 zero1 sgd": dict(
             layout={"vision": {"dp": 4, "micro_batches": 1}, "language": L22}, micro_batches=4, batch_size=16,
             skewed=True),

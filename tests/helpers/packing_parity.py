@@ -98,15 +98,28 @@ def longest_first(family, model, steps, batch_size):
     return out
 
 
+def with_an_empty_sample(family, model, steps, batch_size):
+    """uneven_batches with sample 3 of every batch empty (no token, no label): one process pads it to a
+    row of padding that adds nothing; packing gives it no position (issue 49: it once broke the step on
+    the ranks whose share held it)."""
+    out = uneven_batches(family, model, steps, batch_size)
+    for batch in out:
+        batch[3] = {"input_ids": torch.zeros(0, dtype=torch.long), "labels": torch.zeros(0, dtype=torch.long)}
+    return out
+
+
 def train_packed(rank, world_size, family, layout, zero_stage=1, steps=5, clip=0.3, optimizer="sgd",
-                 micro_batches=2, placement="colocated", control=None, hetero=None, batch_size=8, skewed=False):
-    """`skewed`: `longest_first` batches (every long sample in the samples cut's first micro-batch)."""
+                 micro_batches=2, placement="colocated", control=None, hetero=None, batch_size=8, skewed=False,
+                 empty_sample=False):
+    """`skewed`: `longest_first` batches (every long sample in the samples cut's first micro-batch);
+    `empty_sample`: `with_an_empty_sample` batches."""
     restore = _wrong_packing(control) if control else (lambda: None)
+    make_data = longest_first if skewed else with_an_empty_sample if empty_sample else uneven_batches
     try:
         return train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimizer=optimizer,
                           micro_batches=micro_batches, placement=placement, batch_size=batch_size,
                           hetero={"language_batching": "packed", **(hetero or {})},
-                          make_data=longest_first if skewed else uneven_batches, inspect=_packing_figures)
+                          make_data=make_data, inspect=_packing_figures)
     finally:  # later cases in the same launch pack right
         restore()
 
