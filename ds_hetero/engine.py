@@ -116,6 +116,7 @@ class HeteroEngine:
         self._prefetcher: StepPrefetcher | None = None  # started at the first train_batch() without samples
         self._planned: dict[int, tuple[list, StepPlan | None]] = {}  # step -> (light batch, plan), from the reader
         self.global_steps = 0
+        self._failed: str | None = None  # why a step failed mid-way: every later call refuses (ranks out of step)
 
     @property
     def loss_observer(self):
@@ -205,12 +206,16 @@ class HeteroEngine:
                 mine = label_token_total([samples[p]["labels"] for p in shares])
         return agreement.agree(problem, mine, self.stages.boundary_group, self.device, inputs)
 
-    def train_batch(self, samples: Sequence[dict[str, Any]] | None = None) -> StepResult:
-        """One optimizer step over the global batch (the same list on every rank)."""
+    def train_batch(self, samples: Sequence[dict[str, Any]] | None = None, *,
+                    read_problem: str | None = None) -> StepResult:
+        """One optimizer step over the global batch (the same list on every rank; None: the engine's own
+        loader). `read_problem`: why this rank could not read its rows of the batch (a caller's reader,
+        e.g. the Trainer's): the batch agreement then refuses the step on every rank with that text."""
+        self._refuse_if_failed("train_batch")
         step = self.global_steps
         start = time.perf_counter()
         # lists / numpy converted; a collated dict or raw dataset rows refused by name (data/samples.py)
-        read_problem, data_wait = None, 0.0
+        data_wait = 0.0
         if samples is None:
             samples, plan, read_problem, data_wait = self._next_samples(step)
         else:
@@ -223,7 +228,7 @@ class HeteroEngine:
             n_labels = self._agree_on_batch(samples, plan, read_problem)
         except Exception as exc:
             if is_collective_failure(exc):
-                raise self._peer_failure(exc, step) from exc
+                raise self._stopped(self._peer_failure(exc, step), step) from exc
             raise
         try:  # every other collective and this rank's own work of the step report through one error
             plan = plan or StepPlan(self.config, self.adapter.encoders(), samples,
@@ -244,8 +249,9 @@ class HeteroEngine:
                 applied = global_step.step_all(self.stages, grad_norm, self.config.gradient_clipping)
         except Exception as exc:  # failures.py: this rank's own error as itself, or which peer stopped
             if is_collective_failure(exc):
-                raise self._peer_failure(exc, step) from exc
-            raise own_failure(exc, self.stages.boundary_group, self.rank, self._held_names(), step)
+                raise self._stopped(self._peer_failure(exc, step), step) from exc
+            raise self._stopped(own_failure(exc, self.stages.boundary_group, self.rank, self._held_names(), step),
+                                step, own=True)
 
         # The first step's exchanges checked rows, hidden size and dtype on every rank; from now on
         # the batch agreement's digest of each step's boundary inputs stands in for that consensus.
@@ -278,6 +284,22 @@ class HeteroEngine:
     def _held_names(self) -> str:
         return ", ".join(s.name for s in self.stages.held)
 
+    def _stopped(self, error: BaseException, step: int, own: bool = False) -> BaseException:
+        """`error`, after marking the engine failed: past the batch agreement a step that fails leaves the
+        ranks at different points of it (some may have stepped their optimizers, some not; a collective
+        entered by some only), so no later call may enter a collective that could pair with another
+        step's. A refused batch (the agreement's ValueError) is not this: every rank refused it alike."""
+        text = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:400]}"
+        self._failed = f"step {step} failed " + (f"on rank {self.rank} ({text})" if own else f"({text})")
+        return error
+
+    def _refuse_if_failed(self, what: str) -> None:
+        if self._failed is not None:
+            raise RuntimeError(
+                f"ds_hetero: {what} refused on rank {self.rank}: {self._failed}, so the ranks may be out of step "
+                f"(their collectives could pair across steps); restore from a checkpoint: start the job again "
+                f"and call load_checkpoint")
+
     def _peer_failure(self, exc: BaseException, step: int) -> RuntimeError:
         return peer_failure(exc, self.stages.boundary_group, self.stages.groups.boundary_ranks, self.rank,
                             self._held_names(), step, self.config.timeout_s)
@@ -289,6 +311,7 @@ class HeteroEngine:
         from .schedule.evaluation import EvaluationSchedule
         from .schedule.pipeline_eval import PipelineEvaluationSchedule
 
+        self._refuse_if_failed("eval_batch")
         schedule = PipelineEvaluationSchedule if self.config.language.pp > 1 else EvaluationSchedule
         return schedule(self.stages, self.boundaries, self.adapter, self.timeline).run(samples)
 
@@ -297,6 +320,7 @@ class HeteroEngine:
         See checkpoint/hf_gather.py."""
         from .checkpoint.hf_gather import save_pretrained
 
+        self._refuse_if_failed("save_pretrained")
         save_pretrained(self.stages, self.model, save_dir)
 
     # ------------------------------------------------------------------ checkpoints
@@ -308,6 +332,7 @@ class HeteroEngine:
         """
         from .checkpoint import save_checkpoint
 
+        self._refuse_if_failed("save_checkpoint")  # it would save weights some ranks stepped and others not
         return save_checkpoint(self.stages, self.model, save_dir, tag, self.global_steps, self._data_position())
 
     def load_checkpoint(self, load_dir: str | os.PathLike, tag: str | None = None) -> str:
@@ -315,6 +340,7 @@ class HeteroEngine:
         layer cut included); all ranks call it."""
         from .checkpoint import load_checkpoint
 
+        self._refuse_if_failed("load_checkpoint")  # the ranks may sit in different collectives: a fresh job loads
         tag, self.global_steps = load_checkpoint(self.stages, load_dir, tag, self._data_position(), self.model)
         return tag  # the loader continues from the saved step: its order is a function of (seed, step)
 

@@ -11,6 +11,10 @@ the HeteroEngine, `accelerator.save_state` / `load_state` save and restore it, a
 `ds_hetero.accelerate.log_step` sends loss, grad norm and the per-stage metrics (reduced over
 ranks) to the accelerator's trackers (`--log-jsonl` adds a small JSON-lines tracker, defined here
 as an example of a custom one). Same model, data order and optimizer as recipes/train_llava.py.
+`--data FILE` trains on conversations (sft_data's SFTDataset, recipes/data/shapes_llava.json) read as the
+launcher reads them: the length index prepared by every rank together, each rank reading only its
+stages' rows (ahead of the step with `hetero_parallel.data_workers`), since `prepare` hands the dataset
+to the same engine loader as `ds_hetero.initialize`.
 """
 
 from __future__ import annotations
@@ -64,12 +68,30 @@ def parse_args(argv=None):
     p.add_argument("--model", default=None, metavar="PATH",
                    help="a LlavaForConditionalGeneration safetensors checkpoint directory: built on the meta device, "
                         "every rank reads only its stages' tp shards (ds_hetero.meta_model + weights=)")
+    p.add_argument("--data", default=None, metavar="FILE",
+                   help="conversations (JSON list, JSONL, or a folder of JSONL shards) in place of the synthetic set")
+    p.add_argument("--image-folder", default=None, help="where --data's image paths are relative to")
     p.add_argument("--save-state-every", type=int, default=0, help="accelerator.save_state every N steps")
     p.add_argument("--state-dir", default="out/accelerate_llava", help="save_state writes <state-dir>/step<N>")
     p.add_argument("--resume-from", default=None, help="accelerator.load_state from this directory first")
     p.add_argument("--log-jsonl", default=None, help="also log to this JSON-lines file")
     p.add_argument("--summary-json", default=None, help="the main process writes the step losses here")
     return p.parse_args(argv)
+
+
+def conversations(args, model):
+    """--data as an SFTDataset, encoded by the checkpoint's processor or the tiny model's (built locally)."""
+    from ds_hetero.sft_data import SFTDataset
+
+    if args.model:
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(args.model)
+    else:
+        from ds_hetero.toy.processors import tiny_processor
+
+        processor = tiny_processor(model)
+    return SFTDataset.from_file(args.data, processor, image_folder=args.image_folder)
 
 
 def main(argv=None) -> int:
@@ -83,7 +105,8 @@ def main(argv=None) -> int:
         model, weights = ds_hetero.meta_model(args.model, dtype=torch.float32), args.model
     else:
         model, weights = tiny_llava(args.vision, seed=args.seed), None
-    data = ShapesCaptionDataset.for_llava(model.config, size=args.samples, seed=args.seed)
+    data = conversations(args, model) if args.data else \
+        ShapesCaptionDataset.for_llava(model.config, size=args.samples, seed=args.seed)
     engine = ds_hetero.accelerate.prepare(accelerator, model, training_data=data, weights=weights)
     if args.resume_from:
         accelerator.load_state(args.resume_from)

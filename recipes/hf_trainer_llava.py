@@ -11,6 +11,9 @@ defaults match the main job (recipes/train_llava.py) and ds_configs/*.json: lr 2
 (0.9, 0.99), no weight decay, clipping 1.0, a global batch of 16 (4 per rank on 4 ranks),
 constant learning rate, the same seeded model and data order, so both learn the same way.
 Rank 0 writes the log history (and the eval losses) to --summary-json.
+`--data FILE` trains on conversations (sft_data's SFTDataset, e.g. recipes/data/shapes_llava.json) read as
+the launcher reads them: the length index gives every sample's token ids, each rank reads only its stages'
+rows, ahead of the step in `--dataloader_num_workers` processes; `hetero/data_wait_s` is logged.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ class ScriptArguments:
     model: str = field(default=None, metadata={
         "help": "a LlavaForConditionalGeneration safetensors checkpoint directory: built on the meta device, every "
                 "rank reads only its stages' tp shards (ds_hetero.meta_model + weights=)"})
+    data: str = field(default=None, metadata={
+        "help": "conversations (JSON list, JSONL, or a folder of JSONL shards) in place of the synthetic set"})
+    image_folder: str = field(default=None, metadata={"help": "where --data's image paths are relative to"})
     summary_json: str = field(default=None, metadata={"help": "rank 0 writes the log history here"})
     save_final: str = field(default=None, metadata={"help": "trainer.save_model() here at the end"})
 
@@ -54,13 +60,29 @@ def parse_args(argv=None):
     return parser.parse_args_into_dataclasses(argv)
 
 
+def conversations(script, model):
+    """--data as an SFTDataset, encoded by the checkpoint's processor or the tiny model's (built locally)."""
+    from ds_hetero.sft_data import SFTDataset
+
+    if script.model:
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(script.model)
+    else:
+        from ds_hetero.toy.processors import tiny_processor
+
+        processor = tiny_processor(model)
+    return SFTDataset.from_file(script.data, processor, image_folder=script.image_folder)
+
+
 def main(argv=None) -> int:
     script, args = parse_args(argv)
     if script.model:
         model, weights = ds_hetero.meta_model(script.model, dtype=torch.float32), script.model
     else:
         model, weights = tiny_llava(script.vision, seed=args.seed), None
-    train = ShapesCaptionDataset.for_llava(model.config, size=script.samples, seed=args.seed)
+    train = conversations(script, model) if script.data else \
+        ShapesCaptionDataset.for_llava(model.config, size=script.samples, seed=args.seed)
     held_out = (ShapesCaptionDataset.for_llava(model.config, size=script.eval_samples, seed=args.seed + 1)
                 if script.eval_samples else None)
 

@@ -80,6 +80,9 @@ def prepare(accelerator, model, training_data: Any = None,
     """Build the HeteroEngine from the accelerator's DeepSpeed config; hook save_state / load_state.
 
     Every rank calls it. kwargs go to `ds_hetero.initialize` (optimizer factory, seed).
+    `training_data` goes to the engine's own loader, as under the launcher: a dataset with a length index
+    (SFTDataset) is prepared on the boundary group there, and each rank reads only its stages' rows of
+    each step, ahead of it with `hetero_parallel.data_workers` (data/prefetch.py); `result.data_wait`.
     """
     from ..entry import initialize
 

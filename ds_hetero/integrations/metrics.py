@@ -40,6 +40,7 @@ class StepMetrics:
         self.tokens += r.num_tokens
         self.sums["step_s"] += r.step_time
         self.sums["bubble_fraction"] += r.bubble_fraction
+        self.sums["data_wait_s"] += r.data_wait  # seconds waited for this rank's rows (not in step_s's bubble)
         self.sums["boundary_bytes"] += r.boundary_bytes_total
         self.sums["boundary_lower_bound_bytes"] += r.boundary_bytes_lower_bound
         load = r.language_tokens

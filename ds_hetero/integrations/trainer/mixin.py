@@ -12,9 +12,12 @@ What the mixin overrides (two are private Trainer hooks):
                          ("auto" values from TrainingArguments) and hands back `HeteroModel`
     create_scheduler     the subclass's scheduler (then the Trainer's) drives `HeteroOptimizer`, a live
                          view of every stage optimizer's param_groups
-    training_step        prepares this rank's samples of the global batch (rank_batch.py: the user's
-                         dataset and data_collator, only the rows this rank's stages handle) and runs
-                         `engine.train_batch`; the all-stage grad norm reaches the Trainer's `grad_norm`
+    training_step        prepares this rank's samples of the global batch and runs `engine.train_batch`;
+                         the all-stage grad norm reaches the Trainer's `grad_norm`. A dataset with a
+                         length index (SFTDataset: prepared at construction) is read as the launcher reads
+                         it (indexed_batch.py: index ids, real rows only at this rank's positions, ahead in
+                         `dataloader_num_workers` processes); any other through the user's data_collator,
+                         only this rank's rows, ids exchanged per step (rank_batch.py)
     get_train_dataloader the global batch's dataset indices, the same on every rank: ds_hetero's seeded
                          order (`data_seed` or `seed`), or the subclass's `_get_train_sampler` order
     evaluate             `engine.eval_batch` per global batch, label-token weighted
@@ -30,20 +33,25 @@ A subclass's `create_optimizer` is honoured (trainer_loss.per_stage_optimizer); 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
 import torch
 from torch.utils.data import DataLoader
 
+from ...config.schema import SECTION
+from ...data.loader import prepare_dataset
 from ...errors import HeteroConfigError
 from .callback import HeteroCallback
 from ...loss import label_token_count
 from ..ds_config import is_derived_mismatch, trainer_ds_config
 from ..metrics import StepMetrics
 from . import framework_metrics
+from .indexed_batch import IndexedBatches, has_length_index
 from .peft_adapter import save_peft_adapter
 from .rank_batch import RankBatch
+from .read_ahead import read_ahead
 from .token_metrics import TokenMetrics
 from .loss_options import check_loss_options, overrides, per_stage_optimizer
 from .parts import (GlobalBatch, GlobalBatchDataLoader, GlobalBatchSampler, HeteroModel, HeteroOptimizer,
@@ -68,6 +76,7 @@ class HeteroTrainerMixin:
         if callbacks:
             kwargs["callbacks"] = callbacks
         user_collator = kwargs.get("data_collator", args[2] if len(args) > 2 else None)
+        _prepare_indexed(args, kwargs)  # before the Trainer's __init__, which calls len(train_dataset)
         super().__init__(*args, **kwargs)
         if not self.is_deepspeed_enabled:
             raise HeteroConfigError(
@@ -78,6 +87,7 @@ class HeteroTrainerMixin:
         # its mismatches only at train(), and would not know ours).
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
         self._hetero_config, _ = trainer_ds_config(self.args, plugin)
+        self._hetero_read_ahead = read_ahead(self.args, self._hetero_config[SECTION])
         check_loss_options(self)
         # The per-device micro batch and accumulation are per stage in ds_hetero (its config checks
         # them); keep the Trainer's deepspeed_init from re-raising its own comparison of them.
@@ -88,7 +98,8 @@ class HeteroTrainerMixin:
         self.hetero: HeteroModel | None = None
         self._hetero_metrics = StepMetrics()
         self._hetero_aux: list[float] = []  # StepResult.aux_loss of the steps since the last log (MoE)
-        self._hetero_rows: RankBatch | None = None
+        self._hetero_rows: RankBatch | IndexedBatches | None = None
+        self._hetero_order = None  # ds_hetero's seeded order of the train dataloader (step -> indices)
         self._hetero_tokens: TokenMetrics | None = None
 
     # ------------------------------------------------------------------ engine
@@ -145,13 +156,42 @@ class HeteroTrainerMixin:
         return super().create_scheduler(num_training_steps, optimizer=self.optimizer)
 
     # ------------------------------------------------------------------ step
+    def _train_rows(self, engine) -> RankBatch | IndexedBatches:
+        """This rank's data path for the training set: the launcher's reader where the dataset has a
+        length index (and no collator stands between rows and samples), else the collator's."""
+        if self._hetero_rows is None or self._hetero_rows.path is not engine.data_path:
+            self._close_rows()
+            dataset = self._hetero_dataset(self.train_dataset, "training")
+            if self._hetero_collate is None and has_length_index(dataset):
+                workers, steps = self._hetero_read_ahead
+                order = self._hetero_order.indices if self._hetero_order is not None else None
+                self._hetero_rows = IndexedBatches(engine.data_path, dataset, order, workers, steps,
+                                                   engine.config.timeout_s)
+            else:
+                self._hetero_rows = RankBatch(engine.data_path, dataset, self._hetero_collate)
+        return self._hetero_rows
+
+    def _close_rows(self) -> None:
+        """Stops the read-ahead workers (a later step starts fresh ones at that step)."""
+        if isinstance(self._hetero_rows, IndexedBatches):
+            self._hetero_rows.close()
+
+    def train(self, *args, **kwargs):
+        try:
+            return super().train(*args, **kwargs)
+        finally:  # the workers stop with training (they would read steps never trained)
+            self._close_rows()
+
     def training_step(self, model, inputs, num_items_in_batch=None):
-        if isinstance(inputs, GlobalBatch):  # dataset indices: this rank reads and collates its share
-            if self._hetero_rows is None or self._hetero_rows.path is not model.engine.data_path:
-                self._hetero_rows = RankBatch(model.engine.data_path, self._hetero_dataset(self.train_dataset, "training"),
-                                              self._hetero_collate)
-            inputs = self._hetero_rows.build(inputs)
-        r = model.engine.train_batch(inputs)
+        waited, problem = 0.0, None
+        if isinstance(inputs, GlobalBatch):  # dataset indices: this rank reads its share
+            rows = self._train_rows(model.engine)
+            start = time.perf_counter()
+            inputs = rows.build(inputs, step=model.engine.global_steps)
+            waited = time.perf_counter() - start
+            problem = getattr(rows, "problem", None)  # a row the reader could not read: refused on every rank
+        r = model.engine.train_batch(inputs, read_problem=problem)
+        r = dataclasses.replace(r, data_wait=waited)  # outside train_batch's step_time: its bubble stands
         model.last = r
         self.current_flos += framework_metrics.flops_share(self._hetero_flops, inputs, self.args.world_size)
         self._hetero_metrics.add(r)
@@ -204,6 +244,8 @@ class HeteroTrainerMixin:
             sampler = SamplerBatches(self._get_train_sampler(dataset), size)
         else:  # ds_hetero's seeded order (data_seed or seed): the batches ds_hetero.initialize would draw
             sampler = GlobalBatchSampler(dataset, size, self._data_seed())
+        # known ahead for every step: the length-index reader's workers read the next steps' rows
+        self._hetero_order = sampler.order if isinstance(sampler, GlobalBatchSampler) else None
         # Not accelerator-prepared: every rank walks the same global batches; each reads its stages' rows
         return GlobalBatchDataLoader(IndexDataset(len(dataset)), batch_sampler=sampler, collate_fn=GlobalBatch)
 
@@ -263,6 +305,24 @@ class HeteroTrainerMixin:
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(output_dir)
             torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
+
+
+def _prepare_indexed(args: tuple, kwargs: dict) -> None:
+    """The length index of a train / eval dataset that has one (SFTDataset), built by every rank together.
+
+    Here, not at engine creation: the Trainer's own __init__ asks len(train_dataset), which would make
+    every rank measure every row alone. The group is the default one: the engine's boundary group spans
+    every rank of every stage, the same ranks, and the index does not depend on the group (it only splits
+    the measuring); a later prepare() of the built index is a no-op."""
+    training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+    found = []
+    for key, at in (("train_dataset", 3), ("eval_dataset", 4)):
+        data = kwargs.get(key, args[at] if len(args) > at else None)
+        found += [d for d in (data.values() if isinstance(data, dict) else [data]) if has_length_index(d)]
+    if found and training_args is not None:
+        training_args.device  # noqa: B018 -- sets up torch.distributed (the Trainer's __init__ would, next)
+    for dataset in found:
+        prepare_dataset(dataset, None)
 
 
 def _is_default_collator(collator) -> bool:

@@ -1,4 +1,5 @@
 """The Trainer's data path on one rank: read and collate only the rows this rank's stages handle.
+(For a dataset with a length index, SFTDataset, indexed_batch.py reads as the launcher does: no gather.)
 
 A stock Trainer gives every rank its own slice of the data; ds_hetero's stages slice the global
 batch each by its own dp, so a rank needs in full only the samples of its stage shares (every
@@ -57,7 +58,8 @@ class RankBatch:
         self.rows_prepared += len(positions)
         return dict(zip(positions, samples))
 
-    def build(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+    def build(self, indices: Sequence[int], step: int | None = None) -> list[dict[str, Any]]:
+        """The step's batch (`step` unused: the rows are read at the step, from the indices given)."""
         path = self.path
         indices = [int(i) for i in indices]
         error = None
