@@ -7,6 +7,9 @@ global batch 16: 3 steps an epoch), five runs (the driver's docstring). Checked:
   old path encoded all 16 every step on every rank: the negative control's count);
 - the losses with 2 data workers, and those of a run saved after 2 steps and resumed with --load (mid-epoch),
   are the 4-step run's own bit for bit;
+- the HF Trainer recipe (recipes/hf_trainer_llava.py --data, --dataloader_num_workers 2) on the same
+  config and rows logs the main job's losses (tiny LLaVA, shapes_messages.jsonl, 2 steps) within 1e-6, and
+  `hetero/data_wait_s`;
 - an image broken past its header (its PNG chunks verify, its pixel stream is not zlib), found only when a
   worker decodes it, stops every rank with the same error naming file and row, never advising the skip.
 """
@@ -74,3 +77,10 @@ def test_a_row_broken_past_its_header_stops_every_rank_alike(ranks):
     assert all(errors) and len(set(errors)) == 1, errors
     assert f"{path}: row 5" in errors[0] and "fix or remove the row" in errors[0], errors[0]
     assert "--skip-bad-rows" not in errors[0] and "skip_bad_rows=True" not in errors[0], errors[0]
+
+
+def test_the_trainer_recipe_reads_the_same_rows(ranks):
+    reports, _ = ranks
+    main, trainer = reports[0]["main_llava"], reports[0]["trainer"]
+    assert len(main) == 2 and trainer["losses"] == pytest.approx(main, rel=1e-6), (trainer, main)
+    assert all(w is not None and w >= 0 for w in trainer["data_wait"]), trainer

@@ -7,16 +7,19 @@ data, five runs in one launch (the folder OUT holds the test's data; each rank r
     saved      2 steps, --data-workers 2, --save OUT/ckpt
     resumed    --load OUT/ckpt, 2 more steps, --data-workers 2
     late_bad   --data-workers 2 on OUT/late_bad.json, whose row 5 has an image broken past its header
+    main_llava / trainer   tiny LLaVA on shapes_messages.jsonl, 2 steps: the main job, then the HF Trainer recipe
+               (recipes/hf_trainer_llava.py --data, --dataloader_num_workers 2) on the same config
 """
 
 import json
 import os
 import traceback
 
-from tests.helpers.driver_report import load_recipe, run_driver, write_report
+from tests.helpers.driver_report import fresh_accelerate_state, load_recipe, run_driver, write_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join(ROOT, "recipes", "data", "shapes_llava.json")
+MESSAGES = os.path.join(ROOT, "recipes", "data", "shapes_messages.jsonl")
 CONFIG = os.path.join(ROOT, "ds_configs", "llava_colocated.json")
 
 
@@ -44,6 +47,24 @@ def counting(run):
         SFTDataset.__getitem__, HeteroEngine._positions_of = getitem, positions_of
 
 
+def _main_llava(recipe, out):
+    summary = os.path.join(out, f"main_llava.rank{os.environ['RANK']}.json")
+    recipe.main(["--data", MESSAGES, "--steps", "2", "--deepspeed_config", CONFIG, "--summary-json", summary])
+    return json.load(open(summary))["losses"] if os.environ["RANK"] == "0" else None
+
+
+def _trainer(out):
+    """The Trainer recipe on the same rows: its logged losses and data waits (rank 0)."""
+    summary = os.path.join(out, "trainer.json")
+    load_recipe(ROOT, "hf_trainer_llava").main([
+        "--deepspeed", CONFIG, "--output_dir", os.path.join(out, "hf"), "--save_strategy", "no",
+        "--data", MESSAGES, "--max_steps", "2", "--dataloader_num_workers", "2", "--summary_json", summary])
+    if os.environ["RANK"] != "0":
+        return None
+    steps = [h for h in json.load(open(summary))["log_history"] if "loss" in h]
+    return {"losses": [h["loss"] for h in steps], "data_wait": [h.get("hetero/data_wait_s") for h in steps]}
+
+
 def main(out):
     recipe = load_recipe(ROOT, "train_llava")
 
@@ -65,6 +86,9 @@ def main(out):
             report["late_bad"] = None
         except Exception as exc:  # noqa: BLE001 -- the error itself is what the test checks
             report["late_bad"] = f"{type(exc).__name__}: {exc}"
+        report["main_llava"] = _main_llava(recipe, out)
+        fresh_accelerate_state()
+        report["trainer"] = _trainer(out)
     except Exception:
         report["crash"] = traceback.format_exc()
     return write_report(out, report)
