@@ -48,9 +48,10 @@ class SFTDataset(Dataset):
         return cls(open_source(path), processor, image_folder, skip_bad_rows, index_dir)
 
     @classmethod
-    def from_dataset(cls, dataset, processor: Any, image_folder: str, skip_bad_rows: bool = False,
+    def from_dataset(cls, dataset, processor: Any, image_folder: str = "", skip_bad_rows: bool = False,
                      index_dir: str | None = "auto") -> "SFTDataset":
-        """A Hugging Face `datasets.Dataset` of LLaVA or messages rows (image paths relative to image_folder)."""
+        """A Hugging Face `datasets.Dataset` of LLaVA or messages rows: images held in an `Image()` column, or
+        paths relative to `image_folder` (default "": as given)."""
         return cls(open_source(dataset), processor, image_folder, skip_bad_rows, index_dir)
 
     # ------------------------------------------------------------------ the length index

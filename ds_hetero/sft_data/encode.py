@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .image_headers import open_target
 from .rows import Row
 
 # what a sample keeps of the processor's output (the engine rebuilds masks and positions per stage)
@@ -75,9 +76,9 @@ def load_images(row: Row) -> list[Any]:
     from PIL import Image
 
     images = []
-    for path in row.images:
+    for path in row.images:  # a file, or an EmbeddedImage (a datasets Image column's bytes)
         try:
-            with Image.open(path) as im:
+            with Image.open(open_target(path)) as im:
                 images.append(im.convert("RGB"))
         except OSError as exc:
             raise row.error(f"image {path} cannot be read ({exc})") from exc

@@ -9,8 +9,9 @@ placeholder expanded to that count, exactly as the processor expands it. A proce
 or whose expansion the first image row of a part shows to differ, is measured by encoding the row
 instead (slow, but once: the index is cached).
 
-Every rank measures a contiguous 1/world of the rows, then one `all_gather_object` over `group` gives
-every rank all parts, so every rank sees the same index and the same bad rows (a bad row raises the same
+Every rank measures a contiguous 1/world of the rows into flat arrays (length_index.RunsBuilder), then
+an all_gather of those arrays' bytes over `group` (in bounded chunks, _gather_parts) gives every rank all
+parts, so every rank sees the same index and the same bad rows (a bad row raises the same
 error everywhere, before any step). The first rank writes the cache folder (beside the data, keyed by
 the content of the data, the processor and the image folder); every rank then reads it memory-mapped
 (a rank that cannot see it, on a node-local disk, writes its own copy). A later run finds the folder
@@ -26,12 +27,13 @@ import time
 from typing import Any, Callable
 
 import numpy as np
+import torch
 import torch.distributed as dist
 
 from .encode import _render, encode_row
-from .image_headers import image_size
-from .length_index import FORMAT, LengthIndex, run_length
-from .rows import BadRowError, Row, parse_row
+from .image_headers import EmbeddedImage, image_size
+from .length_index import FORMAT, PART_DTYPES, LengthIndex, RunsBuilder, run_length
+from .rows import IMAGE_MARKER, BadRowError, Row, _turns, parse_row
 from .sources import Undecodable
 
 INDEX_DIR_NAME = ".ds_hetero_index"
@@ -80,6 +82,8 @@ class RowMeasure:
     def row(self, raw) -> Row:
         if isinstance(raw.obj, Undecodable):
             raise BadRowError(raw.file, raw.row, raw.obj.reason, raw.line)
+        if _holds_images(raw.obj):
+            return _row_with_held_images(raw, self.image_folder)
         return parse_row(raw.obj, raw.file, raw.row, self.image_folder, raw.line)
 
     def __call__(self, raw) -> tuple[np.ndarray, np.ndarray]:
@@ -110,15 +114,92 @@ class RowMeasure:
         return self.processor.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _measure(source, measure: RowMeasure, rows: range) -> tuple[list, list[dict]]:
-    entries, bad = [], []
+def _images_value(obj: Any) -> Any:
+    return obj.get("images", obj.get("image")) if isinstance(obj, dict) else None
+
+
+def _holds_images(obj: Any) -> bool:
+    images = _images_value(obj)
+    return isinstance(images, EmbeddedImage) or isinstance(images, list) and \
+        any(isinstance(im, EmbeddedImage) for im in images)
+
+
+def _row_with_held_images(raw, image_folder: str) -> Row:
+    """rows.parse_row for a row whose images are (some of them) bytes held in the data (a datasets Image
+    column, sources.py): the same checks, with a held image standing for an existing file."""
+    def fail(reason: str) -> BadRowError:
+        return BadRowError(raw.file, raw.row, reason, raw.line)
+
+    turns, _ = _turns(raw.obj, fail)
+    value = _images_value(raw.obj)
+    images = value if isinstance(value, list) else [value]
+    markers = sum(kind == "image" for t in turns for kind, _ in t.parts)
+    if markers != len(images):
+        raise fail(f"{markers} image placeholder(s) ({IMAGE_MARKER} or {{'type': 'image'}}) but {len(images)} "
+                   f"image(s) in the row: each image needs exactly one placeholder")
+    resolved: list[Any] = []
+    for k, image in enumerate(images):
+        if isinstance(image, str):
+            image = image if os.path.isabs(image) else os.path.join(image_folder, image)
+            if not os.path.isfile(image):
+                raise fail(f"image {image} does not exist (paths are relative to the image folder {image_folder})")
+        elif not isinstance(image, EmbeddedImage):
+            raise fail(f"image {k} is neither bytes held in the dataset nor a path (got {image!r})")
+        resolved.append(image)
+    return Row(raw.file, raw.row, tuple(turns), tuple(resolved), raw.line)
+
+
+def _measure(source, measure: RowMeasure, rows: range) -> tuple[dict[str, np.ndarray], list[dict]]:
+    part, bad = RunsBuilder(), []
     for i in rows:
         try:
             tokens, repeats = measure(source.raw(i))
-            entries.append((i, tokens, repeats))
+            part.add(i, tokens, repeats)
         except BadRowError as exc:
             bad.append({**exc.as_dict(), "source_row": i})
-    return entries, bad
+    return part.arrays(), bad
+
+
+GATHER_CHUNK = 1 << 23  # bytes a rank sends per all_gather call: the buffers are (1 + ranks) times this
+
+
+def _collective_device(group) -> torch.device:
+    """Where `group`'s backend takes tensors (gloo: the CPU; NCCL and the like: this rank's accelerator)."""
+    if dist.get_backend(group) == "gloo":
+        return torch.device("cpu")
+    return torch.device(torch.accelerator.current_accelerator().type, torch.accelerator.current_device_index())
+
+
+def _gather_parts(part: dict[str, np.ndarray], bad: list[dict], group, size: int
+                  ) -> tuple[dict[str, np.ndarray], list[dict]]:
+    """All ranks' parts joined in rank order (= source order), and all bad rows, on every rank.
+
+    The arrays go by all_gather of their bytes, GATHER_CHUNK at a time, straight into the joined arrays:
+    all_gather_object of a million rows' part held it five times over (the pickle, its tensor, the
+    gather's output, its bytes and the unpickled copy, on every rank). Only the sizes and the bad rows
+    (small) are pickled."""
+    sizes: list[Any] = [None] * size
+    dist.all_gather_object(sizes, ({name: len(a) for name, a in part.items()}, bad), group=group)
+    device = _collective_device(group)
+    joined = {}
+    for name, dtype in PART_DTYPES.items():
+        mine = np.ascontiguousarray(part.pop(name), dtype=dtype).view(np.uint8)
+        nbytes = [counts[name] * np.dtype(dtype).itemsize for counts, _ in sizes]
+        starts = np.concatenate([[0], np.cumsum(nbytes)]).astype(np.int64)
+        into = np.empty(int(starts[-1]), np.uint8)
+        for at in range(0, max(nbytes), GATHER_CHUNK):
+            span = min(GATHER_CHUNK, max(nbytes) - at)
+            send = torch.zeros(span, dtype=torch.uint8)
+            piece = mine[at:at + span]
+            send[:len(piece)] = torch.from_numpy(piece)
+            received = [torch.empty(span, dtype=torch.uint8, device=device) for _ in range(size)]
+            dist.all_gather(received, send.to(device), group=group)
+            for r, buffer in enumerate(received):
+                n = min(span, max(0, nbytes[r] - at))
+                into[starts[r] + at:starts[r] + at + n] = buffer[:n].cpu().numpy()
+        del mine
+        joined[name] = into.view(dtype)
+    return joined, [b for _, rank_bad in sizes for b in rank_bad]
 
 
 def build_index(source, processor, image_folder: str, group=None, index_dir: str | None = "auto",
@@ -142,15 +223,12 @@ def build_index(source, processor, image_folder: str, group=None, index_dir: str
     start = time.perf_counter()
     n = len(source)
     mine = range(me * n // size, (me + 1) * n // size)
-    part = _measure(source, RowMeasure(processor, image_folder, rule), mine)
-    parts: list[Any] = [part]
-    if distributed:
-        parts = [None] * size
-        dist.all_gather_object(parts, part, group=group)
-    entries = [e for p in parts for e in p[0]]
-    skipped = [b for p in parts for b in p[1]]
+    part, skipped = _measure(source, RowMeasure(processor, image_folder, rule), mine)
+    if size > 1:
+        part, skipped = _gather_parts(part, skipped, group, size)
     meta = {"source": source.name, "rows": n, "seconds": round(time.perf_counter() - start, 3), "ranks": size}
-    index = LengthIndex.from_rows(entries, skipped, meta)
+    index = LengthIndex.from_parts([part], skipped, meta)
+    del part
     if log is not None:
         log(f"data: length index of {source.name}: {len(index)} rows measured in {meta['seconds']} s by {size} "
             f"rank(s)" + (f", cached in {folder}" if folder else ""))

@@ -42,6 +42,45 @@ def run_length(ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     return a[starts].astype(np.int32), counts.astype(np.int32)
 
 
+# a part of the index as one rank measures it (index_build.py): flat arrays, gathered without pickling
+PART_DTYPES = {"tokens": np.int32, "repeats": np.int32, "runs": np.int64, "source_row": np.int64}
+
+
+class RunsBuilder:
+    """Rows' runs appended one at a time, held as flat arrays.
+
+    A row's two small arrays cost ~900 bytes of Python and numpy headers beside ~500 of data (a million
+    rows: ~1 GB); pending rows are joined into flat chunks every `flush_rows` rows instead."""
+
+    def __init__(self, flush_rows: int = 4096):
+        self.flush_rows = flush_rows
+        self.pending: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self.chunks: dict[str, list[np.ndarray]] = {name: [] for name in PART_DTYPES}
+
+    def add(self, source_row: int, tokens: np.ndarray, repeats: np.ndarray) -> None:
+        self.pending.append((source_row, tokens, repeats))
+        if len(self.pending) >= self.flush_rows:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.pending:
+            return
+        rows, tokens, repeats = zip(*self.pending)
+        for name, values in (("tokens", np.concatenate(tokens)), ("repeats", np.concatenate(repeats)),
+                             ("runs", [len(t) for t in tokens]), ("source_row", rows)):
+            self.chunks[name].append(np.asarray(values, dtype=PART_DTYPES[name]))
+        self.pending = []
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """{"tokens", "repeats", "runs" (runs per row), "source_row"}: the rows added, in order."""
+        self._flush()
+        out = {}
+        for name, chunks in self.chunks.items():  # each name's chunks freed once joined
+            out[name] = np.concatenate(chunks) if chunks else np.zeros(0, PART_DTYPES[name])
+            self.chunks[name] = []
+        return out
+
+
 @dataclass
 class LengthIndex:
     tokens: np.ndarray  # int32, run values
@@ -66,11 +105,22 @@ class LengthIndex:
     def from_rows(cls, rows: Sequence[tuple[int, np.ndarray, np.ndarray]], skipped: list[dict],
                   meta: dict) -> "LengthIndex":
         """From (source row, run values, run counts) of every usable row, in source order."""
-        sizes = [len(t) for _, t, _ in rows]
-        run_start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        cat = (lambda parts: np.concatenate(parts).astype(np.int32)) if rows else (lambda _: np.zeros(0, np.int32))
-        return cls(cat([t for _, t, _ in rows]), cat([r for _, _, r in rows]), run_start,
-                   np.asarray([s for s, _, _ in rows], dtype=np.int64), skipped, meta)
+        part = RunsBuilder()
+        for source_row, tokens, repeats in rows:
+            part.add(source_row, tokens, repeats)
+        return cls.from_parts([part.arrays()], skipped, meta)
+
+    @classmethod
+    def from_parts(cls, parts: Sequence[dict[str, np.ndarray]], skipped: list[dict], meta: dict) -> "LengthIndex":
+        """From consecutive parts' RunsBuilder.arrays(), in source order."""
+        def cat(name: str) -> np.ndarray:  # one part (what build_index gives) is taken as it is, not copied
+            joined = parts[0][name] if len(parts) == 1 else np.concatenate([p[name] for p in parts])
+            return joined.astype(PART_DTYPES[name], copy=False)
+
+        runs = cat("runs")
+        run_start = np.zeros(len(runs) + 1, np.int64)
+        np.cumsum(runs, out=run_start[1:])
+        return cls(cat("tokens"), cat("repeats"), run_start, cat("source_row"), skipped, meta)
 
     # ------------------------------------------------------------------ the cache folder
     def save(self, folder: str) -> None:

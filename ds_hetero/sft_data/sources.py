@@ -1,6 +1,7 @@
 """Where the rows of a conversation dataset come from, read one row at a time (no row held before it is asked for).
 
     source = open_source("train.jsonl")          # a JSONL file, a JSON list, or a folder of *.jsonl shards
+    source = open_source("saved/")               # a folder written by `datasets.Dataset.save_to_disk`
     source = open_source(hf_dataset)             # a Hugging Face `datasets.Dataset` (Arrow, memory-mapped)
     len(source); source.raw(i)                   # RawRow(obj, file, row, line)
 
@@ -9,6 +10,11 @@ A JSONL file (or every `*.jsonl` shard of a folder, in name order) is scanned on
 larger than memory is never loaded whole. A line that is not JSON, or not UTF-8, becomes a RawRow whose
 `obj` is `Undecodable` (a bad row named by file, row and line, skippable like any other). A JSON list
 has to be parsed whole (JSON has no line structure to seek in): use JSONL for sets that do not fit.
+
+A `datasets.Dataset` is read through Arrow without decoding anything: a `datasets.Image()` column (what
+TRL's vision datasets have: `images` as a list of Image, or one `image`) gives {"bytes", "path"} per image,
+which becomes an EmbeddedImage (image_headers.py) when the bytes are held in the dataset, or the path
+otherwise. So the length index reads only image headers, and a row's pixels are decoded when it is encoded.
 
 `fingerprint()` is a digest of the content (the bytes of every file, or the Arrow dataset's own
 fingerprint): the length index's cache key (length_index.py).
@@ -184,36 +190,88 @@ def _json_list(text: str, path: str) -> tuple[list[Any], list[int]]:
 
 
 class DatasetSource:
-    """A Hugging Face `datasets.Dataset` (memory-mapped Arrow: rows are read when asked for)."""
+    """A Hugging Face `datasets.Dataset` (memory-mapped Arrow: rows are read when asked for, images undecoded)."""
 
-    def __init__(self, dataset: Any, name: str | None = None):
+    def __init__(self, dataset: Any, name: str | None = None, paths: Sequence[str] = ()):
         self.dataset = dataset
+        # the Arrow formatter returns the stored values: an Image column's {"bytes", "path"}, never pixels
+        # (cast_column(Image(decode=False)) would rewrite a whole list-of-images column to do the same)
+        self.stored = dataset.with_format("arrow")
+        self.image_columns = [c for c, f in dataset.features.items() if _holds_images(f)]
         files = [f.get("filename") for f in getattr(dataset, "cache_files", []) or []]
         self.name = name or (files[0] if files and files[0] else f"datasets.Dataset({len(dataset)} rows)")
-        self.paths: list[str] = []
+        self.paths = [os.path.abspath(p) for p in paths]  # set for a saved folder: the index goes beside it
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def fingerprint(self) -> str:
-        fp = getattr(self.dataset, "_fingerprint", None)
+        fp = getattr(self.dataset, "_fingerprint", None)  # the content's own key (kept by save/load_from_disk)
         if not fp:
             raise ValueError(f"{self.name}: the dataset has no fingerprint to key its length index by; pass "
                              f"index_dir=None to build the index without caching it")
         return f"arrow-{fp}"
 
     def raw(self, i: int) -> RawRow:
-        return RawRow(self.dataset[int(i)], self.name, int(i), None)
+        obj = self.stored[int(i)].to_pylist()[0]
+        for column in self.image_columns:
+            value = obj.get(column)
+            if isinstance(value, list):
+                obj[column] = [_stored_image(v, f"{column}[{k}]") for k, v in enumerate(value)]
+            elif value is not None:
+                obj[column] = _stored_image(value, column)
+        return RawRow(obj, self.name, int(i), None)
+
+
+def _holds_images(feature: Any) -> bool:
+    """An Image feature, or a list of them (List, LargeList, Sequence, or a plain [Image()])."""
+    from datasets import Image
+
+    if isinstance(feature, list) and len(feature) == 1:
+        feature = feature[0]
+    return isinstance(feature, Image) or isinstance(getattr(feature, "feature", None), Image)
+
+
+def _stored_image(value: Any, field: str) -> Any:
+    """An Image column's stored {"bytes", "path"} -> an EmbeddedImage (bytes held) or the path (a file)."""
+    from .image_headers import EmbeddedImage
+
+    if not isinstance(value, dict):
+        return value  # not an image value: parse_row names it
+    data, path = value.get("bytes"), value.get("path")
+    if data:
+        where = f"{os.path.basename(path)}, " if path else ""
+        return EmbeddedImage(data, f"{field} ({where}{len(data)} bytes in the dataset)")
+    return path  # None when the image is neither held nor a file: parse_row refuses the row
+
+
+def _saved_dataset(path: str) -> "DatasetSource":
+    """A folder written by `Dataset.save_to_disk`, opened with `load_from_disk` (memory-mapped Arrow)."""
+    import datasets
+
+    if os.path.isfile(os.path.join(path, "dataset_dict.json")):
+        splits = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
+        raise ValueError(f"{path}: a DatasetDict folder; give one split's folder, e.g. "
+                         + " or ".join(os.path.join(path, s) for s in splits[:3]))
+    dataset = datasets.load_from_disk(path)
+    files = [f["filename"] for f in dataset.cache_files] or [os.path.join(path, "state.json")]
+    return DatasetSource(dataset, name=os.path.abspath(path), paths=files)
 
 
 def open_source(data: Any) -> "JsonlSource | JsonListSource | DatasetSource":
-    """A row source for a path (JSONL file, JSON list, folder of JSONL shards) or a `datasets.Dataset`."""
+    """A row source for a path (JSONL file, JSON list, folder of JSONL shards, a `save_to_disk` folder) or a
+    `datasets.Dataset` (a DatasetDict is refused: pick its split)."""
     if not isinstance(data, (str, os.PathLike)):
         if hasattr(data, "features") and hasattr(data, "__getitem__"):
             return DatasetSource(data)
+        if isinstance(data, dict) and data and all(hasattr(v, "features") for v in data.values()):
+            raise ValueError(f"a DatasetDict (splits {', '.join(data)}): give one split, e.g. "
+                             f"data[{next(iter(data))!r}]")
         raise ValueError(f"training data of type {type(data).__name__}: give a JSON / JSONL file, a folder of "
-                         f"JSONL shards, or a datasets.Dataset")
+                         f"JSONL shards, a folder written by Dataset.save_to_disk, or a datasets.Dataset")
     path = os.fspath(data)
+    if any(os.path.isfile(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json")):
+        return _saved_dataset(path)
     if os.path.isdir(path):
         shards = sorted(glob.glob(os.path.join(path, "*.jsonl")))
         if not shards:
