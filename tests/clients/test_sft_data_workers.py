@@ -10,6 +10,8 @@ global batch 16: 3 steps an epoch), five runs (the driver's docstring). Checked:
 - the HF Trainer recipe (recipes/hf_trainer_llava.py --data, --dataloader_num_workers 2) on the same
   config and rows logs the main job's losses (tiny LLaVA, shapes_messages.jsonl, 2 steps) within 1e-6, and
   `hetero/data_wait_s`;
+- the Accelerate recipe (`accelerate launch`, recipes/accelerate_llava.py --data) on the same rows: the same
+  losses (1e-6);
 - an image broken past its header (its PNG chunks verify, its pixel stream is not zlib), found only when a
   worker decodes it, stops every rank with the same error naming file and row, never advising the skip.
 """
@@ -84,3 +86,28 @@ def test_the_trainer_recipe_reads_the_same_rows(ranks):
     main, trainer = reports[0]["main_llava"], reports[0]["trainer"]
     assert len(main) == 2 and trainer["losses"] == pytest.approx(main, rel=1e-6), (trainer, main)
     assert all(w is not None and w >= 0 for w in trainer["data_wait"]), trainer
+
+
+@pytest.fixture(scope="module")
+def accelerate_run(tmp_path_factory):
+    """recipes/accelerate_llava.py --data under `accelerate launch` (ds_configs/accelerate_colocated.yaml:
+    4 processes, ds_configs/llava_colocated.json), 2 steps on shapes_messages.jsonl."""
+    import subprocess
+    import sys
+
+    from tests.helpers.driver_report import free_port
+
+    out = tmp_path_factory.mktemp("sft_accelerate")
+    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [f"{os.path.dirname(sys.executable)}/accelerate", "launch", "--config_file", "ds_configs/accelerate_colocated.yaml",
+         "--main_process_port", free_port(), "recipes/accelerate_llava.py", "--data",
+         os.path.join(DATA, "shapes_messages.jsonl"), "--steps", "2", "--summary-json", str(out / "acc.json")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return json.loads((out / "acc.json").read_text())
+
+
+def test_the_accelerate_recipe_reads_the_same_rows(ranks, accelerate_run):
+    main, losses = ranks[0][0]["main_llava"], accelerate_run["losses"]
+    assert [losses[str(k)] for k in range(2)] == pytest.approx(main, rel=1e-6), (losses, main)
