@@ -8,7 +8,7 @@
    its encoder dp rank encodes (plan.encoder_positions). "Encoded": at 2 and 4 ranks launched, the real
    `__getitem__` calls the rank made in the step (the dataset wrapped, 0 workers so the calls are in the
    rank's process), checked to be exactly the used samples' rows; at 2 .. 256 ranks computed, what the
-   engine reads (engine._positions_of: RankDataPath.needed_positions | balanced_positions) from the plan of
+   engine reads (RankDataPath.read_positions, what data/planned_reader.py reads) from the plan of
    a light batch (no launch). The old design encoded the whole global batch on every rank: global / used
    beside it. The config is ds_configs/llava_colocated.json scaled (vision tp1 dp=N, language tp2 dp=N/2,
    balance "tokens"), 16 samples per rank; the batch: the shipped rows' length-index ids
@@ -132,7 +132,7 @@ def plan_table(worlds=COMPUTED_WORLDS, seed: int = 0) -> dict[int, dict]:
         for rank in range(world):
             held = [(s, cfg.stages[s].coord(rank).dp) for s in cfg.stages_of_rank(rank)]
             path = RankDataPath(cfg, adapter, [HeldShare(s, dp, cfg.micro_batches_of(s)) for s, dp in held], None)
-            read = path.needed_positions() | path.balanced_positions(plan)  # what engine._positions_of reads
+            read = path.read_positions(plan)  # what the engine's planned reader reads
             used = used_positions(cfg, plan, held)
             assert used <= read, (world, rank, sorted(used - read))  # never less than the stages use
             new.append(len(read) / len(used))

@@ -23,7 +23,7 @@ from .boundary import BoundaryCommunicator
 from .config import HeteroConfig
 from .data import agreement
 from .data.loader import GlobalBatchLoader, prepare_dataset
-from .data.prefetch import StepPrefetcher
+from .data.planned_reader import PlannedReader
 from .data.samples import as_sample_list
 from .failures import is_collective_failure, own_failure, peer_failure
 from .loss import label_token_total
@@ -113,8 +113,7 @@ class HeteroEngine:
                               collate_fn, seed=seed)
             if training_data is not None else None
         )
-        self._prefetcher: StepPrefetcher | None = None  # started at the first train_batch() without samples
-        self._planned: dict[int, tuple[list, StepPlan | None]] = {}  # step -> (light batch, plan), from the reader
+        self._reader: PlannedReader | None = None  # started at the first train_batch() without samples
         self.global_steps = 0
         self._failed: str | None = None  # why a step failed mid-way: every later call refuses (ranks out of step)
 
@@ -145,32 +144,16 @@ class HeteroEngine:
         return self.stages.device
 
     # ------------------------------------------------------------------ training
-    def _positions_of(self, step: int) -> set[int]:
-        """Batch positions this rank reads in full in `step`: its shares by position, and those the plan
-        gives it (token-balanced encoders, packed rows), planned from the light batch (no image read).
-        Called by the reader, ahead of the step; the plan is kept for the step."""
-        light = self.loader.light_batch(step)
-        plan = self.data_path.plan_of(light)
-        self._planned[step] = (light, plan)
-        needed = self.data_path.needed_positions()
-        return needed | self.data_path.balanced_positions(plan) if plan is not None else needed
-
     def _next_samples(self, step: int) -> tuple[list[dict[str, Any]], StepPlan | None, str | None, float]:
         """(the step's batch: this rank's shares in full, the rest light; its plan; the problem that stopped
         this rank reading its share, for the batch agreement; seconds waited for the reader)."""
         if self.loader is None:
             raise ValueError("train_batch() without samples needs training_data at initialize()")
-        if self._prefetcher is None:
-            self._prefetcher = StepPrefetcher(self.loader, self._positions_of, step, self.config.data_workers,
-                                              self.config.prefetch_steps, self.config.timeout_s)
+        if self._reader is None:
+            self._reader = PlannedReader(self.data_path, self.loader, self.config.data_workers,
+                                         self.config.prefetch_steps, self.config.timeout_s)
         with self.timeline.span("data.wait", "data", step):
-            full, problem, waited = self._prefetcher.next(step)
-        if step not in self._planned:  # the reader failed before planning it
-            self._positions_of(step)
-        light, plan = self._planned.pop(step)
-        for old in [k for k in self._planned if k < step]:  # steps read ahead of a restart, never asked for
-            del self._planned[old]
-        return [full.get(p, sample) for p, sample in enumerate(light)], plan, problem, waited
+            return self._reader.next(step)
 
     def _agree_on_batch(self, samples: Sequence[dict[str, Any]], plan: StepPlan | None = None,
                         read_problem: str | None = None) -> int:

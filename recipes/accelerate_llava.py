@@ -82,16 +82,9 @@ def parse_args(argv=None):
 def conversations(args, model):
     """--data as an SFTDataset, encoded by the checkpoint's processor or the tiny model's (built locally)."""
     from ds_hetero.sft_data import SFTDataset
+    from ds_hetero.toy.processors import processor_for
 
-    if args.model:
-        from transformers import AutoProcessor
-
-        processor = AutoProcessor.from_pretrained(args.model)
-    else:
-        from ds_hetero.toy.processors import tiny_processor
-
-        processor = tiny_processor(model)
-    return SFTDataset.from_file(args.data, processor, image_folder=args.image_folder)
+    return SFTDataset.from_file(args.data, processor_for(args.model, model), image_folder=args.image_folder)
 
 
 def main(argv=None) -> int:

@@ -63,16 +63,9 @@ def parse_args(argv=None):
 def conversations(script, model):
     """--data as an SFTDataset, encoded by the checkpoint's processor or the tiny model's (built locally)."""
     from ds_hetero.sft_data import SFTDataset
+    from ds_hetero.toy.processors import processor_for
 
-    if script.model:
-        from transformers import AutoProcessor
-
-        processor = AutoProcessor.from_pretrained(script.model)
-    else:
-        from ds_hetero.toy.processors import tiny_processor
-
-        processor = tiny_processor(model)
-    return SFTDataset.from_file(script.data, processor, image_folder=script.image_folder)
+    return SFTDataset.from_file(script.data, processor_for(script.model, model), image_folder=script.image_folder)
 
 
 def main(argv=None) -> int:

@@ -114,17 +114,13 @@ DATA_FAMILIES = ("llava", "qwen2-vl", "qwen2.5-vl")
 
 def data_processor(args, model):
     """The processor --data is encoded with: the checkpoint's own, or the tiny model's, built locally."""
-    if args.model:
-        from transformers import AutoProcessor
-
-        return AutoProcessor.from_pretrained(args.model)
-    if args.model_family not in DATA_FAMILIES:
+    if not args.model and args.model_family not in DATA_FAMILIES:
         raise SystemExit(f"--data: the built-in tiny {args.model_family} has no processor to encode conversations "
                          f"with; use --model-family {' / '.join(DATA_FAMILIES)}, or --model PATH (a checkpoint "
                          f"directory with its processor files)")
-    from ds_hetero.toy.processors import tiny_processor
+    from ds_hetero.toy.processors import processor_for
 
-    return tiny_processor(model)
+    return processor_for(args.model, model)
 
 
 def build_dataset(args, model):

@@ -68,6 +68,12 @@ class RankDataPath:
                 out |= plan.language_positions(share.dp)
         return out
 
+    def read_positions(self, plan: StepPlan | None) -> set[int]:
+        """Every position this rank reads in full in a step: `needed_positions` and, with the step's plan,
+        `balanced_positions` (None, a malformed batch: the batch agreement refuses it)."""
+        needed = self.needed_positions()
+        return needed | self.balanced_positions(plan) if plan is not None else needed
+
     def _by_plan(self, stage: str) -> bool:
         """Whether encoder `stage`'s samples are known only from the plan (not by position)."""
         return self.config.packed or self.config.balance_of(stage) == "tokens"

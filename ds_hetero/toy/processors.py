@@ -105,3 +105,13 @@ def tiny_processor(model):
     if kind.startswith("qwen3_vl"):
         return tiny_qwen3_vl_processor(model)
     return tiny_qwen2_vl_processor(model) if "qwen2" in kind else tiny_llava_processor(model)
+
+
+def processor_for(checkpoint: str | None, model):
+    """The processor a recipe's --data is encoded with: the checkpoint's own (its tokenizer, chat template and
+    image processor), else the built-in tiny model's, built here."""
+    if checkpoint:
+        from transformers import AutoProcessor
+
+        return AutoProcessor.from_pretrained(checkpoint)
+    return tiny_processor(model)

@@ -21,7 +21,8 @@ import pytest
 from ds_hetero.testing.launch import RankFailure, run_distributed
 
 
-def _raise_in_step_1(rank, world_size, raising):
+def _engine_after_one_step(timeout_s):
+    """Colocated vision dp2 + language dp2 (one shared engine) on the tiny LLaVA, one step taken: (engine, samples)."""
     import ds_hetero
     from ds_hetero.toy import tiny_llava
     from ds_hetero.testing.batches import llava_samples
@@ -30,11 +31,16 @@ def _raise_in_step_1(rank, world_size, raising):
     config = {"train_batch_size": 4, "zero_optimization": {"stage": 1}, "steps_per_print": 10**6,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
               "zero_allow_untested_optimizer": True,
-              "hetero_parallel": {"micro_batches": 1, "timeout_s": 30,
+              "hetero_parallel": {"micro_batches": 1, "timeout_s": timeout_s,
                                   "stages": {"vision": {"dp": 2}, "language": {"dp": 2}}}}
     engine = ds_hetero.initialize(model, config)
     samples = llava_samples(model, 4, seed=3)
     engine.train_batch(samples)
+    return engine, samples
+
+
+def _raise_in_step_1(rank, world_size, raising):
+    engine, samples = _engine_after_one_step(30)
     if rank in raising:
         stage = engine.stages["language"].module  # the stage's own module (a shared engine holds both)
 
@@ -50,19 +56,7 @@ def _retry_after_a_failed_step(rank, world_size):
     a Trainer callback would: train_batch again (rank 1's forward restored), eval_batch, save_checkpoint."""
     import tempfile
 
-    import ds_hetero
-    from ds_hetero.toy import tiny_llava
-    from ds_hetero.testing.batches import llava_samples
-
-    model = tiny_llava("clip", seed=1)
-    config = {"train_batch_size": 4, "zero_optimization": {"stage": 1}, "steps_per_print": 10**6,
-              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
-              "zero_allow_untested_optimizer": True,
-              "hetero_parallel": {"micro_batches": 1, "timeout_s": 10,
-                                  "stages": {"vision": {"dp": 2}, "language": {"dp": 2}}}}
-    engine = ds_hetero.initialize(model, config)
-    samples = llava_samples(model, 4, seed=3)
-    engine.train_batch(samples)
+    engine, samples = _engine_after_one_step(10)
     stage = engine.stages["language"].module
     if rank == 1:
         def forward(*args, **kwargs):

@@ -2,7 +2,7 @@
 data, five runs in one launch (the folder OUT holds the test's data; each rank reports to OUT/rank<R>.json).
 
     counted    4 steps, no workers, recording every row this rank encodes (SFTDataset.__getitem__) and the
-               dataset indices at the positions its plan names (HeteroEngine._positions_of)
+               dataset indices at the positions its plan names (PlannedReader.positions_of)
     workers    4 steps, --data-workers 2 (worker processes of the rank: the real launcher's ranks may have them)
     saved      2 steps, --data-workers 2, --save OUT/ckpt
     resumed    --load OUT/ckpt, 2 more steps, --data-workers 2
@@ -25,11 +25,11 @@ CONFIG = os.path.join(ROOT, "ds_configs", "llava_colocated.json")
 
 def counting(run):
     """`run()` with this rank's encoded rows and planned rows recorded: (its result, reads, planned)."""
-    from ds_hetero.engine import HeteroEngine
+    from ds_hetero.data.planned_reader import PlannedReader
     from ds_hetero.sft_data import SFTDataset
 
     reads, planned = [], []
-    getitem, positions_of = SFTDataset.__getitem__, HeteroEngine._positions_of
+    getitem, positions_of = SFTDataset.__getitem__, PlannedReader.positions_of
 
     def counted_getitem(self, index):
         reads.append(int(index))
@@ -40,11 +40,11 @@ def counting(run):
         planned.append(sorted(self.loader.indices(step)[p] for p in got))
         return got
 
-    SFTDataset.__getitem__, HeteroEngine._positions_of = counted_getitem, counted_positions
+    SFTDataset.__getitem__, PlannedReader.positions_of = counted_getitem, counted_positions
     try:
         return run(), sorted(reads), planned
     finally:
-        SFTDataset.__getitem__, HeteroEngine._positions_of = getitem, positions_of
+        SFTDataset.__getitem__, PlannedReader.positions_of = getitem, positions_of
 
 
 def _main_llava(recipe, out):

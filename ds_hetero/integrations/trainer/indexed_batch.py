@@ -6,8 +6,8 @@ row, so no rank exchanges ids (rank_batch.py's all_gather is for datasets withou
 
     1. the light batch from the index (every rank alike), its plan, and this rank's positions:
        its shares by position and those the plan gives it (token-balanced encoders, packed rows),
-       exactly what the launcher's engine reads (engine._positions_of)
-    2. the real rows at those positions only, read by data/prefetch.py's StepPrefetcher: in
+       exactly what the launcher's engine reads (data/planned_reader.py, the same reader)
+    2. the real rows at those positions only, read by data/prefetch.py's StepPrefetcher (through data/planned_reader.py): in
        `workers` DataLoader processes, up to `prefetch_steps` steps ahead, when the step order is
        known ahead (ds_hetero's seeded order); at the step, in this process, otherwise
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ...data.prefetch import StepPrefetcher
+from ...data.planned_reader import PlannedReader
 
 
 def has_length_index(dataset: Any) -> bool:
@@ -31,12 +31,16 @@ def has_length_index(dataset: Any) -> bool:
 
 
 class _StepOrder:
-    """What StepPrefetcher reads of a loader: the dataset, step -> dataset indices, no collate_fn."""
+    """What the planned reader reads of a loader: the dataset, step -> dataset indices, the light batch
+    from the index, no collate_fn."""
 
     collate_fn = None
 
     def __init__(self, dataset, indices: Callable[[int], list[int]]):
         self.dataset, self.indices = dataset, indices
+
+    def light_batch(self, step: int) -> list[dict[str, Any]]:
+        return [self.dataset.light(i) for i in self.indices(step)]
 
 
 class IndexedBatches:
@@ -54,20 +58,11 @@ class IndexedBatches:
         self.rows_prepared = 0  # since construction, this rank (rows read for steps trained)
         self.steps = 0
         self._given: list[int] = []  # the step's indices as the Trainer gave them
-        self._planned: dict[int, tuple[list, Any]] = {}  # step -> (light batch, plan), planned by the reader
-        self._reader: StepPrefetcher | None = None
+        self._reader: PlannedReader | None = None
         self.problem: str | None = None  # why the last build could not read this rank's rows (None: it did)
 
     def _indices(self, step: int) -> list[int]:
         return self.step_indices(step) if self.step_indices is not None else self._given
-
-    def _positions_of(self, step: int) -> set[int]:
-        """Positions this rank reads in full in `step` (called by the reader, in this process, ahead of it)."""
-        light = [self.dataset.light(i) for i in self._indices(step)]
-        plan = self.path.plan_of(light)
-        self._planned[step] = (light, plan)
-        needed = self.path.needed_positions()
-        return needed | self.path.balanced_positions(plan) if plan is not None else needed
 
     def build(self, indices: Sequence[int], step: int) -> list[dict[str, Any]]:
         """Step `step`'s batch: this rank's positions in full, the others light (token ids from the index)."""
@@ -77,16 +72,10 @@ class IndexedBatches:
             raise ValueError(f"step {step}: the Trainer's batch differs from ds_hetero's seeded order for that "
                              f"step (the engine's step count and the Trainer's data position disagree)")
         if self._reader is None:
-            self._reader = StepPrefetcher(_StepOrder(self.dataset, self._indices), self._positions_of, step,
-                                          self.workers, self.prefetch_steps, self.timeout_s)
-        full, self.problem, _ = self._reader.next(step)
-        if step not in self._planned:  # the reader failed before planning it
-            self._positions_of(step)
-        light, _ = self._planned.pop(step)
-        for old in [k for k in self._planned if k < step]:  # read ahead of a restart, never asked for
-            del self._planned[old]
-        batch = [full.get(p, sample) for p, sample in enumerate(light)]
-        self.rows_prepared += len(full)
+            self._reader = PlannedReader(self.path, _StepOrder(self.dataset, self._indices), self.workers,
+                                         self.prefetch_steps, self.timeout_s)
+        batch, _, self.problem, _ = self._reader.next(step)
+        self.rows_prepared += sum(1 for sample in batch if not sample.get("light"))
         self.steps += 1
         return batch
 
@@ -95,5 +84,3 @@ class IndexedBatches:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
-            self._planned.clear()
-

@@ -38,6 +38,7 @@ import math
 import time
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from ...config.schema import SECTION
@@ -321,8 +322,8 @@ def _prepare_indexed(args: tuple, kwargs: dict) -> None:
         found += [d for d in (data.values() if isinstance(data, dict) else [data]) if has_length_index(d)]
     if found and training_args is not None:
         training_args.device  # noqa: B018 -- sets up torch.distributed (the Trainer's __init__ would, next)
-    for dataset in found:
-        prepare_dataset(dataset, None)
+    for dataset in found:  # every rank: the world group, named (no engine, so no boundary group, yet)
+        prepare_dataset(dataset, dist.group.WORLD if dist.is_initialized() else None)
 
 
 def _is_default_collator(collator) -> bool:
