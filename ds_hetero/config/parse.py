@@ -13,12 +13,14 @@ from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from ..errors import HeteroConfigError
+from .batch_divisors import check_global_batch, stage_divisors
 from .batching import parse_language_batching, parse_packed_attention
 from .data_keys import parse_data_keys
 from .pipeline_keys import parse_pipeline
 from .ranks import assign_ranks
 from .read import read_ds_config
 from .stage_options import parse_stage_options
+from .trainer_only import refuse_trainer_auto
 from .schema import (BALANCES, DEFAULT_TIMEOUT_S, DERIVED_BATCH_KEYS, LANGUAGE, MAX_TIMEOUT_S,
                      PLACEMENTS, SECTION, SECTION_KEYS, STAGE_KEYS, HeteroConfig)
 
@@ -71,6 +73,7 @@ def parse_config(ds: Mapping[str, Any], world_size: int, encoder_stages: Sequenc
         raise HeteroConfigError(
             f"{SECTION}.timeout_s", f"must be a positive number of seconds up to {MAX_TIMEOUT_S:g} (7 days), "
             f"got {timeout_s!r}")
+    refuse_trainer_auto(ds)
     _check_gradient_clipping(ds)
 
     if "train_batch_size" not in ds:
@@ -91,18 +94,8 @@ def parse_config(ds: Mapping[str, Any], world_size: int, encoder_stages: Sequenc
     packed_attention = parse_packed_attention(section, language_batching)
     data_workers, prefetch_steps = parse_data_keys(section)
 
-    for name, layout in layouts.items():
-        mbs = encoder_mbs.get(name, micro_batches)
-        per_step = layout.dp * mbs
-        if name != LANGUAGE and balance == "tokens" and not global_batch % mbs:
-            continue  # images are the unit of encoder work: any dp, even above the samples of a pass
-        if global_batch % per_step:
-            raise HeteroConfigError(
-                "train_batch_size",
-                f"{global_batch} is not divisible by stage {name!r} dp x micro_batches = "
-                f"{layout.dp} x {mbs} = {per_step}; use a multiple of {per_step}"
-                + ("" if name == LANGUAGE else " (or balance \"tokens\", which splits an encoder's work by image)"),
-            )
+    balance_of = {name: encoder_balance.get(name, balance) for name in layouts if name != LANGUAGE}
+    check_global_batch(global_batch, stage_divisors(layouts, micro_batches, encoder_mbs, balance_of))
     _check_derived_batch_keys(ds, global_batch // (layouts[LANGUAGE].dp * micro_batches), micro_batches)
 
     return HeteroConfig(
