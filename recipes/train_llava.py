@@ -309,4 +309,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ds_hetero.launch_errors import exit_code_of
+
+    sys.exit(exit_code_of(main))  # a config error printed once, by rank 0, not a traceback per rank

@@ -1,0 +1,57 @@
+"""A launched script's config error is printed whole by rank 0 and in one line by the others; one real launch
+of recipes/train_llava.py with a Trainer-style config shows it once, with no traceback."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ds_hetero import launch_errors
+from ds_hetero.errors import HeteroConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ERROR = HeteroConfigError("train_batch_size", "15 is not divisible by stage 'language' dp x micro_batches = 4")
+
+
+def test_rank_zero_prints_the_whole_error(monkeypatch):
+    monkeypatch.setattr(launch_errors, "OTHER_RANKS_WAIT_S", 0.0)
+    out = io.StringIO()
+    assert launch_errors.report_config_error(ERROR, rank=0, stream=out) == 1
+    assert out.getvalue() == f"error: {ERROR}\n"
+
+
+def test_other_ranks_print_one_line(monkeypatch):
+    monkeypatch.setattr(launch_errors, "OTHER_RANKS_WAIT_S", 0.0)
+    out = io.StringIO()
+    assert launch_errors.report_config_error(ERROR, rank=3, stream=out) == 1
+    assert out.getvalue() == "rank 3: stopped by the config error rank 0 prints\n"
+
+
+def test_exit_code_of_passes_other_exceptions_and_codes(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    assert launch_errors.exit_code_of(lambda: 0) == 0
+
+    def broken():
+        raise RuntimeError("not a config error")
+
+    with pytest.raises(RuntimeError):
+        launch_errors.exit_code_of(broken)
+
+
+def test_recipe_prints_a_trainer_config_error_once():
+    """Two ranks under the DeepSpeed launcher: one error text, one line from rank 1, no traceback."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    launcher = os.path.join(os.path.dirname(sys.executable), "deepspeed")
+    proc = subprocess.run(
+        [launcher, "--master_port", "29731", "--num_gpus", "2", "recipes/train_llava.py", "--deepspeed_config",
+         "ds_configs/trainer_colocated_packed.json", "--steps", "1", "--samples", "32"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert out.count('"auto" is a Trainer-only value') == 1, out[-4000:]
+    assert "rank 1: stopped by the config error rank 0 prints" in out
+    assert "Traceback" not in out and "ds_configs/llava_*.json" in out
