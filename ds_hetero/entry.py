@@ -23,6 +23,7 @@ from .config import DEFAULT_TIMEOUT_S, HeteroConfig, parse_config, read_ds_confi
 from .engine import HeteroEngine
 from .families import adapter_for, known_encoder_stages
 from .planner.auto import resolve_auto
+from .reporting.startup import PhaseClock
 from .validation import check_all
 from .tensor_parallel.lora_checks import check_lora
 from .topology.distributed import ensure_distributed
@@ -43,6 +44,7 @@ def prepare_config(model: torch.nn.Module, config: str | os.PathLike | Mapping[s
     The world size comes from the launcher's environment when no process group exists yet, so
     a bad config raises on every rank before any rendezvous or collective.
     """
+    clock = PhaseClock()  # startup lines (reporting/startup.py)
     ds = resolve_auto(model, read_ds_config(config), adapter, has_client_optimizer, run_trials=trials_in_process)
     if dist.is_initialized():
         world = dist.get_world_size()
@@ -52,6 +54,7 @@ def prepare_config(model: torch.nn.Module, config: str | os.PathLike | Mapping[s
     check_all(cfg, model, has_client_optimizer, adapter)
     check_lora(model, adapter or adapter_for(model), cfg)  # PEFT LoRA layers (tensor_parallel/lora.py)
     ensure_distributed(cfg.timeout_s)  # the default group waits as long as the stages' groups do
+    clock.done("config checked, default process group joined")
     return cfg
 
 

@@ -29,6 +29,7 @@ from ..pipeline_parallel.cut import layer_cut
 from ..models.freeze import apply_freeze, trainable_parameters
 from ..pipeline_parallel.chunk import cut_language_stage
 from ..models.recompute import enable_recompute
+from ..reporting.startup import PhaseClock
 from ..tensor_parallel.lora_dropout import stage_rng
 from ..tensor_parallel.shard import is_tied
 from ..topology.groups import build_groups
@@ -50,7 +51,9 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
     import deepspeed
     from deepspeed.moe.utils import is_moe_param
 
+    clock = PhaseClock()  # startup lines (reporting/startup.py), printed where an entry point shows them
     groups = build_groups(cfg.stages, rank, timeout=timedelta(seconds=cfg.timeout_s))
+    clock.done("process groups of every stage built")
     if checkpoint is None:  # before the split and the tp cut: every rank still holds the whole model
         start_equal(model, groups)
     apply_freeze(cfg, adapter)  # before sharding: the tp shards copy requires_grad
@@ -67,6 +70,7 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
             modules[LANGUAGE] = cut_language_stage(modules[LANGUAGE], language.coord(rank).pp, language.pp, cut)
     load_report = None if checkpoint is None else load_stages(
         model, {n: modules[n] for n in held}, {n: (groups[n].coord.tp, cfg.stages[n].tp) for n in held}, checkpoint)
+    clock.done("model cut into stages and tp shards" + (", weights read" if checkpoint is not None else ""))
     # a tied embedding with pp > 1: one copy on the first pipeline stage, one on the last (after the
     # load, which replaces parameter objects; collective: every rank builds the embedding group)
     copy = tied_copy(language, rank, groups.cache, modules[LANGUAGE] if language.contains(rank) else None, tied)
@@ -108,6 +112,9 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
                 confine_trace_check(stage.engine, groups[name].dp_cp)
         stage.tied = copy if name == LANGUAGE else None
         stages[name] = stage
+        if name in held:
+            owner = stage.engine_owner
+            clock.done(f"{name}: DeepSpeed engine " + (f"shared with {owner}" if owner not in (None, name) else "built"))
     first = next(s for s in stages.values() if s.held)
     param = next(first.engine.module.parameters())
     return StageSet(rank, cfg, groups, stages, param.device, param.dtype), load_report

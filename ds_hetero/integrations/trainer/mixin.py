@@ -24,7 +24,8 @@ What the mixin overrides (two are private Trainer hooks):
     save_model           `engine.save_pretrained` (TP and ZeRO gathered, HF names); for a PEFT LoRA model
                          the adapter PeftModel.from_pretrained loads (peft_adapter.py)
     log                  adds the per-stage metrics, and TRL's / ms-swift's token metrics from the engine's
-                         loss pass (framework_metrics.py)
+                         loss pass (framework_metrics.py); the stock log printer is replaced by one line of
+                         named numbers per log, the layout line first (log_lines.py)
     floating_point_ops   0 for the Trainer's index batches: training_step counts `total_flos` on the
                          prepared global batch instead
 A subclass's `create_optimizer` is honoured (trainer_loss.per_stage_optimizer); whatever its
@@ -50,6 +51,7 @@ from ..ds_config import is_derived_mismatch, trainer_ds_config
 from ..metrics import StepMetrics
 from . import framework_metrics
 from .indexed_batch import IndexedBatches, has_length_index
+from .log_lines import swap_printers
 from .peft_adapter import save_peft_adapter
 from .rank_batch import RankBatch
 from .read_ahead import read_ahead
@@ -102,6 +104,18 @@ class HeteroTrainerMixin:
         self._hetero_rows: RankBatch | IndexedBatches | None = None
         self._hetero_order = None  # ds_hetero's seeded order of the train dataloader (step -> indices)
         self._hetero_tokens: TokenMetrics | None = None
+        swap_printers(self, self._hetero_layout)
+
+    def _hetero_layout(self) -> str | None:
+        """The layout line (reporting/layout_line.py) the first printed log starts with; None before the engine."""
+        from ...reporting import data_source, layout_line
+
+        if self.hetero is None:
+            return None
+        dataset = self.train_dataset
+        file = getattr(dataset, "name", None) if has_length_index(dataset) else None
+        return layout_line(self.hetero.engine.config,
+                           data_source(dataset, file, kind=f"{type(dataset).__name__} (in memory)"))
 
     # ------------------------------------------------------------------ engine
     @property
