@@ -15,15 +15,28 @@ as an example of a custom one). Same model, data order and optimizer as recipes/
 launcher reads them: the length index prepared by every rank together, each rank reading only its
 stages' rows (ahead of the step with `hetero_parallel.data_workers`), since `prepare` hands the dataset
 to the same engine loader as `ds_hetero.initialize`.
+The main process reports as the main job does: its startup phases with their times, the layout line,
+a progress bar on a terminal (a line every few steps otherwise) and the summary (ds_hetero/reporting/).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import warnings
+
+if __name__ == "__main__" and os.environ.get("RANK", "0") == "0":
+    # the first line, before the imports that take seconds on every process
+    print(f"ds_hetero: {os.path.basename(__file__)} starting on {os.environ.get('WORLD_SIZE', '1')} process(es), "
+          "importing torch, Accelerate, DeepSpeed and transformers", flush=True)
+if __name__ == "__main__":
+    # DeepSpeed's "Setting accelerator to CPU" comes once per process on a machine without a GPU; the main
+    # process says it once instead. A filter on DeepSpeed's logger in this script's process only, set before
+    # the import (recipes/train_llava.py does the same; DeepSpeed itself is not patched).
+    logging.getLogger("DeepSpeed").addFilter(lambda r: not r.getMessage().startswith("Setting accelerator to CPU"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 warnings.filterwarnings("ignore", category=FutureWarning, message=".*torch.distributed.*is deprecated")
@@ -88,7 +101,20 @@ def conversations(args, model):
 
 
 def main(argv=None) -> int:
+    from deepspeed.accelerator import get_accelerator
+    from ds_hetero.reporting import data_source, layout_line
+    from ds_hetero.reporting.progress import Progress
+    from ds_hetero.reporting.run_figures import step_figures
+    from ds_hetero.reporting.startup import LAUNCHER_NOTE, PhaseClock, device_note, show_startup
+    from ds_hetero.reporting.summary_text import summary_lines
+
     args = parse_args(argv)
+    if os.environ.get("RANK", "0") == "0":  # the library logs its startup phases on every process; one shows them
+        show_startup()
+        if "LOCAL_RANK" in os.environ:
+            print(LAUNCHER_NOTE, flush=True)
+    clock = PhaseClock()
+    clock.note(f"imports done; {device_note(get_accelerator().device_name())}")
     if not torch.cuda.is_available():
         PartialState(backend="gloo")  # on CPU: without it Accelerate sees a single process
     accelerator = Accelerator(log_with=[JsonlTracker(args.log_jsonl)] if args.log_jsonl else None)
@@ -100,21 +126,32 @@ def main(argv=None) -> int:
         model, weights = tiny_llava(args.vision, seed=args.seed), None
     data = conversations(args, model) if args.data else \
         ShapesCaptionDataset.for_llava(model.config, size=args.samples, seed=args.seed)
+    clock.done("model and dataset built")
     engine = ds_hetero.accelerate.prepare(accelerator, model, training_data=data, weights=weights)
+    clock.done("ds_hetero.accelerate.prepare done, in all")
     if args.resume_from:
         accelerator.load_state(args.resume_from)
+        clock.done(f"state {args.resume_from} loaded")
+    if accelerator.is_main_process:
+        print(layout_line(engine.config, data_source(data, args.data)), flush=True)
 
-    losses = {}
+    losses, history = {}, []
+    progress = Progress(args.steps, enabled=accelerator.is_main_process, first_step=engine.global_steps)
     for step in range(engine.global_steps, args.steps):
         result = engine.train_batch()
+        if not history:
+            clock.done("first step done")
         losses[step] = result.loss
+        history.append(result)
+        progress.update(result)
         ds_hetero.accelerate.log_step(accelerator, engine, result, step)
         if args.save_state_every and (step + 1) % args.save_state_every == 0:
             accelerator.save_state(os.path.join(args.state_dir, f"step{step + 1}"))
+    progress.close()
     if accelerator.is_main_process:
-        if losses:
-            first, last = min(losses), max(losses)
-            print(f"steps {first + 1}-{last + 1}: loss {losses[first]:.4f} -> {losses[last]:.4f}", flush=True)
+        if history:  # this process's steps (from the resumed step on): losses are global, times rank 0's
+            summary = {"layout": layout_line(engine.config, data_source(data, args.data)), **step_figures(history)}
+            print("\n" + "\n".join(summary_lines(summary, args.summary_json)), flush=True)
         if args.summary_json:
             with open(args.summary_json, "w") as f:
                 json.dump({"losses": losses, "num_processes": accelerator.num_processes,

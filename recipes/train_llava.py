@@ -25,19 +25,32 @@ unless `--model PATH` names a Hugging Face safetensors checkpoint directory: the
 builds the model on the meta device and reads only its own stages' tp shards from PATH
 (`ds_hetero.initialize(..., weights=PATH)`), so no rank ever holds the whole model. Every rank
 builds the same dataset; ds_hetero gives each stage its own layout from the config's
-`hetero_parallel` section. Rank 0 shows a progress bar and prints a summary at the end.
+`hetero_parallel` section. Rank 0 prints its startup phases with their times, the layout line, a progress
+bar on a terminal (a line every few steps under a log file or pipe) and a summary at the end
+(`--summary-json` adds every step's loss and grad norm).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import resource
 import sys
 import time
-
 import warnings
+
+if __name__ == "__main__" and os.environ.get("RANK", "0") == "0":
+    # the first line, before the imports that take seconds on every rank
+    print(f"ds_hetero: {os.path.basename(__file__)} starting on {os.environ.get('WORLD_SIZE', '1')} rank(s), "
+          "importing torch, DeepSpeed and transformers", flush=True)
+if __name__ == "__main__":
+    # DeepSpeed logs "Setting accelerator to CPU ..." from every process that imports it on a machine
+    # without a GPU (6 times under the launcher); rank 0 says it once instead (reporting/startup.py,
+    # device_note). A filter on DeepSpeed's logger in this script's process, set before the import:
+    # DeepSpeed is not patched, and a library user's own scripts see its logging unchanged.
+    logging.getLogger("DeepSpeed").addFilter(lambda r: not r.getMessage().startswith("Setting accelerator to CPU"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub from a training job
 # DeepSpeed's ZeRO still calls the collectives torch 2.13 renamed; the warning is not ours to fix.
@@ -150,54 +163,30 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def _memory_options(engine, stage: str) -> str:
-    """ZeRO stage, recompute and freeze of a stage (docs/memory.md); "frozen" when nothing of it trains."""
-    cfg = engine.config
-    trains = engine.stages[stage].trains
-    options = cfg.options_of(stage).describe()
-    parts = [f"ZeRO {cfg.zero_stage_of(stage) if trains else 0}"] + [
-        p for p in options.split(", ") if p != "-" and not p.startswith("ZeRO")]
-    if not trains and "frozen" not in parts:
-        parts.append("frozen (requires_grad)")
-    return ", ".join(parts)
+def _header(engine, model, dataset, data_file: str | None) -> str:
+    """The layout line (reporting/layout_line.py), then the model's size and any shared DeepSpeed engine."""
+    from ds_hetero.reporting import data_source, layout_line
 
-
-def _header(engine, model) -> str:
-    cfg = engine.config
-    return (f"ds_hetero: {cfg.placement}, " + ", ".join(
-        f"{n} tp{l.tp} cp{l.cp} dp{l.dp}" + (f" pp{l.pp}" if l.pp > 1 else "") + f" ({_memory_options(engine, n)})"
-        for n, l in cfg.stages.items())
-        + f"; global batch {cfg.global_batch_size} in {cfg.micro_batches} micro-batches; "
-        f"{sum(p.numel() for p in model.parameters()):,} parameters" + _shared(engine))
-
-
-def _shared(engine) -> str:
-    """Which stages share one DeepSpeed engine (same ranks and layout, ZeRO 0/1: docs/configuration.md)."""
     shared = [s.name for s in engine.stages.held if s.engine_owner is not None]
-    return f"; one DeepSpeed engine for {', '.join(shared)}" if shared else ""
+    return (layout_line(engine.config, data_source(dataset, data_file)) +
+            f"\nmodel: {sum(p.numel() for p in model.parameters()):,} parameters" +
+            (f"; one DeepSpeed engine for {', '.join(shared)} (same ranks and layout)" if shared else ""))
 
 
-def train(engine, model, steps: int, skipped: str = "") -> tuple[list, float]:
-    """(the steps' results, wall seconds); rank 0 prints the layout and shows a progress bar."""
-    bar = None
-    if engine.rank == 0:
-        from tqdm import tqdm
+def train(engine, steps: int, clock=None) -> tuple[list, float]:
+    """(the steps' results, wall seconds); rank 0 reports progress (reporting/progress.py)."""
+    from ds_hetero.reporting.progress import Progress
 
-        if skipped:
-            print(f"data: {skipped}", flush=True)
-        print(_header(engine, model), flush=True)
-        bar = tqdm(total=steps, desc="train", file=sys.stdout, dynamic_ncols=True)
+    progress = Progress(steps, enabled=engine.rank == 0)
     history, start = [], time.perf_counter()
     for step in range(steps):
         r = engine.train_batch()
+        if step == 0 and clock is not None:
+            clock.done("first step done")
         history.append(r)
-        if bar is not None:
-            bar.set_postfix(loss=f"{r.loss:.3f}", tok_s=f"{r.num_tokens / r.step_time:.0f}",
-                            step_s=f"{r.step_time:.3f}", data_s=f"{r.data_wait:.3f}", bubble=f"{r.bubble_fraction:.2f}")
-            bar.update()
+        progress.update(r)
     wall = time.perf_counter() - start
-    if bar is not None:
-        bar.close()
+    progress.close()
     return history, wall
 
 
@@ -212,7 +201,7 @@ def _gather(engine, value) -> list:
 def gathered(engine, history, tail, trace: str | None) -> dict:
     """What the summary needs from every rank (collectives: every rank calls this, in the same order)."""
     out = {"memory": _gather(engine, round(peak_memory_mb(engine.device), 1)),
-           "sent": _gather(engine, sum(r.boundary_bytes for r in history)),
+           "backward": _gather(engine, sum(r.boundary_bytes_backward for r in history)),
            "bubbles": _gather(engine, round(sum(r.bubble_fraction for r in tail) / len(tail), 3)),
            "data_wait": _gather(engine, round(sum(r.data_wait for r in tail) / len(tail), 5)),
            "pipeline": None}
@@ -232,11 +221,14 @@ def gathered(engine, history, tail, trace: str | None) -> dict:
     return out
 
 
-def summarize(engine, history, wall: float, trace: str | None = None) -> dict:
-    """Averages over the second half of the run (after warm-up), peak memory of every rank. Stage times
-    are this rank's (rank 0); in disaggregated placement it runs only its own stage."""
+def summarize(engine, history, wall: float, trace: str | None = None, layout: str = "") -> dict:
+    """What --summary-json writes: averages over the second half of the run (after warm-up), peak memory of
+    every rank, every step's loss and grad norm. Stage times are this rank's (rank 0); in disaggregated
+    placement it runs only its own stage. reporting/summary_text.py chooses what is printed."""
+    from ds_hetero.reporting.run_figures import step_figures, warm_steps
+
     cfg = engine.config
-    tail = history[len(history) // 2:]
+    tail = warm_steps(history)
     split: dict[str, float] = {}
     for r in tail:
         for stage, phases in r.stage_time.items():
@@ -244,31 +236,16 @@ def summarize(engine, history, wall: float, trace: str | None = None) -> dict:
                 split[f"{stage}.{phase}"] = split.get(f"{stage}.{phase}", 0.0) + sec / len(tail)
     g = gathered(engine, history, tail, trace)
     summary = {
-        "steps": len(history),
-        "first_loss": history[0].loss,
-        "losses": [r.loss for r in history],
-        "grad_norms": [r.grad_norm for r in history],
-        "final_loss": sum(r.loss for r in history[-10:]) / min(10, len(history)),
-        "tokens_per_s": sum(r.num_tokens for r in tail) / sum(r.step_time for r in tail),
-        "samples_per_s": sum(r.num_samples for r in tail) / sum(r.step_time for r in tail),
-        "median_step_s": sorted(r.step_time for r in tail)[len(tail) // 2],
+        "layout": layout,
+        **step_figures(history),
         "wall_s": wall,
         "stage_time_s_per_step": {k: round(v, 5) for k, v in sorted(split.items())},
-        "boundary_forward_bytes_per_step": sum(r.boundary_bytes_total for r in history) / len(history),
-        "boundary_forward_lower_bound_per_step": sum(r.boundary_bytes_lower_bound for r in history) / len(history),
-        "boundary_bytes_sent_per_step_fwd_bwd": sum(g["sent"]) / len(history),
+        "boundary_backward_bytes_per_step": sum(g["backward"]) / len(history),  # all ranks
         "peak_memory_mb_per_rank": g["memory"],
         "bubble_fraction_per_rank": g["bubbles"],
         # seconds a step waited for the rank's share of the data (not in the bubble; docs/real-data.md)
         "data_wait_s_per_step_per_rank": g["data_wait"],
         "stages_per_rank": [cfg.stages_of_rank(r) for r in range(engine.world_size)],
-        "stage_memory_options": {n: _memory_options(engine, n) for n in cfg.stages},
-        "boundary_backward_bytes_per_step_rank0": sum(r.boundary_bytes_backward for r in history) / len(history),
-        # the language stage's real / computed tokens and its slowest dp rank's load over the mean
-        # (hetero_parallel.language_batching, docs/packing.md)
-        "language_real_token_fraction": sum(r.language_tokens["real"] for r in history)
-        / max(1, sum(r.language_tokens["computed"] for r in history)),
-        "language_max_mean_load": sum(r.language_tokens["max_mean"] for r in history) / len(history),
     }
     if g["pipeline"] is not None:
         summary["pipeline_last_step_per_rank"] = g["pipeline"]
@@ -278,10 +255,22 @@ def summarize(engine, history, wall: float, trace: str | None = None) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     import ds_hetero
+    from deepspeed.accelerator import get_accelerator
+    from ds_hetero.reporting.startup import LAUNCHER_NOTE, PhaseClock, device_note, show_startup
+    from ds_hetero.reporting.summary_text import summary_lines
 
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    if rank0:  # the library logs its startup phases on every rank; rank 0 shows them
+        show_startup()
+    clock = PhaseClock()
+    clock.note(f"imports done; {device_note(get_accelerator().device_name())}")
+    if rank0 and "LOCAL_RANK" in os.environ:  # under a launcher
+        print(LAUNCHER_NOTE, flush=True)
     torch.manual_seed(args.seed)
     model, weights = build_model(args)
+    clock.done("model built" + (" on the meta device (weights read per stage later)" if weights else ""))
     dataset = build_dataset(args, model)
+    clock.done("dataset ready")
     config = args.deepspeed_config
     if args.data_workers is not None:  # the one key this option sets; the rest of the config as given
         with open(config) as f:
@@ -289,19 +278,24 @@ def main(argv=None) -> int:
         config.setdefault("hetero_parallel", {})["data_workers"] = args.data_workers
     engine = ds_hetero.initialize(model, config, training_data=dataset, weights=weights,
                                   seed=args.seed)  # the data order too, as the Trainer recipe does
+    clock.done("ds_hetero.initialize done, in all" + (" (the length index of --data included)" if args.data else ""))
     if args.load:
         engine.load_checkpoint(args.load)
+        clock.done(f"checkpoint {args.load} loaded")
     engine.timeline.trace_window = args.trace_window
     engine.timeline.synchronize = bool(args.trace)  # a trace times device work, at the cost of overlap
-    skipped = dataset.skipped_summary() if hasattr(dataset, "skipped_summary") else ""
-    history, wall = train(engine, model, args.steps, skipped)
+    header = _header(engine, model, dataset, args.data)
+    if engine.rank == 0:
+        skipped = dataset.skipped_summary() if hasattr(dataset, "skipped_summary") else ""
+        if skipped:
+            print(f"data: {skipped}", flush=True)
+        print(header, flush=True)
+    history, wall = train(engine, args.steps, clock)
     if args.save:
         engine.save_checkpoint(args.save)
-    summary = summarize(engine, history, wall, args.trace)
+    summary = summarize(engine, history, wall, args.trace, layout=header.splitlines()[0])
     if engine.rank == 0:
-        print("\nsummary")
-        for key, value in summary.items():
-            print(f"  {key:38s} {value if not isinstance(value, float) else round(value, 4)}")
+        print("\n" + "\n".join(summary_lines(summary, args.summary_json)), flush=True)
         if args.summary_json:
             with open(args.summary_json, "w") as f:
                 json.dump(summary, f, indent=2)
