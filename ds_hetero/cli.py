@@ -110,6 +110,9 @@ def _validate(args: argparse.Namespace) -> int:
         return 1
     print(f"{args.config}: valid for {args.world_size} ranks\n")
     print(rank_map(cfg))
+    from .reporting.layout_line import layout_line  # pure text: no torch on validate's path
+
+    print("\n" + layout_line(cfg))  # the line the run's header and summary print
     return 0
 
 
