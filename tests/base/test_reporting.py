@@ -150,3 +150,14 @@ def test_trainer_log_line_prints_numbers_with_names():
     assert log_line(logs, 5) == ("step 5: loss 4.6531  grad norm 2.51  lr 0.002  epoch 0.02  step 1.10 s  "
                                  "114 tokens/s  data wait 0.004 s  bubble 12.9 %  boundary 64.0 KiB/step "
                                  "(lower bound 64.0 KiB)  mean_token_accuracy 0.25")
+
+
+def test_validate_prints_the_layout_line_with_ep(capsys):
+    import os
+
+    from ds_hetero.cli import main
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert main(["validate", os.path.join(root, "ds_configs", "qwen3_vl_moe_ep.json"), "--world-size", "4"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("layout: colocated | vision tp1 cp1 dp4 pp1 ep1") and "language tp2 cp1 dp2 pp1 ep2" in last
