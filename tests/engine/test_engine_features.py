@@ -46,8 +46,10 @@ def _raises_everywhere(fn, exc_type, words):
 
 
 def _recipe_run(rank, tmp):
-    """recipes/train_llava.py for 4 steps on a tiny checkpoint saved here: its summary (rank 0)."""
+    """recipes/train_llava.py for 4 steps on a tiny checkpoint saved here: its summary and what it printed (rank 0)."""
+    import contextlib
     import importlib.util
+    import io
     import json
     import os
 
@@ -66,11 +68,13 @@ def _recipe_run(rank, tmp):
     if rank == 0:
         tiny_llava("clip", seed=11).save_pretrained(checkpoint)
     dist.barrier()
-    recipe.main(["--steps", "4", "--samples", "256", "--summary-json", summary_path, "--model", checkpoint,
-                 "--deepspeed_config", os.path.join(root, "ds_configs", "llava_colocated.json")])
+    printed = io.StringIO()  # not a terminal, as a log file: the progress comes as plain lines
+    with contextlib.redirect_stdout(printed):
+        recipe.main(["--steps", "4", "--samples", "256", "--summary-json", summary_path, "--model", checkpoint,
+                     "--deepspeed_config", os.path.join(root, "ds_configs", "llava_colocated.json")])
     if rank == 0:
         with open(summary_path) as f:
-            return {"recipe": json.load(f)}
+            return {"recipe": json.load(f), "recipe_stdout": printed.getvalue()}
     return {}
 
 
@@ -175,6 +179,18 @@ def test_loader_checkpoint_bf16_and_errors(tmp_path):
     assert summary["steps"] == 4 and summary["final_loss"] < summary["first_loss"]
     assert summary["boundary_forward_bytes_per_step"] == summary["boundary_forward_lower_bound_per_step"] > 0
     assert len(summary["peak_memory_mb_per_rank"]) == 4
+    assert summary["last_loss"] == summary["losses"][-1] and summary["final_loss"] == pytest.approx(
+        sum(summary["losses"]) / 4)  # the mean of the last 10 steps: here all 4
+    # what rank 0 printed under a log file: the layout line, a line per step (4 steps), the labeled summary
+    printed = r0["recipe_stdout"]
+    assert "\r" not in printed
+    assert "layout: colocated | vision tp1 cp1 dp4 pp1 ep1 ZeRO 1" in printed and "| data synthetic, 256 samples" in printed
+    assert [line.split()[1] for line in printed.splitlines() if line.startswith("step ")] == ["1/4", "2/4", "3/4", "4/4"]
+    for label in ("loss, first step", "loss, last step", "loss, mean of last 10 steps", "tokens/s", "step time",
+                  "data wait per step", "boundary bytes", "backward", "peak memory", "MB per rank", "bubble",
+                  "% per rank", "per-step losses and grad norms"):
+        assert label in printed, (label, printed)
+    assert str(summary["losses"][1]) not in printed  # the per-step lists: --summary-json only
     print("bf16 vs fp32 loss:", list(zip(fp32, bf16)), "max relative gap", max(gaps))
 
 
