@@ -26,6 +26,7 @@ from .data.loader import GlobalBatchLoader, prepare_dataset
 from .data.planned_reader import PlannedReader
 from .data.samples import as_sample_list
 from .failures import is_collective_failure, own_failure, peer_failure
+from .liveness import Liveness
 from .loss import label_token_total
 from .families import adapter_for
 from .result import StepResult
@@ -116,6 +117,8 @@ class HeteroEngine:
         self._reader: PlannedReader | None = None  # started at the first train_batch() without samples
         self.global_steps = 0
         self._failed: str | None = None  # why a step failed mid-way: every later call refuses (ranks out of step)
+        # heartbeats that name a dead rank when a step fails (failures.py), keyed by this engine's group
+        self._liveness = Liveness(getattr(self.stages.boundary_group, "group_name", "default"), self.rank, self)
 
     @property
     def loss_observer(self):
@@ -229,7 +232,8 @@ class HeteroEngine:
                 grad_norm, loss_sum, n_labels, aux = global_step.combine_norms_and_loss(
                     self.stages, norms, loss_sum, n_labels, self.schedule.aux_sum)
             with self.timeline.span("optimizer.step", "optimizer", step):
-                applied = global_step.step_all(self.stages, grad_norm, self.config.gradient_clipping)
+                applied = global_step.step_all(self.stages, grad_norm, self.config.gradient_clipping,
+                                                 plan.idle_encoders())
         except Exception as exc:  # failures.py: this rank's own error as itself, or which peer stopped
             if is_collective_failure(exc):
                 raise self._stopped(self._peer_failure(exc, step), step) from exc
@@ -285,7 +289,7 @@ class HeteroEngine:
 
     def _peer_failure(self, exc: BaseException, step: int) -> RuntimeError:
         return peer_failure(exc, self.stages.boundary_group, self.stages.groups.boundary_ranks, self.rank,
-                            self._held_names(), step, self.config.timeout_s)
+                            self._held_names(), step, self.config.timeout_s, self._liveness)
 
     # ------------------------------------------------------------------ evaluation and export
     def eval_batch(self, samples: Sequence[dict[str, Any]]) -> float:

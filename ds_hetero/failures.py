@@ -86,9 +86,11 @@ def own_failure(exc: BaseException, group, rank: int, where: str, step: int) -> 
     return exc
 
 
-def peer_failure(exc: BaseException, group, ranks, rank: int, where: str, step: int, timeout_s: float
-                 ) -> RuntimeError:
-    """The error of a rank whose collective failed: which peer stopped, where it can tell."""
+def peer_failure(exc: BaseException, group, ranks, rank: int, where: str, step: int, timeout_s: float,
+                 liveness=None) -> RuntimeError:
+    """The error of a rank whose collective failed: which peer stopped, where it can tell.
+    `liveness` (liveness.py): the engine's heartbeats, which tell a dead rank from one still
+    blocked in a collective, and keep a verdict for ranks that fail after the store's host."""
     _write(group, rank, f"saw a peer stop in step {step}")
     others = [r for r in ranks if r != rank]
     deadline = time.monotonic() + REPORT_WAIT_S
@@ -99,16 +101,26 @@ def peer_failure(exc: BaseException, group, ranks, rank: int, where: str, step: 
         if reports is None or raised or len(silent) <= 1 or time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    if dist.get_rank() == 0 and reports is not None:
-        time.sleep(0.5)  # rank 0 hosts the env:// store: let the last readers read before it exits
+    dead = liveness.dead_ranks(silent) if liveness is not None and not raised and len(silent) > 1 else None
     if raised:
         who = "; ".join(f"rank {r} {t}" for r, t in sorted(raised.items()))
     elif reports is not None and len(silent) == 1:
         who = f"rank {silent[0]} left no report (it died, e.g. was killed, or hangs)"
+    elif dead:  # the others without a report are blocked in a collective: alive
+        who = f"rank{'s' if len(dead) > 1 else ''} {', '.join(map(str, dead))} died (e.g. was killed): " \
+              f"{'their heartbeats' if len(dead) > 1 else 'its heartbeat'} stopped"
+    elif liveness is not None and liveness.verdict:  # published by a survivor while the store answered
+        who = liveness.verdict
     elif silent:
         who = f"no report from ranks {silent} (one of them died or hangs)"
     else:
         who = "which peer is unknown (the ranks' reports could not be read)"
+    if liveness is not None and (dead or (reports is not None and len(silent) == 1 and not raised)):
+        liveness.publish(who)
+    if dist.get_rank() == 0 and reports is not None:
+        # rank 0 hosts the env:// store: let the last readers (and the others' heartbeat threads,
+        # which keep a published verdict) read before it exits
+        time.sleep(0.5 if liveness is None else max(0.5, 1.5 * liveness.interval))
     return RuntimeError(
         f"ds_hetero: rank {rank} ({where}) failed in step {step}: a peer rank stopped answering: {who}. "
         f"(A collective failed: the peer died, raised, or exceeded hetero_parallel.timeout_s = {timeout_s:g} s; "

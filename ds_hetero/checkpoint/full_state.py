@@ -8,6 +8,8 @@ Keyed by the model's own (Hugging Face) parameter names, not the stage module's:
 stage is saved as one set of files per chunk, each naming its layers locally; merged under the
 model's names (layer_map.py) they load into any cut, or none.
     state["step"], state["lr_scheduler"], state["global_steps"], state["global_samples"], ...
+    state["param_steps"][hf_name]   # each parameter's optimizer step count (a stage left without
+                                    # work in some steps is behind the others: optimizer_step/idle_stages.py)
 
 Why not DeepSpeed's Universal Checkpointing (`ds_to_universal` + `"load_universal": true`),
 which does the same two merges: (1) a ZeRO-0 checkpoint has no `*_optim_states.pt` files (the
@@ -50,7 +52,7 @@ def _tp_slices(stage_dir: str, meta: dict[str, Any], zero: int, tp: int) -> tupl
     """Per tp rank: {name: {"fp32", "exp_avg", "exp_avg_sq"}} (this tp rank's shard, full over dp)."""
     slices: list[dict[str, dict[str, torch.Tensor]]] = []
     common: dict[str, Any] = {}
-    steps = set()
+    steps: dict[str, float] = {}  # parameter -> its optimizer step count
     for t in range(tp):
         model_states = _load(os.path.join(stage_dir, f"mp_rank_{t:02d}_model_states.pt"))
         if t == 0:
@@ -68,17 +70,15 @@ def _tp_slices(stage_dir: str, meta: dict[str, Any], zero: int, tp: int) -> tupl
                     state = opt["state"].get(i)
                     if state:
                         shard[order[i]].update({k: state[k].float() for k in MOMENTS})
-                        steps.add(float(state["step"]))
+                        steps[order[i]] = float(state["step"])
         else:
             _merge_zero_partitions(stage_dir, t, shard, steps)
         slices.append(shard)
-    if len(steps) > 1:
-        raise CheckpointError(f"{stage_dir}: parameters at different optimizer steps {sorted(steps)}")
-    common["step"] = steps.pop() if steps else None
+    common["param_steps"] = steps
     return slices, common
 
 
-def _merge_zero_partitions(stage_dir: str, t: int, shard: dict, steps: set) -> None:
+def _merge_zero_partitions(stage_dir: str, t: int, shard: dict, steps: dict) -> None:
     """ZeRO 1/2: concatenate each parameter's fragments over the dp partitions, in dp order."""
     files = glob.glob(os.path.join(stage_dir, f"zero_pp_rank_*_mp_rank_{t:02d}_optim_states.pt"))
     by_dp = sorted(files, key=lambda p: int(re.search(r"zero_pp_rank_(\d+)_", os.path.basename(p)).group(1)))
@@ -91,8 +91,8 @@ def _merge_zero_partitions(stage_dir: str, t: int, shard: dict, steps: set) -> N
         states = osd["base_optimizer_state"]["state"]
         for g, mapping in enumerate(osd["param_slice_mappings"]):
             flat = {"fp32": flats[g], **{k: states[g][k] for k in MOMENTS}}
-            steps.add(float(states[g]["step"]))
             for name, frag in mapping.items():
+                steps[name] = float(states[g]["step"])
                 for key, tensor in flat.items():
                     fragments.setdefault(name, {}).setdefault(key, []).append(
                         tensor.narrow(0, frag.start, frag.numel).float())
@@ -106,6 +106,7 @@ def _read_part(part: str, tag: str, meta: dict[str, Any], zero: int, tp: int) ->
     """One folder of DeepSpeed files (a stage's, one pipeline chunk's, or the engine a stage
     shared) merged over ZeRO and tp, keyed by the model's names of the parameters `meta` lists."""
     slices, common = _tp_slices(os.path.join(part, tag), meta, zero, tp)
+    steps, common["param_steps"] = common["param_steps"], {}
     params = {}
     for name, info in saved_entries(meta).items():
         split = info["tp_split"]
@@ -118,6 +119,8 @@ def _read_part(part: str, tag: str, meta: dict[str, Any], zero: int, tp: int) ->
                 raise CheckpointError(f"{part}: {name} {key} merges to {list(merged[key].shape)}, "
                                       f"params.json says {info['shape']}")
         params[info["hf_name"]] = merged
+        if name in steps:
+            common["param_steps"][info["hf_name"]] = steps[name]
     return params, common
 
 
@@ -142,7 +145,7 @@ def read_stage(ckpt_dir: str, stage: str, manifest: dict[str, Any]) -> dict[str,
     if zero not in (0, 1, 2):
         raise CheckpointError(f"{ckpt_dir}: ZeRO stage {zero} checkpoints cannot be resharded yet (ZeRO 0, 1, 2 can)")
     metas = saved_metas(ckpt_dir, stage, manifest)
-    params, common, steps = {}, None, set()
+    params, common, steps = {}, None, {}
     # the engine's DeepSpeed files: ckpt_dir/<stage>/<tag>/, or ckpt_dir/<stage>/pp_<k>/<tag>/ (store.py),
     # or, for a stage that shared its engine (never pipelined), ckpt_dir/<its engine's owner>/<tag>/
     parts = part_dirs(ckpt_dir, stage, len(metas))
@@ -152,11 +155,11 @@ def read_stage(ckpt_dir: str, stage: str, manifest: dict[str, Any]) -> dict[str,
         part_params, part_common = _read_part(part, manifest["tag"], meta, zero, layout["tp"])
         params.update(part_params)  # check_layer_map: no name in two chunks
         common = common or part_common  # the scheduler and counters: every chunk's engine steps alike
-        if part_common["step"] is not None:
-            steps.add(part_common["step"])
-    if len(steps) > 1:
-        raise CheckpointError(f"{ckpt_dir}/{stage}: pipeline chunks at different optimizer steps {sorted(steps)}")
-    common["step"] = steps.pop() if steps else None
+        steps.update(part_common["param_steps"])
+    common["param_steps"] = steps
+    # the stage's step count where all its parameters agree (they do unless it shared an engine
+    # with a stage that had no work in some steps), else the furthest
+    common["step"] = max(steps.values()) if steps else None
     return {"params": params, **common}
 
 

@@ -18,6 +18,7 @@ from ..expert_parallel.gather import expert_block
 from ..tensor_parallel.layers import shard_tensor
 from .expert_state import expert_slot
 from .full_state import MOMENTS
+from .manifest import CheckpointError
 
 
 def split_full(full: torch.Tensor, param: torch.nn.Parameter, tp_rank: int, tp: int) -> torch.Tensor:
@@ -36,13 +37,26 @@ def split_full(full: torch.Tensor, param: torch.nn.Parameter, tp_rank: int, tp: 
     return shard_tensor(full, dim, tp_rank, tp, stride)
 
 
-def _set_step(optimizer, step: float) -> None:
-    """Every state of the (base) optimizer continues at `step` (torch keeps it as a float tensor)."""
-    for state in optimizer.state.values():
-        if "step" in state:
-            old = state["step"]
-            state["step"] = (torch.tensor(step, dtype=old.dtype, device=old.device) if torch.is_tensor(old)
-                             else type(old)(step))
+def _set_group_steps(zero_optimizer, module_params: dict[str, torch.nn.Parameter], steps: dict[str, float],
+                     step: float) -> None:
+    """Each flat ZeRO 1/2 group holding `module_params` continues at their step count (`step` where
+    none is recorded); a group whose parameters were saved at different counts cannot hold them."""
+    name_of = {id(p): n for n, p in module_params.items()}
+    base = zero_optimizer.optimizer
+    for group, flat in zip(zero_optimizer.bit16_groups, zero_optimizer.single_partition_of_fp32_groups):
+        if not any(id(p) in name_of for p in group):  # another stage's group of a shared engine: its own call
+            continue
+        counts = {steps.get(name_of.get(id(p)), step) for p in group}
+        if len(counts) > 1:
+            raise CheckpointError(
+                f"parameters saved at different optimizer step counts {sorted(counts)} (a stage without work in "
+                f"some steps) share one ZeRO parameter group here; load into a layout that keeps each stage's "
+                f"parameters in groups of their own")
+        state = base.state.get(flat)
+        if counts and state and "step" in state:  # kept as the optimizer keeps it (torch: a float tensor)
+            old, value = state["step"], counts.pop()
+            state["step"] = (torch.tensor(value, dtype=old.dtype, device=old.device) if torch.is_tensor(old)
+                             else type(old)(value))
 
 
 def _step_value(optimizer, step: float):
@@ -100,6 +114,7 @@ def apply_full_state(engine, module_params: dict[str, torch.nn.Parameter], state
     full = state["params"]
     optimizer = engine.optimizer
     step = state.get("step")
+    steps = state.get("param_steps") or {}  # per parameter (an older cache: none, the stage's one step)
     if zero != 0:
         _link_zero_optimizer_state(optimizer, MOMENTS)
     for name, param in module_params.items():
@@ -110,14 +125,14 @@ def apply_full_state(engine, module_params: dict[str, torch.nn.Parameter], state
             continue
         moments = {k: split_full(entry[k], param, tp_rank, tp).to(param.device) for k in MOMENTS}
         if zero == 0:
-            optimizer.state[param] = {"step": _step_value(optimizer, step),
+            optimizer.state[param] = {"step": _step_value(optimizer, steps.get(name, step)),
                                       **{k: v.to(param.dtype).clone() for k, v in moments.items()}}
         else:
             safe_set_full_fp32_param(param, shard)
             for key, value in moments.items():
                 safe_set_full_optimizer_state(param, value, key)
     if zero != 0 and step is not None:
-        _set_step(optimizer.optimizer, step)
+        _set_group_steps(optimizer, module_params, steps, step)
     scheduler = engine.lr_scheduler
     if scheduler is not None and state.get("lr_scheduler") is not None:
         scheduler.load_state_dict(state["lr_scheduler"])

@@ -20,7 +20,7 @@ gradients itself before `engine.step()`.
 A step whose all-stage norm is not finite is skipped by every stage engine, whatever its own
 gradients: `engine.step()` then takes DeepSpeed's own overflow path (nothing applied,
 gradients zeroed, `skipped_steps` + 1, `global_steps` + 1, lr scheduler held), forced per
-optimizer kind by `_overflow_forced` (a stage with finite gradients would otherwise apply a
+optimizer kind by `overflow_forced` (a stage with finite gradients would otherwise apply a
 step clipped by an infinite norm, and a ZeRO-0 torch optimizer has no overflow check at all).
 """
 
@@ -140,7 +140,7 @@ def _global_norm_in(engine, norm: float, clip: float) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _instance_attrs(obj, **attrs) -> Iterator[None]:
+def instance_attrs(obj, **attrs) -> Iterator[None]:
     """Set instance attributes for one call; restore what the instance had (a torch LR
     scheduler, for one, wraps `optimizer.step` as an instance attribute)."""
     missing = object()
@@ -157,7 +157,7 @@ def _instance_attrs(obj, **attrs) -> Iterator[None]:
                 setattr(obj, name, value)
 
 
-def _overflow_forced(engine) -> contextlib.AbstractContextManager:
+def overflow_forced(engine) -> contextlib.AbstractContextManager:
     """Makes the next `engine.step()` take DeepSpeed's overflow path, as DeepSpeed itself does
     when it finds non-finite gradients (`DeepSpeedEngine._take_model_step`)."""
     opt = engine.optimizer
@@ -165,12 +165,12 @@ def _overflow_forced(engine) -> contextlib.AbstractContextManager:
         # its step() runs check_overflow only when check_grad_overflow is set (bf16 may turn it off)
         def check_overflow(partition_gradients=True):
             opt.overflow = True
-        return _instance_attrs(opt, check_grad_overflow=True, check_overflow=check_overflow)
+        return instance_attrs(opt, check_grad_overflow=True, check_overflow=check_overflow)
     if _is_zero3(opt):
         # its step() flags overflow on an invalid norm, whatever the dtype
         return _global_norm_in(engine, float("inf"), 0.0)
     # a torch optimizer (ZeRO 0, fp32): no step, and the `overflow` flag the engine reads
-    return _instance_attrs(opt, step=lambda closure=None: None, overflow=True)
+    return instance_attrs(opt, step=lambda closure=None: None, overflow=True)
 
 
 def step_with_global_norm(engine, norm: float, clip: float) -> bool:
@@ -182,7 +182,7 @@ def step_with_global_norm(engine, norm: float, clip: float) -> bool:
     opt = engine.optimizer
     skipped_before = engine.skipped_steps
     if not math.isfinite(norm):
-        with _overflow_forced(engine):
+        with overflow_forced(engine):
             engine.step()
         return engine.skipped_steps == skipped_before
     if not (is_zero12(opt) or _is_zero3(opt)) and clip > 0 and math.isfinite(norm):

@@ -12,13 +12,14 @@ holds no language stage (disaggregated placement) learns the loss.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from . import clipping, norm_shares
+from . import clipping, idle_stages, norm_shares
 from ..stages.stage_set import StageSet
 
 
@@ -87,10 +88,21 @@ def combine_norms_and_loss(stages: StageSet, norms: dict[str, StageNorm], loss_s
     return math.sqrt(norm_sq), loss, int(labels), aux
 
 
-def step_all(stages: StageSet, grad_norm: float, clip: float) -> list[bool]:
-    """Every trained engine's last (clipped) step with the model's norm; whether each applied."""
+def step_all(stages: StageSet, grad_norm: float, clip: float, idle: frozenset[str] = frozenset()) -> list[bool]:
+    """Every trained engine's last (clipped) step with the model's norm; whether each applied.
+    `idle`: the stages with no work this step (StepPlan.idle_encoders), whose parameters are left
+    as one process leaves parameters without a gradient (idle_stages.py)."""
     applied = []
     for stage in stages.stepping:
+        # the stages whose parameters this engine steps: its own, or every stage sharing it
+        names = [s.name for s in stages.training if (s.engine_owner or s.name) == stage.name]
+        held = [n for n in names if n in idle]
         with stage.context():
-            applied.append(clipping.step_with_global_norm(stage.engine, grad_norm, clip))
+            if held and len(held) == len(names) and math.isfinite(grad_norm):
+                idle_stages.hold_step(stage.engine)
+                applied.append(True)
+                continue
+            params = [p for n in held for p in stages[n].module.parameters() if p.requires_grad]
+            with idle_stages.without(stage.engine, params) if held else contextlib.nullcontext():
+                applied.append(clipping.step_with_global_norm(stage.engine, grad_norm, clip))
     return applied

@@ -92,7 +92,9 @@ def build_stage_set(model: torch.nn.Module, cfg: HeteroConfig, adapter, rank: in
                 with stage_context(stage.mpu):
                     shared_engine, *_ = deepspeed.initialize(
                         model=SharedStages({n: modules[n] for n in shared}),
-                        model_parameters=[p for n in shared for p in trainable_parameters(modules[n])],
+                        # a param group per stage: ZeRO 1 flattens per group, so a stage with
+                        # no work in a step can be left unstepped (optimizer_step/idle_stages.py)
+                        model_parameters=[{"params": trainable_parameters(modules[n])} for n in shared],
                         optimizer=optimizer, mpu=stage.mpu, config=shared_ds_config(cfg, shared))
             stage.engine = shared_engine
         else:

@@ -191,6 +191,12 @@ class StepPlan:
                     out[image.sample][j].append(image.rows)
         return [tuple(tuple(rows) for rows in per_port) for per_port in out]
 
+    def idle_encoders(self) -> frozenset[str]:
+        """The encoder stages with no item in the whole step (a text-only batch's vision stage):
+        one process would leave their parameters without a gradient (optimizer_step/idle_stages.py)."""
+        return frozenset(name for name, passes in self.passes.items()
+                         if not any(p_.assignment.images for p_ in passes))
+
     def encoder_scale(self, stage: str) -> float:
         """The factor of the encoder's surrogate loss `sum(rows * row_grad)`: the row gradients
         carry the language stage's dp factor (language_scale), the encoder engine divides by its

@@ -101,8 +101,11 @@ def hf_inputs(family, model, samples):
     return kw
 
 
-def reference_train(family, model, batches, make_optimizer, clip, per_stage_clip=False, per_micro_batch_mean=0):
-    """Single-process training; the two flags build deliberately wrong variants (negative controls)."""
+def reference_train(family, model, batches, make_optimizer, clip, per_stage_clip=False, per_micro_batch_mean=0,
+                    step_zero_grads=False):
+    """Single-process training; the three flags build deliberately wrong variants (negative controls):
+    `step_zero_grads` steps the parameters a batch left without gradient (a text-only batch's
+    vision tower) on zero gradients, as DeepSpeed's engines do by themselves."""
     from ds_hetero.loss import label_token_count, token_loss_sum
     from ds_hetero.families import adapter_for
 
@@ -127,6 +130,10 @@ def reference_train(family, model, batches, make_optimizer, clip, per_stage_clip
             loss = token_loss_sum(logits, labels) / n
             loss.backward()
             losses.append(float(loss))
+        if step_zero_grads:
+            for p in model.parameters():
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
         params = [p for p in model.parameters() if p.grad is not None]
         if per_stage_clip:  # wrong: each stage clipped by its own norm
             stages = adapter.split()
@@ -203,7 +210,8 @@ def max_rel_err(got, want):
 
 def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimizer="adamw", model_kw=None,
                micro_batches=2, batch_size=8, controls=False, placement="colocated", hetero=None,
-               make_data=None, inspect=None, prepare=None, freeze_reference=None, after=None, rank_model=None):
+               make_data=None, inspect=None, prepare=None, freeze_reference=None, after=None, rank_model=None,
+               ds_config=None):
     """hetero: more `hetero_parallel` keys; make_data(family, model, steps, batch_size) -> batches
     instead of make_batches; inspect(engine, batches) -> more result entries (may patch the engine
     before training: it runs first and its dict is read after); prepare(model): on the model before
@@ -211,7 +219,8 @@ def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimi
     freeze in the reference what the config freezes; after(engine, initial, got, results) -> more
     entries, after training (`initial`: the parameters before training, `got`: after, by name);
     rank_model(model, rank): on this rank's model after the reference was copied (e.g. per-rank
-    initial weights: the reference stays rank 0's model, which the engine must train)."""
+    initial weights: the reference stays rank 0's model, which the engine must train); ds_config: more
+    DeepSpeed config keys (e.g. a scheduler)."""
     from ds_hetero.entry import initialize
 
     model_kw = model_kw or {}
@@ -235,6 +244,7 @@ def train_both(rank, world_size, family, layout, zero_stage, steps, clip, optimi
         "steps_per_print": 10**6,
         "hetero_parallel": {"placement": placement, "micro_batches": micro_batches, "stages": layout,
                             **(hetero or {})},
+        **(ds_config or {}),
     }
     model = build_model(family, seed=7, **model_kw)
     if prepare is not None:

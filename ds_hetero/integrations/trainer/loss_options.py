@@ -121,18 +121,25 @@ def per_stage_optimizer(optimizer: torch.optim.Optimizer, model: torch.nn.Module
     hyper = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     cls, defaults = type(optimizer), dict(optimizer.defaults)
 
-    def factory(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    def factory(params: list) -> torch.optim.Optimizer:
+        """`params`: parameters, or ds_hetero's own groups of them (a stage's, an expert group's:
+        each split again by the user's groups, its own keys kept)."""
         names = {id(p): n for n, p in model.named_parameters()}
-        groups: list[list[torch.nn.Parameter]] = [[] for _ in hyper]
-        for p in params:
-            name = names.get(id(p))
-            if name not in group_of:
-                raise HeteroConfigError(
-                    "create_optimizer", f"parameter {name or '<unnamed>'} is trained by ds_hetero but is in no param "
-                    f"group of the optimizer create_optimizer built ({cls.__name__}); put every trainable parameter "
-                    f"in a group")
-            groups[group_of[name]].append(p)
-        built = [{**hyper[i], "params": ps} for i, ps in enumerate(groups) if ps]
+        params = list(params)
+        outer_groups = params if params and all(isinstance(g, dict) for g in params) else [{"params": params}]
+        built = []
+        for outer in outer_groups:
+            groups: list[list[torch.nn.Parameter]] = [[] for _ in hyper]
+            for p in outer["params"]:
+                name = names.get(id(p))
+                if name not in group_of:
+                    raise HeteroConfigError(
+                        "create_optimizer", f"parameter {name or '<unnamed>'} is trained by ds_hetero but is in no "
+                        f"param group of the optimizer create_optimizer built ({cls.__name__}); put every trainable "
+                        f"parameter in a group")
+                groups[group_of[name]].append(p)
+            keys = {k: v for k, v in outer.items() if k != "params"}
+            built += [{**hyper[i], **keys, "params": ps} for i, ps in enumerate(groups) if ps]
         try:
             return cls(built, **defaults)
         except TypeError:  # an optimizer whose defaults are not all constructor arguments
