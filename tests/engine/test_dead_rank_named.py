@@ -2,9 +2,10 @@
 survivor's groups often do not include the dead rank: it learns of the failure only when another
 survivor exits, after the store's host may have gone (ds_hetero/liveness.py).
 
-Distributed, 4 CPU ranks: Qwen3-VL-MoE, vision dp4 + language tp2 dp2 ep2; rank 1 is SIGKILLed in
-its language forward of step 1. Every survivor raises the engine's error naming rank 1, well
-before the timeout. Pure negative control: without heartbeats, the same reports (rank 1 and a
+Distributed: Qwen3-VL-MoE on 4 CPU ranks, vision dp4 + language tp2 dp2 ep2, and with a pipelined
+language stage on 2 ranks (vision dp2 + language pp2); rank 1 is SIGKILLed in its language forward
+of step 1. Every survivor raises the engine's error naming rank 1, well before the timeout (the
+disaggregated placement: tests/engine/test_disaggregated.py). Pure negative control: without heartbeats, the same reports (rank 1 and a
 blocked survivor both silent) name no rank, which is what the survivors said before.
 """
 
@@ -17,7 +18,11 @@ from ds_hetero.testing.launch import run_distributed
 RAISE_WITHIN_S = 15  # after the kill; hetero_parallel.timeout_s is 40
 
 
-def _die_under_ep(rank, world_size, tmp):
+EP = {"vision": {"dp": 4}, "language": {"tp": 2, "dp": 2, "ep": 2}}
+PP = {"vision": {"dp": 2}, "language": {"pp": 2, "dp": 1}}
+
+
+def _die_in_step_1(rank, world_size, tmp, stages):
     import os
     import signal
 
@@ -30,7 +35,7 @@ def _die_under_ep(rank, world_size, tmp):
     config = {"train_batch_size": 8, "zero_optimization": {"stage": 0}, "steps_per_print": 10**6,
               "zero_allow_untested_optimizer": True,
               "hetero_parallel": {"micro_batches": 1, "timeout_s": 40,
-                                  "stages": {"vision": {"dp": 4}, "language": {"tp": 2, "dp": 2, "ep": 2}}}}
+                                  "stages": stages}}
     engine = ds_hetero.initialize(model, config, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3))
     batches = make_batches(model, 2, 8)
     engine.train_batch(batches[0])
@@ -54,12 +59,15 @@ def _die_under_ep(rank, world_size, tmp):
 
 
 @pytest.mark.distributed
-def test_survivors_name_the_rank_killed_under_expert_parallelism(tmp_path):
+@pytest.mark.parametrize("stages", [EP, PP], ids=["tp2 dp2 ep2", "pp2"])
+def test_survivors_name_the_killed_rank(tmp_path, stages):
+    world_size = 4 if stages is EP else 2
     with pytest.raises(AssertionError) as info:
-        run_distributed(_die_under_ep, world_size=4, timeout=240, grace_s=60, tmp=str(tmp_path))
+        run_distributed(_die_in_step_1, world_size=world_size, timeout=240, grace_s=60, tmp=str(tmp_path),
+                        stages=stages)
     report = str(info.value)
     assert "rank 1 died with exit code -9" in report, report
-    for rank in (0, 2, 3):
+    for rank in (r for r in range(world_size) if r != 1):
         section = report.split(f"--- rank {rank} ---")[1].split("--- rank")[0]
         assert f"ds_hetero: rank {rank}" in section and "stopped answering" in section, report
         assert "rank 1 died (e.g. was killed)" in section or "rank 1 left no report" in section, (rank, report)
