@@ -21,11 +21,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import HeteroConfig, load_config
+from .config import ENCODER_STAGES, HeteroConfig, load_config
 from .errors import HeteroConfigError
-from .families import known_encoder_stages
-from .families.meta import BUILTIN, meta_model
 from .validation import check_all
+
+# `validate` of a JSON file imports no torch, DeepSpeed or transformers (a fraction of a second, not
+# 10 s): the model families, the planner and the checkpoint tools are imported where a command needs them.
 
 
 def rank_map(cfg: HeteroConfig) -> str:
@@ -87,8 +88,6 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def _validate(args: argparse.Namespace) -> int:
     from .config import SECTION, read_ds_config
-    from .planner.auto import auto_options, is_auto
-
     from .integrations.ds_config import fill_trainer_auto
     from .integrations.inline import ENV, with_inline_section
 
@@ -97,13 +96,19 @@ def _validate(args: argparse.Namespace) -> int:
         if args.hetero_parallel:  # the section given inline (DS_HETERO_PARALLEL), merged as initialize merges it
             ds = with_inline_section(ds, {ENV: args.hetero_parallel})
         ds = fill_trainer_auto(ds, args.world_size, args.per_device_train_batch_size, max_grad_norm=args.max_grad_norm)
-        if is_auto(ds.get(SECTION)):  # initialize plans it; check what can be checked without the model
-            auto_options(ds[SECTION])
+        section = ds.get(SECTION)
+        maybe_auto = section == "auto" or (isinstance(section, dict) and "auto" in section)
+        if maybe_auto and _planner_auto().is_auto(section):  # initialize plans it; check what can be checked now
+            _planner_auto().auto_options(section)
             print(f"{args.config}: hetero_parallel is auto; initialize plans it on rank 0 "
                   f"(see the choice with: ds-hetero plan --model ... --world-size {args.world_size})")
             return 0
-        cfg = load_config(ds, args.world_size, known_encoder_stages())
-        model = meta_model(args.model) if args.model else None
+        cfg = load_config(ds, args.world_size, ENCODER_STAGES)
+        model = None
+        if args.model:
+            from .families.meta import meta_model
+
+            model = meta_model(args.model)
         check_all(cfg, model, has_client_optimizer=args.client_optimizer)
     except HeteroConfigError as exc:
         print(f"invalid: {exc}", file=sys.stderr)
@@ -116,7 +121,15 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _planner_auto():
+    from .planner import auto  # the planner package imports torch: only for an "auto" section
+
+    return auto
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; given the command (the first argument), only that command's subparser is built, so that
+    `validate` never imports what `plan` and `checkpoint` need (torch, DeepSpeed)."""
     parser = argparse.ArgumentParser(prog="ds-hetero", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     validate = sub.add_parser("validate", help="validate a DeepSpeed config's hetero_parallel section, print the rank map")
@@ -124,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--world-size", type=int, required=True, help="number of ranks the job will run on")
     validate.add_argument("--model", default=None, metavar="NAME_OR_PATH",
                           help="also check the model's shapes against the layouts: a Hugging Face checkpoint "
-                          "directory or config.json, or " + " / ".join(BUILTIN) + " (built on the meta device)")
+                          "directory or config.json, or a built-in tiny model, tiny-<family> as `--model-family` names them "
+                          "(tiny-llava, tiny-qwen3-vl-moe, ...), built on the meta device")
     validate.add_argument("--client-optimizer", action="store_true",
                           help="the job passes initialize(..., optimizer=callable): no \"optimizer\" section needed")
     validate.add_argument("--per-device-train-batch-size", type=int, default=None, metavar="N",
@@ -136,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="the hetero_parallel section from this JSON/YAML file (what DS_HETERO_PARALLEL "
                           "names), for DeepSpeed configs without it")
     validate.set_defaults(func=_validate)
+    if command == "validate":
+        return parser
     from .checkpoint.commands import add_parser as add_checkpoint_parser
 
     add_checkpoint_parser(sub)
@@ -147,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     return args.func(args)
 
 

@@ -38,9 +38,8 @@ def check_engine_support(cfg: HeteroConfig, has_client_optimizer: bool = False) 
                 "barrier over the world group while it is built (stage3.py, partitioning its parameters), which the "
                 "other ranks never join; give the encoder \"zero_stage\": 1 or 2 (the language stage may keep 3)")
     check_stage_options(cfg)
-    from .families import known_encoder_stages
+    from .config import ENCODER_STAGES as known  # the families' names, without importing them (torch)
 
-    known = known_encoder_stages()
     extra = [name for name in cfg.stages if name != cfg.language.name and name not in known]
     if extra:  # with the model, its adapter checks its own stages (check_model)
         raise HeteroConfigError(

@@ -42,9 +42,10 @@ What differs inside that range, and where it is handled (here, so each caller st
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import torch.nn as nn
+if TYPE_CHECKING:  # `import ds_hetero` reads the floor below without importing torch
+    import torch.nn as nn
 
 TRANSFORMERS_FLOOR = "5.13.0"
 
@@ -54,10 +55,14 @@ def check_transformers(installed: str | None = None) -> None:
     e.g. `pip install --no-deps`) is an ImportError naming both versions, not a crash deep in a model."""
     from packaging.version import Version
 
-    if installed is None:
-        import transformers
+    if installed is None:  # the installed distribution's version, without importing transformers (seconds)
+        from importlib.metadata import PackageNotFoundError, version
 
-        installed = transformers.__version__
+        try:
+            installed = version("transformers")
+        except PackageNotFoundError:
+            raise ImportError(f"ds_hetero needs transformers >= {TRANSFORMERS_FLOOR}, which is not installed; "
+                              f"pip install 'transformers>={TRANSFORMERS_FLOOR},<5.24'") from None
     if Version(installed) < Version(TRANSFORMERS_FLOOR):
         raise ImportError(
             f"ds_hetero needs transformers >= {TRANSFORMERS_FLOOR} (found {installed}): the internals it builds "

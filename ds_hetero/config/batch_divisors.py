@@ -59,7 +59,7 @@ def check_global_batch(global_batch: int, divisors: list[Divisor]) -> None:
         message += (" (the least multiple of every stage's divisor: "
                     + ", ".join(f"{d.stage} {d.value}" for d in divisors) + ")")
     if binding.balance == "position":
-        message += (f"; or balance stage {binding.stage!r} by \"tokens\" (hetero_parallel.stages.{binding.stage}.balance "
+        message += (f"; or balance \"tokens\" for stage {binding.stage!r} (hetero_parallel.stages.{binding.stage}.balance "
                     "or hetero_parallel.balance): it then needs only a multiple of its micro_batches, its images going to "
                     "dp ranks by cost")
     raise HeteroConfigError("train_batch_size", message)

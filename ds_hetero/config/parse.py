@@ -19,7 +19,7 @@ from .data_keys import parse_data_keys
 from .pipeline_keys import parse_pipeline
 from .ranks import assign_ranks
 from .read import read_ds_config
-from .stage_options import parse_stage_options
+from .stage_options import ZERO_STAGES, parse_stage_options
 from .trainer_only import refuse_trainer_auto
 from .schema import (BALANCES, DEFAULT_TIMEOUT_S, DERIVED_BATCH_KEYS, LANGUAGE, MAX_TIMEOUT_S,
                      PLACEMENTS, SECTION, SECTION_KEYS, STAGE_KEYS, HeteroConfig)
@@ -75,6 +75,7 @@ def parse_config(ds: Mapping[str, Any], world_size: int, encoder_stages: Sequenc
             f"got {timeout_s!r}")
     refuse_trainer_auto(ds)
     _check_gradient_clipping(ds)
+    _check_zero_stage(ds)
 
     if "train_batch_size" not in ds:
         raise HeteroConfigError(
@@ -263,6 +264,19 @@ def _check_gradient_clipping(ds: Mapping[str, Any]) -> None:
         raise HeteroConfigError(
             "gradient_clipping", f"must be a finite number >= 0 (the all-stage gradient norm to clip to; "
             f"0 turns clipping off), got {value!r}")
+
+
+def _check_zero_stage(ds: Mapping[str, Any]) -> None:
+    """`zero_optimization.stage`: 0-3, an int (every stage's engine without its own `zero_stage` runs it;
+    `HeteroConfig.zero_stage_of` would read 1.5 as 1)."""
+    section = ds.get("zero_optimization")
+    if section is None:
+        return
+    if not isinstance(section, Mapping):
+        raise HeteroConfigError("zero_optimization", f'must be a mapping such as {{"stage": 1}}, got {section!r}')
+    value = section.get("stage", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value not in ZERO_STAGES:
+        raise HeteroConfigError("zero_optimization.stage", f"must be a ZeRO stage 0, 1, 2 or 3, got {value!r}")
 
 
 def _check_derived_batch_keys(ds: Mapping[str, Any], language_micro: int, micro_batches: int) -> None:

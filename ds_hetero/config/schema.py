@@ -45,6 +45,10 @@ SECTION = "hetero_parallel"
 # layout over them): with the language's tp it is Megatron's single layout, the usual baseline.
 PLACEMENTS = ("colocated", "disaggregated", "mixed", "first_stage")
 LANGUAGE = "language"
+# The encoder stages the model families have (families.known_encoder_stages()), named here so that a config
+# is checked without importing the families (torch, transformers); tests/base/test_validate_light.py keeps
+# the two equal.
+ENCODER_STAGES = ("vision", "audio")
 # The encoder stages' names come from the model families (families/ `known_encoder_stages`): parsing is
 # given them (parse_config `encoder_stages`); config keeps no list of its own.
 SECTION_KEYS = ("placement", "micro_batches", "stages", "timeout_s", "balance", "language_batching",

@@ -44,7 +44,7 @@ def test_position_balanced_encoder_binds_and_is_offered_tokens():
     ds["hetero_parallel"]["balance"] = "position"
     text = _error(ds)
     assert "stage 'vision' dp x micro_batches = 4 x 2 = 8; use a multiple of 8 (e.g. 8 or 16)" in text
-    assert 'balance stage \'vision\' by "tokens"' in text
+    assert 'or balance "tokens" for stage \'vision\'' in text
 
 
 def test_least_common_multiple_when_stages_disagree():
