@@ -10,6 +10,14 @@ from ..errors import HeteroConfigError
 from .workload import ATTENTION_KERNELS
 
 
+# Without --machine the step times come from a nominal CPU core, not this machine's: they rank the rows, but a
+# measured step can differ from them by orders of magnitude (700x on a loaded 2-core machine).
+NOMINAL_NOTE = ("note: no --machine given: step times and tokens/s are the nominal cpu profile's (a laptop-class core, "
+                "not this machine): they rank the rows, but measured figures can differ by orders of magnitude; "
+                "--machine calibrate measures this machine once (cached; --recalibrate to measure again), "
+                "--machine h100 / h200 / a100 prices those GPUs")
+
+
 def add_plan_parser(sub, launch=None) -> None:
     """`launch`: how `--trial` measures one candidate (planner/trials.py `Launch`), handed in by the runtime
     (ds_hetero/cli.py: trial_runner.launch_one); None: `--trial` is refused."""
@@ -33,7 +41,8 @@ def add_plan_parser(sub, launch=None) -> None:
                         "attn_implementation and --config's packed_attention (model, the default; sdpa and eager "
                         "per sample unless \"row_mask\"), as a varlen kernel (varlen: one row per rank, each "
                         "sample's own attention), or dense (each row scored whole)")
-    p.add_argument("--machine", default="cpu", help="h100, h200, a100, cpu or calibrate (measure this machine)")
+    p.add_argument("--machine", default=None,
+                   help="h100, h200, a100, cpu or calibrate (measure this machine); default cpu, a nominal profile")
     p.add_argument("--recalibrate", action="store_true", help="with --machine calibrate: measure again")
     p.add_argument("--memory-gb", type=float, help="memory per device (default: the machine's)")
     p.add_argument("--config", help="a DeepSpeed JSON whose other settings (ZeRO, optimizer, bf16, each "
@@ -88,7 +97,12 @@ def run_plan(args: argparse.Namespace) -> int:
 
     try:
         base = read_ds_config(args.config) if args.config else None
-        machine = machine_profile(args.machine, refresh=args.recalibrate,
+        if base is not None:  # the checks `ds-hetero validate` runs, before any of it is dropped
+            from .base_check import check_base
+            from .search import DEFAULT_OPTIMIZER
+
+            check_base(base, args.world_size, args.global_batch, DEFAULT_OPTIMIZER)
+        machine = machine_profile(args.machine or "cpu", refresh=args.recalibrate,
                                   log=lambda m: print(m, file=sys.stderr))
         if base is None:
             base = base_config(None, args.global_batch, args.zero, machine.dtype_bytes == 2)
@@ -110,6 +124,8 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"plan: no valid configuration{f' with language pp {args.pp}' if args.pp else ''} "
               f"({result.stats['reasons']})", file=sys.stderr)
         return 1
+    if args.machine is None:
+        print(NOMINAL_NOTE)
     print(ranked_table(result, args.top))
     print()
     print(breakdown_table(result, args.breakdown))

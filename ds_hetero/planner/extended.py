@@ -49,12 +49,13 @@ from .workload import Workload
 
 
 def extended_one(spec: ModelSpec, wl: Workload, machine: MachineProfile, limit: float | None, base, adapter,
-                 space: SearchSpace, times: dict, client_opt: bool = False, runnable: Iterable[Prediction] = ()
-                 ) -> list[Prediction]:
+                 space: SearchSpace, times: dict, client_opt: bool = False, runnable: Iterable[Prediction] = (),
+                 counts: dict | None = None) -> list[Prediction]:
     """One encoder: Megatron's single layouts (with their cut tuned) and heterogeneous candidates with
     a pipeline, first_stage, recompute or per-stage ZeRO; each runnable when the engine's checks
     accept its config, modelled (priced only) when they refuse it. `runnable`: the enumeration's
-    predictions (their lighter siblings for dominance); `times`: the plan's cache."""
+    predictions (their lighter siblings for dominance); `times`: the plan's cache; `counts["pruned"]`, if
+    given, counts the candidates skipped for a lighter sibling (so the plan's counts add up)."""
     world, placements = space.world_size, space.placements
     ms = ModelledSpace(world, wl.global_batch, spec.language.layers, space.max_tp, wl.zero, space.micro_batches,
                        experts=space.experts)
@@ -68,6 +69,8 @@ def extended_one(spec: ModelSpec, wl: Workload, machine: MachineProfile, limit: 
         out = []
         for c in cands:  # generated with each feature off before on, so the lighter siblings come first
             if dominance.dominated(c):
+                if counts is not None:
+                    counts["pruned"] = counts.get("pruned", 0) + 1
                 continue
             pred = predict(c, spec, wl, machine, limit, runnable=verdicts.accepts(c), cache=times)
             dominance.record(pred)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from .cost import Prediction
 from .language_mix import language_load, shards
 from .search import Plan
@@ -10,7 +12,26 @@ PARTS = ("compute", "tp", "cp", "dp", "optimizer", "pipeline p2p", "boundary", "
 
 
 def _gb(x: float) -> str:
-    return f"{x / 1e9:.2f}" if x >= 1e7 else f"{x / 1e6:.1f}M"
+    """Bytes as GB, always GB (a tiny model's 7.1 MB is 0.0071, not "7.1M" in a GB column), two significant
+    digits below 1 GB, never in exponent notation."""
+    gb = x / 1e9
+    if gb >= 0.1 or gb == 0:
+        return f"{gb:.2f}"
+    return f"{gb:.{1 - math.floor(math.log10(gb))}f}"
+
+
+def counts_line(st) -> str:
+    """What the search considered, in parts that add up to the total (search.py keeps them so)."""
+    return (f"{st['generated']} configurations considered: {st['runnable']} runnable (the engine's checks accept "
+            f"them today), {st.get('modelled', 0)} modelled only (priced by the cost model; the engine's checks refuse "
+            f"them today, e.g. cp with a pipeline, ZeRO 3 with a pipeline, Megatron's encoder replicated over cp), "
+            f"{st['rejected']} refused by the engine's checks, {st.get('pruned', 0)} skipped (the same layout "
+            f"without its recompute or per-stage ZeRO fits, runs and is at least as fast); cp > 1 {'on' if st['cp'] else 'off'}, "
+            f"sequence parallelism {'on' if st['sequence_parallel'] else 'off'}")
+
+
+MEMORY_NOTE = ("peak GB/rank: the most memory one rank holds during the step (weights, gradients, optimizer state, "
+               "activations), in GB; two figures a/b: the encoder's ranks / the language's (disaggregated)")
 
 
 def _time(s: float) -> str:
@@ -29,11 +50,8 @@ def ranked_table(plan: Plan, top: int = 10) -> str:
         f"{wl.dtype_bytes}-byte dtype" + (f"; {wl.freeze.describe()} (the config's freeze, in every row)"
                                           if wl.freeze.describe() else ""),
         f"machine {plan.machine.name}: {plan.machine.source}",
-        f"{st['generated']} configurations generated, {st.get('runnable', len(plan.predictions))} runnable "
-        f"(the engine's checks accept them today; cp > 1 {'on' if st['cp'] else 'off'}, sequence parallelism "
-        f"{'on' if st['sequence_parallel'] else 'off'}), {st.get('modelled', 0)} modelled only (priced by the "
-        "cost model; the engine's checks refuse them today, e.g. cp with a pipeline, ZeRO 3 with a pipeline, Megatron's "
-        "encoder replicated over cp)",
+        counts_line(st),
+        MEMORY_NOTE,
         "",
     ]
     head = f"{'#':>3} {'runs':<8} {'placement':<13} {'layout':<46} {'step':>10} {'tokens/s':>10} " \
@@ -77,11 +95,10 @@ def _ranked_table_several(plan: Plan, top: int = 10) -> str:
         f"model {spec.family}: {encoders}; language {spec.language.params() / 1e6:.3g}M params; seq {wl.seq_len}, "
         f"global batch {wl.global_batch}, ZeRO {wl.zero}, {wl.dtype_bytes}-byte dtype",
         f"machine {plan.machine.name}: {plan.machine.source}",
-        f"{st['generated']} configurations generated, {st['runnable']} accepted by the engine's checks (cp > 1 "
-        f"{'on' if st['cp'] else 'off'}, sequence parallelism {'on' if st['sequence_parallel'] else 'off'}; "
-        f"language pipelines, first_stage, fewer encoder passes, recompute, per-stage ZeRO "
-        f"{'on' if st.get('extended') else 'off'}), {st.get('pruned', 0)} with recompute or a per-stage ZeRO "
-        "skipped (the same without it fits and runs)",
+        counts_line(st) + f"; language pipelines, first_stage, fewer encoder passes, recompute, per-stage ZeRO "
+        f"{'on' if st.get('extended') else 'off'}",
+        MEMORY_NOTE.replace("a/b: the encoder's ranks / the language's", "a/b/...: each rank set's, in the layout's "
+                            "order"),
         "",
     ]
     head = (f"{'#':>3} {'placement':<13} {'layout (each encoder, L = language)':<60} {'step':>10} {'tokens/s':>10} "

@@ -174,11 +174,12 @@ def _search_one(space, spec, wl, machine, limit, base, adapter, client_opt, mode
     candidates, stats = enumerate_candidates(space, base, adapter, client_opt)
     cache: dict = {}
     preds = [predict(c, spec, wl, machine, limit, cache=cache) for c in candidates]
-    stats["runnable"] = len(preds)
+    stats["runnable"], stats["pruned"] = len(preds), 0
     if modelled:
-        extended = extended_one(spec, wl, machine, limit, base, adapter, space, cache, client_opt, preds)
+        extended = extended_one(spec, wl, machine, limit, base, adapter, space, cache, client_opt, preds, stats)
         preds += extended
         stats["runnable"] += sum(p.runnable for p in extended)
+        stats["generated"] += len(extended) + stats["pruned"]  # every candidate considered is counted once
     stats["modelled"] = len(preds) - stats["runnable"]
     return preds, stats
 
@@ -197,6 +198,7 @@ def _search_several(space, spec, wl, machine, limit, base, adapter, client_opt, 
         preds += more
         for key in ("generated", "rejected", "pruned"):
             stats[key] += extra[key]
+        stats["generated"] += extra["pruned"]  # skipped before extended_several counts them: counted once here
         for field, n in extra["reasons"].items():
             stats["reasons"][field] = stats["reasons"].get(field, 0) + n
     stats["runnable"], stats["modelled"], stats["extended"] = len(preds), 0, modelled
