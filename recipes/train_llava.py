@@ -273,8 +273,9 @@ def main(argv=None) -> int:
     clock.done("dataset ready")
     config = args.deepspeed_config
     if args.data_workers is not None:  # the one key this option sets; the rest of the config as given
-        with open(config) as f:
-            config = json.load(f)
+        from ds_hetero.config import read_ds_config
+
+        config = read_ds_config(config)  # a syntax error named with its file, line and column
         config.setdefault("hetero_parallel", {})["data_workers"] = args.data_workers
     engine = ds_hetero.initialize(model, config, training_data=dataset, weights=weights,
                                   seed=args.seed)  # the data order too, as the Trainer recipe does
