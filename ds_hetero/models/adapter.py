@@ -212,8 +212,16 @@ class StageAdapter:
                                  plans=self.tp_plans)
         if groups["language"].is_member and cfg.packed and self.packed_attention(cfg.packed_attention) == PER_SAMPLE:
             apply_per_sample_attention(self.model.get_decoder())  # before the shards' wrapper, which calls it
+        if groups["language"].is_member and cfg.packed:
+            self.separate_packed_samples(self.model.get_decoder())
         if groups["language"].is_member and is_sharded(language):
             apply_sequence_sharded_attention(self.model.get_decoder(), groups["language"].cp)
+
+    def separate_packed_samples(self, decoder: nn.Module) -> None:
+        """Keep the samples of a packed row apart in what attention does not cover: a family whose
+        decoder layers carry state along the sequence (Qwen3.5's Gated DeltaNet) makes them restart
+        at every sample (in place). Here nothing: attention alone mixes positions, and packing keeps
+        it per sample (models/per_sample_attention.py, models/packing.py)."""
 
     def language_cost(self, tokens: int) -> int:
         """One decoder layer's work on a sample of `tokens` tokens (packed batching balances it,

@@ -81,10 +81,13 @@ def _unpack(logits, rows_of_samples):
     return out
 
 
-REFUSED = {"gemma3", "qwen3_5"}  # adapter.PACKING_REFUSED: packed rows differ from their samples alone
+REFUSED = {"gemma3"}  # adapter.PACKING_REFUSED: packed rows differ from their samples alone
+# packed only with the rows' segments passed to every layer (its Gated DeltaNet restarts at each):
+# tests/families/test_qwen3_5_packed_rows.py
+SEGMENTED = {"qwen3_5"}
 
 
-@pytest.mark.parametrize("family", sorted(set(FAMILIES) - REFUSED))
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) - REFUSED - SEGMENTED))
 @torch.no_grad()
 def test_packed_rows_equal_each_sample_alone(family):
     model, samples = FAMILIES[family]()

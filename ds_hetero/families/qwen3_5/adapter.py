@@ -6,6 +6,12 @@
                Gated DeltaNet (linear attention: a gated delta-rule recurrence over the sequence, with
                a short causal depthwise conv before it), the 4th full attention with an output gate
 
+Packed rows (`language_batching` "packed"): the full-attention layers attend per sample
+(models/per_sample_attention.py) and every Gated DeltaNet layer restarts its convolution and its
+recurrence at every sample of a row (packed_deltanet.py), both from the row's `packed_segments`;
+so packing takes the per-sample attention (sdpa or eager), the one path that hands the decoder
+those segments ("row_mask" and a varlen attention kernel are refused by name).
+
 Samples and M-RoPE positions as Qwen2-VL's (`get_rope_index` of the model, handed to the language
 stage as `position_ids`). The decoder builds one mask per layer type (`layer_types`): a pipeline
 chunk's config lists its own layers' types (pipeline_parallel/chunk.py `chunk_config`), and the
@@ -27,7 +33,9 @@ import torch
 from torch import nn
 
 from ...models.language_stage import LanguageStage
+from ...models.per_sample_attention import PER_SAMPLE
 from ..qwen2_vl.adapter import Qwen2VLAdapter, Qwen2VLVisionStage
+from .packed_deltanet import apply_segmented_deltanet
 
 
 class Qwen3_5VisionStage(Qwen2VLVisionStage):
@@ -49,11 +57,9 @@ def linear_attention_layers(text_config) -> list[int]:
 class Qwen3_5Adapter(Qwen2VLAdapter):
     """Samples as for Qwen2-VL: `pixel_values` [patches, D] and `image_grid_thw` [n, 3], or neither."""
 
-    # Its Gated DeltaNet layers run a causal conv and a recurrence along the whole row: the state of
-    # one sample flows into the next (the reference kernels on CPU take no per-sample boundaries
-    # from packed positions); a packed row did not equal its samples alone (tests/step/test_packing_rows.py)
-    PACKING_REFUSED = ("its Gated DeltaNet (linear attention) layers carry their convolution and recurrent state "
-                       "across the samples of a packed row")
+    def separate_packed_samples(self, decoder: nn.Module) -> None:
+        """Every Gated DeltaNet layer restarts its convolution and recurrence at each packed sample."""
+        apply_segmented_deltanet(decoder)
 
     @staticmethod
     def tower_width(vision_config) -> tuple[int, int]:
@@ -61,7 +67,8 @@ class Qwen3_5Adapter(Qwen2VLAdapter):
 
     def check_layouts(self, cfg) -> None:
         """Refuse a sequence-sharded language stage (cp, or sequence parallelism) when the decoder has
-        Gated DeltaNet layers: their recurrent state runs over the whole sequence (module docstring)."""
+        Gated DeltaNet layers: their recurrent state runs over the whole sequence (module docstring);
+        and packed rows attended otherwise than per sample (their segments would not reach those layers)."""
         from ...config import SECTION
         from ...errors import HeteroConfigError
 
@@ -81,6 +88,16 @@ class Qwen3_5Adapter(Qwen2VLAdapter):
                 "full sequence's 4-D mask, but its Gated DeltaNet (linear-attention) layers need the whole "
                 "sequence's padding mask and its gated attention has no sequence-sharded path; set "
                 "sequence_parallel false")
+        mode = self.packed_attention(cfg.packed_attention) if cfg.packed else PER_SAMPLE
+        if linear and mode != PER_SAMPLE:
+            kernel = self.model.config.text_config._attn_implementation
+            raise HeteroConfigError(
+                f"{SECTION}.packed_attention",
+                f"Qwen3.5 packs with per-sample attention only (here {mode!r}, "
+                f"attention kernel {kernel!r}): its Gated DeltaNet layers restart at every sample of a packed row from "
+                f"the row's sample lengths, which only the per-sample path hands to the decoder; load the model with "
+                f"attn_implementation \"sdpa\" or \"eager\" and remove packed_attention, or use language_batching "
+                f"\"samples\"")
         super().check_layouts(cfg)
 
     def split(self) -> dict[str, nn.Module]:
