@@ -122,9 +122,11 @@ def reference_train(family, model, batches, make_optimizer, clip, wrong=False):
 
 
 def train_family(rank, world_size, family, layout, zero_stage, steps, clip, optimizer="adamw", micro_batches=2,
-                 batch_size=8, placement="colocated", hetero=None, wrong=False, model_kw=None, evaluate=False):
+                 batch_size=8, placement="colocated", hetero=None, wrong=False, model_kw=None, evaluate=False,
+                 inspect=None):
     """`model_kw`: arguments of the tiny model's builder; `evaluate`: also `eval_batch` on the first
-    batch before training (`eval_loss`, to compare with the reference's first loss)."""
+    batch before training (`eval_loss`, to compare with the reference's first loss); `inspect(engine)`
+    -> more result entries (it runs before training, its dict is read after)."""
     import ds_hetero
 
     lr = 1e-3 if optimizer == "adamw" else 0.5
@@ -144,6 +146,7 @@ def train_family(rank, world_size, family, layout, zero_stage, steps, clip, opti
     reference = copy.deepcopy(model)
     batches = make_batches(family, model, steps, batch_size)
     engine = ds_hetero.initialize(model, config, optimizer=make_optimizer)
+    extra = inspect(engine) if inspect is not None else {}
     eval_loss = engine.eval_batch(batches[0]) if evaluate else None
     results = [engine.train_batch(samples) for samples in batches]
     got = full_named_parameters(engine)
@@ -154,6 +157,7 @@ def train_family(rank, world_size, family, layout, zero_stage, steps, clip, opti
         "weight_err": max_rel_err(got, {n: p.detach() for n, p in reference.named_parameters()}),
         "boundary": [(r.boundary_bytes_total, r.boundary_bytes_lower_bound) for r in results],
         "row_bytes": engine.adapter.hidden_size * 4,  # fp32 rows; Qwen3-VL: merged + every DeepStack level
+        **extra,
     }
     if evaluate:
         out["eval_loss"] = eval_loss

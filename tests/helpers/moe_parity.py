@@ -142,10 +142,12 @@ def _expert_partition(engine):
 
 
 def train_moe(rank, world_size, layout, micro_batches=1, steps=5, batch_size=8, control=None, model_kw=None,
-              zero_stage=0, hetero=None, reference_micro_batches=None, evaluate=False, family="qwen3_vl_moe"):
+              zero_stage=0, hetero=None, reference_micro_batches=None, evaluate=False, family="qwen3_vl_moe",
+              inspect=None):
     """`reference_micro_batches`: the reference's aux-loss rule computed for another micro-batch
     count (a negative control of the several-micro-batch rule). `evaluate`: also `eval_batch` of
-    the first batch after training, against the trained reference's loss on it by the same rule."""
+    the first batch after training, against the trained reference's loss on it by the same rule.
+    `inspect(engine)` -> more result entries (it runs before training, its dict is read after)."""
     import ds_hetero
 
     def make_optimizer(params):  # eps 1e-4: see ds_hetero/testing/parity.py
@@ -170,6 +172,7 @@ def train_moe(rank, world_size, layout, micro_batches=1, steps=5, batch_size=8, 
     engine = ds_hetero.initialize(model, config, optimizer=make_optimizer)
     if control is not None:
         apply_control(engine, control)
+    extra = inspect(engine) if inspect is not None else {}
     results = [engine.train_batch(samples) for samples in batches]
     partition = _expert_partition(engine)
     # what this rank's language stage holds (tp shards, E / ep experts), as the planner counts it
@@ -186,6 +189,7 @@ def train_moe(rank, world_size, layout, micro_batches=1, steps=5, batch_size=8, 
         "weight_err": _worst(parts, {n: p.detach() for n, p in reference.named_parameters()}),
         "n_params": len(dict(reference.named_parameters())),
         "expert_partition": partition, "language_params": local,
+        **extra,
     }
     if evaluate:
         from ds_hetero.families import adapter_for
