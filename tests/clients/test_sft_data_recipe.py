@@ -96,6 +96,10 @@ def test_first_step_loss_equals_one_hf_process(runs, name):
     assert abs(got - want) <= REL * abs(want), (got, want)
     if name == "qwen2-vl":
         assert len(dataset) == 48 and [e.row for e in dataset.skipped] == [3, 49]
+        # the layout line names the data source with its rows read and skipped (reporting/layout_line.py)
+        assert summary["layout"].endswith("with_bad_rows.json, 50 rows read, 2 skipped"), summary["layout"]
+    else:
+        assert summary["layout"].endswith("shapes_messages.jsonl, 48 rows read, 0 skipped"), summary["layout"]
     # negative controls: labels on every token, or the next step's batch, fail the check. At the seeded
     # random init every token's loss is near ln(vocab), so they differ by 1.1e-4..2.9e-3 relative (measured).
     for kwargs in ({"all_tokens": True}, {"step": 1}):
