@@ -11,6 +11,9 @@ A family's home is its folder, ds_hetero/families/<family>/:
     shapes.py    the planner's shapes of the model (models/shapes.py's records) read from its Hugging Face
                  config, one reader per HF `model_type` (`SHAPES`; planner/model_spec.py looks them up)
     __init__.py  the `FAMILY` record below, which the registry (families/__init__.py) lists in one line
+
+and, where the family needs one, a file per concept of its own (gemma4/media.py: its media fields;
+qwen3_5/packed_deltanet.py: its linear-attention layers restarted at every sample of a packed row).
 """
 
 from __future__ import annotations
