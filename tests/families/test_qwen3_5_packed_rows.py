@@ -11,7 +11,9 @@ restarts its convolution and recurrence at every sample of a packed row.
   attention, the segmented Gated DeltaNet): every sample's logits and the loss equal the sample's
   own unpacked forward (1e-5); with the stock Gated DeltaNet layers they do not.
 - The varlen-kernel path's boundaries (`cu_seqlens`, `seq_idx`), and that without the kernels it
-  refuses (transformers' torch fallbacks raise on them) rather than leak state silently.
+  refuses (transformers' torch fallbacks raise on them) rather than leak state silently; through
+  stand-in kernels that honour those boundaries (the model file's torch functions per sample) it
+  equals each sample alone: the keywords reach the kernels, on one flattened sequence.
 - `ds-hetero validate` and `initialize` agree: packed Qwen3.5 is valid; packed with "row_mask" and
   packed with cp 2 are refused by both, naming the same field.
 """
@@ -63,7 +65,7 @@ def _alone(layer, x):
 
 
 def _rel(a, b):
-    return float((a - b).abs().max() / b.abs().max())
+    return float((a - b).detach().abs().max() / b.detach().abs().max())
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
@@ -107,6 +109,50 @@ def test_varlen_boundaries_and_no_silent_fallback():
     # without flash-linear-attention / causal-conv1d, transformers' torch fallbacks refuse the boundaries
     with pytest.raises(ValueError, match="packed sequences"):
         segmented_forward(layer, x, packed_segments=SEGMENTS, use_varlen=True)
+
+
+def _boundary_kernels(monkeypatch, seen):
+    """Stand-ins for causal-conv1d and flash-linear-attention with their boundary semantics (`seq_idx`:
+    each position's sample; `cu_seqlens`: the samples' starts), made of the model file's own torch
+    functions run per sample: what the varlen path hands the kernels, checked on a CPU."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+
+    conv, rule = hf.causal_conv1d_fn, hf.torch_chunk_gated_delta_rule
+
+    def conv_with_seq_idx(x, weight, bias=None, activation=None, seq_idx=None, **_):
+        seen["seq_idx"] = seq_idx
+        ids = seq_idx[0].tolist()
+        cuts = [i for i in range(1, len(ids)) if ids[i] != ids[i - 1]] + [len(ids)]
+        parts, start = [], 0
+        for end in cuts:
+            parts.append(conv(x[..., start:end], weight, bias, activation=activation))
+            start = end
+        return torch.cat(parts, dim=-1)
+
+    def rule_with_cu_seqlens(query, key, value, g, beta, cu_seqlens=None, **kw):
+        seen["cu_seqlens"] = cu_seqlens
+        assert query.shape[0] == 1  # the kernels take boundaries on one flattened sequence
+        kw = {k: v for k, v in kw.items() if k in ("initial_state", "output_final_state", "use_qk_l2norm_in_kernel")}
+        bounds = cu_seqlens.tolist()
+        outs = [rule(*(t[:, a:b] for t in (query, key, value, g, beta)), **kw)[0] for a, b in zip(bounds, bounds[1:])]
+        return torch.cat(outs, dim=1), None
+
+    monkeypatch.setattr(hf, "causal_conv1d_fn", conv_with_seq_idx)
+    monkeypatch.setattr(hf, "torch_chunk_gated_delta_rule", rule_with_cu_seqlens)
+
+
+def test_varlen_path_hands_the_kernels_each_samples_bounds(monkeypatch):
+    """The varlen path (rows flattened, `cu_seq_lens_q` and `seq_idx` to the layer) through stand-in
+    kernels that honour the bounds equals each sample alone: the keywords reach the kernels, as one
+    sequence, in the layouts they take."""
+    layer = _layer()
+    x = torch.randn(2, LENGTH, layer.hidden_size, dtype=torch.float64)
+    want = _alone(layer, x)
+    seen = {}
+    _boundary_kernels(monkeypatch, seen)
+    got = segmented_forward(layer, x, packed_segments=SEGMENTS, use_varlen=True)
+    assert _rel(got, want) < 1e-12
+    assert seen["cu_seqlens"].tolist() == [0, 5, 75, 78, 87, 147, 156] and seen["seq_idx"].shape == (1, 2 * LENGTH)
 
 
 def _stage(family, segmented=True):

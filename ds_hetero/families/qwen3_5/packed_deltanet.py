@@ -81,10 +81,11 @@ def segments_as_batch(hidden: torch.Tensor, segments: Sequence[Sequence[int]]
 def segmented_forward(module: nn.Module, hidden_states: torch.Tensor, cache_params=None,
                       attention_mask: torch.Tensor | None = None,
                       packed_segments: Sequence[Sequence[int]] | None = None, use_varlen: bool | None = None,
-                      **kwargs) -> torch.Tensor:
+                      kernels_installed: bool = False, **kwargs) -> torch.Tensor:
     """The layer's own forward, restarted at every segment of `packed_segments` (module docstring).
-    `use_varlen`: force a path (tests); default the varlen kernels where they import and the row
-    is on a GPU."""
+    `use_varlen`: force a path (tests); by default the varlen kernels when they are installed
+    (`kernels_installed`, looked up once when the forward was given to the layer) and the row is on
+    a GPU."""
     stock = type(module).forward
     if packed_segments is None:
         return stock(module, hidden_states, cache_params=cache_params, attention_mask=attention_mask, **kwargs)
@@ -94,7 +95,7 @@ def segmented_forward(module: nn.Module, hidden_states: torch.Tensor, cache_para
     rows, length, width = hidden_states.shape
     check_segments(packed_segments, rows, length)
     if use_varlen is None:
-        use_varlen = hidden_states.is_cuda and has_varlen_kernels()
+        use_varlen = kernels_installed and hidden_states.is_cuda
     if use_varlen:
         cu_seqlens, seq_idx = varlen_arguments(packed_segments, hidden_states.device)
         out = stock(module, hidden_states.reshape(1, rows * length, width), cu_seq_lens_q=cu_seqlens,
@@ -108,11 +109,10 @@ def segmented_forward(module: nn.Module, hidden_states: torch.Tensor, cache_para
 def apply_segmented_deltanet(decoder: nn.Module) -> int:
     """Give every Gated DeltaNet module of `decoder` the segmented forward (in place, per instance:
     the class and every other model are untouched; idempotent); returns how many there are."""
-    count = 0
+    count, installed = 0, has_varlen_kernels()  # an import attempt per call would cost every layer's forward
     for module in filter(is_gated_deltanet, decoder.modules()):
-        forward = module.__dict__.get("forward")
-        if not (isinstance(forward, functools.partial) and forward.func is segmented_forward):
-            module.forward = functools.partial(segmented_forward, module)
+        if not restarts_per_sample(module):
+            module.forward = functools.partial(segmented_forward, module, kernels_installed=installed)
         count += 1
     return count
 
