@@ -32,7 +32,7 @@ def add_plan_parser(sub, launch=None) -> None:
     p.add_argument("--rows", action="append", default=[], metavar="STAGE=N",
                    help="a model with several encoders: boundary rows per sample of encoder STAGE (repeat per "
                         "encoder; --image-tokens gives the vision stage's)")
-    p.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step")
+    p.add_argument("--global-batch", type=int, help="samples per optimizer step (required unless --price)")
     p.add_argument("--lengths", metavar="FILE|sft[:SEED[:SCALE]]",
                    help="a length mix: language tokens per sample of the batch (a file of integers, or the seeded "
                         "SFT-shaped mix of toy/length_mix.py), priced as --config's language_batching cuts it")
@@ -67,6 +67,12 @@ def add_plan_parser(sub, launch=None) -> None:
                         "machine and re-rank them by measured step time (tiny-* models or a checkpoint)")
     p.add_argument("--trial-steps", type=int, default=3, help="steps per trial (the first is not timed)")
     p.add_argument("--write", help="write the top pick as a DeepSpeed JSON here")
+    p.add_argument("--price", metavar="CONFIG.json",
+                   help="no search: price exactly the layout of this DeepSpeed JSON's hetero_parallel section (checked "
+                        "as `ds-hetero validate CONFIG --model M`; the global batch is its train_batch_size, "
+                        "--global-batch must agree when given): step time, TFLOP/s per GPU (whole model and "
+                        "language only), tokens/s per GPU, memory per rank, the breakdown")
+    p.add_argument("--json", action="store_true", help="with --price: print the figures as one JSON object")
     p.set_defaults(func=run_plan, launch=launch)
 
 
@@ -89,12 +95,48 @@ def read_lengths(source: str | None, global_batch: int) -> list[int] | None:
         raise ValueError(f"--lengths {source}: {exc} (give a file of integer sample lengths, or sft[:SEED])") from exc
 
 
+def run_price(args: argparse.Namespace) -> int:
+    """`--price CONFIG.json`: one layout's figures, as text or JSON (planner/price.py)."""
+    import json
+
+    from ..config import read_ds_config
+    from .calibrate import machine_profile
+    from .price import price, priced_text
+
+    try:
+        ds = read_ds_config(args.price)
+        batch = ds.get("train_batch_size")
+        if args.global_batch is not None and batch != args.global_batch:
+            raise ValueError(f"--global-batch {args.global_batch} but {args.price} has train_batch_size {batch!r}")
+        machine = machine_profile(args.machine or "cpu", refresh=args.recalibrate,
+                                  log=lambda m: print(m, file=sys.stderr))
+        lengths = read_lengths(args.lengths, batch) if isinstance(batch, int) else None
+        priced = price(args.model, ds, args.world_size, args.seq_len, machine, args.image_tokens, args.encoder_tokens,
+                       parse_rows(args.rows), lengths, args.attention, args.memory_gb)
+    except (HeteroConfigError, ValueError) as exc:
+        print(f"plan: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({**priced.as_dict(), "machine": machine.name}, indent=1))
+        return 0
+    if args.machine is None:
+        print(NOMINAL_NOTE)
+    print(priced_text(priced))
+    return 0
+
+
 def run_plan(args: argparse.Namespace) -> int:
     from ..config import read_ds_config
     from .calibrate import machine_profile
     from .report import breakdown_table, ranked_table
     from .search import base_config, plan, write_config
 
+    if args.price:
+        return run_price(args)
+    if args.global_batch is None:
+        print("plan: --global-batch is required (unless --price CONFIG.json, whose train_batch_size is used)",
+              file=sys.stderr)
+        return 1
     try:
         base = read_ds_config(args.config) if args.config else None
         if base is not None:  # the checks `ds-hetero validate` runs, before any of it is dropped

@@ -134,6 +134,27 @@ def plan(model: Any, world_size: int, seq_len: int, image_tokens: int | None, gl
     spec = model_spec(hf_config)
     several = len(spec.encoders) > 1
     base = base_config(base, global_batch, None, machine.dtype_bytes == 2 and not base)
+    wl = workload_of(spec, adapter, base, seq_len, image_tokens, global_batch, encoder_tokens, rows, lengths,
+                     attention)
+    max_tp = max_tp or min(world_size, machine.devices_per_node)
+    default = ("colocated", "disaggregated", "mixed") if several else ("colocated", "disaggregated")
+    space = SearchSpace(world_size=world_size, global_batch=global_batch, max_tp=max_tp,
+                        placements=placements or default, micro_batches=micro_batches,
+                        node_size=machine.devices_per_node if machine.devices_per_node < world_size else 0,
+                        batch_slack=batch_slack, experts=spec.language.experts)
+    limit = memory_gb * 1e9 if memory_gb is not None else None
+    search = _search_several if several else _search_one
+    preds, stats = search(space, spec, wl, machine, limit, base, adapter, has_client_optimizer, modelled)
+    preds.sort(key=lambda p: (not p.fits, -p.tokens_per_s))
+    return Plan(preds, spec, wl, machine, base, stats)
+
+
+def workload_of(spec: ModelSpec, adapter, base: Mapping[str, Any], seq_len: int, image_tokens: int | None,
+                global_batch: int, encoder_tokens: int | None = None, rows: Mapping[str, int] | None = None,
+                lengths: Sequence[int] | None = None, attention: str = "model") -> Workload:
+    """The workload `plan` and `--price` price: lengths, each encoder's rows, the base config's dtype, ZeRO
+    stage, freeze and language batching (one place, so a priced layout and a planned one see the same)."""
+    several = len(spec.encoders) > 1
     freeze = resolve_freeze(base.get(SECTION), adapter)
     batching, budget = parse_language_batching(base.get(SECTION) or {})
     choice = parse_packed_attention(base.get(SECTION) or {}, batching)
@@ -149,24 +170,14 @@ def plan(model: Any, world_size: int, seq_len: int, image_tokens: int | None, gl
                       dtype_bytes=dtype_bytes(base), zero=zero_stage(base), freeze=freeze,
                       rows=tuple(enc_rows.items()), **mix)
         wl.check_lengths()
-    else:
-        if rows:
-            raise ValueError("--rows is for models with several encoders; this one has one: use --image-tokens")
-        wl = Workload(seq_len=seq_len, image_tokens=image_tokens_of(spec, image_tokens, encoder_tokens),
-                      global_batch=global_batch, dtype_bytes=dtype_bytes(base), zero=zero_stage(base), freeze=freeze,
-                      **mix)
-        wl.check(spec)
-    max_tp = max_tp or min(world_size, machine.devices_per_node)
-    default = ("colocated", "disaggregated", "mixed") if several else ("colocated", "disaggregated")
-    space = SearchSpace(world_size=world_size, global_batch=global_batch, max_tp=max_tp,
-                        placements=placements or default, micro_batches=micro_batches,
-                        node_size=machine.devices_per_node if machine.devices_per_node < world_size else 0,
-                        batch_slack=batch_slack, experts=spec.language.experts)
-    limit = memory_gb * 1e9 if memory_gb is not None else None
-    search = _search_several if several else _search_one
-    preds, stats = search(space, spec, wl, machine, limit, base, adapter, has_client_optimizer, modelled)
-    preds.sort(key=lambda p: (not p.fits, -p.tokens_per_s))
-    return Plan(preds, spec, wl, machine, base, stats)
+        return wl
+    if rows:
+        raise ValueError("--rows is for models with several encoders; this one has one: use --image-tokens")
+    wl = Workload(seq_len=seq_len, image_tokens=image_tokens_of(spec, image_tokens, encoder_tokens),
+                  global_batch=global_batch, dtype_bytes=dtype_bytes(base), zero=zero_stage(base), freeze=freeze,
+                  **mix)
+    wl.check(spec)
+    return wl
 
 
 def _search_one(space, spec, wl, machine, limit, base, adapter, client_opt, modelled):
