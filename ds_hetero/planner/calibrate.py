@@ -4,7 +4,10 @@
 
 What is measured (well under a minute on a quiet machine):
 - GEMMs: the given [m,k]x[k,n] shapes (the planner passes the model's own), one thread per
-  process like the training ranks, fitted as t = overhead + 2mkn / rate;
+  process like the training ranks, fitted as t = overhead + 2mkn / rate; and the rate against
+  the GEMM's smallest dimension (`CURVE_DIMS`, the other two 512): the profile's `gemm_curve`,
+  so that a narrow GEMM (a small tower's 1152 / tp columns, a head's 64-wide products) is priced
+  at the rate this machine reaches on that shape, not at the large GEMMs' rate;
 - the overhead of one operator call (tiny tensors, autograd recording);
 - memory bandwidth: a large tensor copy;
 - all_reduce, all_gather and all_to_all over groups of 2 (all pairs at once) and `world` ranks,
@@ -32,6 +35,8 @@ from .machine import PROFILES, MachineProfile, named_profile
 SIZES = (4 * 1024, 256 * 1024, 4 * 1024 * 1024)  # bytes per collective
 KINDS = ("all_reduce", "all_gather", "all_to_all")
 DEFAULT_SHAPES = ((256, 256, 256), (1024, 256, 768), (2048, 512, 512), (4096, 256, 1024), (64, 64, 64))
+CURVE_DIMS = (8, 16, 32, 64, 128, 256, 512)  # the smallest dimension of the measured curve's GEMMs
+CURVE_OTHER = 512  # the other two dimensions
 
 
 def cache_path(backend: str, devices: int) -> str:
@@ -91,6 +96,37 @@ def measure_gemms(shapes, device: str = "cpu") -> tuple[float, float]:
             points.append((2.0 * m * k * n, _timed(run)))
         overhead, per_flop = _fit(points)
         return overhead, 1.0 / per_flop if per_flop else max(f / t for f, t in points)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def measure_gemm_curve(device: str = "cpu", dims=CURVE_DIMS) -> tuple[tuple[int, float], ...]:
+    """((d, FLOP/s), ...): one thread's rate on [512, d] x [d, 512], [d, 512] x [512, 512] and
+    [512, 512] x [512, d] (the median of the three), ascending in d, never above a larger d's."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        dtype = torch.float32 if device == "cpu" else torch.bfloat16
+        big, curve = CURVE_OTHER, []
+        for d in dims:
+            rates = []
+            for m, k, n in ((big, d, big), (d, big, big), (big, big, d)):
+                a = torch.randn(m, k, device=device, dtype=dtype)
+                b = torch.randn(k, n, device=device, dtype=dtype)
+
+                def run():
+                    torch.mm(a, b)
+                    if device != "cpu":
+                        torch.cuda.synchronize()
+
+                rates.append(2.0 * m * k * n / _timed(run))
+            curve.append((d, statistics.median(rates)))
+        # noise on a shared machine can make a narrow GEMM measure faster than a wider one: keep it monotone
+        for i in range(len(curve) - 2, -1, -1):
+            curve[i] = (curve[i][0], min(curve[i][1], curve[i + 1][1]))
+        return tuple(curve)
     finally:
         torch.set_num_threads(threads)
 
@@ -221,13 +257,16 @@ def calibrate(shapes=None, world: int | None = None) -> MachineProfile:
     world = world or devices
     device = "cuda" if backend == "nccl" else "cpu"
     _, rate = measure_gemms(shapes or DEFAULT_SHAPES, device)
+    curve = measure_gemm_curve(device)
+    # the fitted rate is the large GEMMs': the curve's widest point never exceeds it
+    curve = tuple((d, min(r, rate)) for d, r in curve)
     op = measure_op_overhead(device)
     bw = measure_memory_bw(device)
     fits = measure_collectives(backend, world)
     base = PROFILES["cpu"] if backend == "gloo" else PROFILES["h100"]
     return base.with_calibration(
         name=f"calibrated {backend}", peak_flops=rate, gemm_efficiency=1.0, memory_bw=bw, gemm_fit=(op, rate),
-        collectives=fits, op_overhead=op,
+        gemm_curve=curve, collectives=fits, op_overhead=op,
         compute_units=len(os.sched_getaffinity(0)) if backend == "gloo" else 0,
         source=f"measured on {socket.gethostname()} ({backend}, {world} ranks) at {time.strftime('%Y-%m-%d %H:%M')}",
     )
@@ -243,6 +282,7 @@ def _from_json(d: dict) -> MachineProfile:
     d = dict(d)
     d["collectives"] = {k: {int(n): tuple(v) for n, v in fits.items()} for k, fits in d["collectives"].items()}
     d["gemm_fit"] = tuple(d["gemm_fit"]) if d.get("gemm_fit") else None
+    d["gemm_curve"] = tuple((int(dim), float(r)) for dim, r in d.get("gemm_curve") or ())  # absent in older caches
     return MachineProfile(**d)
 
 

@@ -1,6 +1,7 @@
 """The cost model's parts: the time of one stage on one rank (step_model.py combines them).
 
-Per stage and micro-batch, on one rank: GEMM time (machine roofline of every GEMM of flops.py,
+Per stage and micro-batch, on one rank: GEMM time (machine.py's shape-aware time of every GEMM of
+flops.py: tile and wave quantization on GPUs, this machine's measured curve when calibrated;
 backward = the forward's GEMMs twice), element-wise time (bytes over memory bandwidth), tp/cp
 collectives (collectives.py over the machine's alpha-beta model); per step the dp gradient
 reduction and the optimizer (Adam reads and writes ~36 bytes per parameter of the partition:
@@ -50,8 +51,11 @@ class Prediction:
 
 def _gemm_seconds(work: StageWork, machine: MachineProfile) -> tuple[float, float]:
     fwd = bwd = 0.0
+    layers = max(1, work.layers_forward)
     for g in work.gemms:
-        t = machine.gemm_time(g.m, g.k, g.n, g.count)
+        # the products of one layer run in one kernel (attention over heads and samples, a grouped GEMM
+        # over experts), each layer's in its own: what the GPU's wave quantization sees (machine.py)
+        t = machine.gemm_time(g.m, g.k, g.n, g.count, max(1, g.count // layers))
         fwd += t
         bwd += t * g.backward
     ew = machine.memory_time(work.elementwise_bytes)

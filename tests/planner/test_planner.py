@@ -116,9 +116,13 @@ def test_collective_bytes_hand_count(spec):
 def test_alpha_beta_model():
     m = PROFILES["h100"]
     nbytes = 1 << 30
+    # one call's latency (NCCL's base latency) plus the ring's steps and bytes
     ring = 2 * 7 * m.alpha_intra + 2 * 7 / 8 * nbytes / m.intra_bw
-    assert m.collective_time("all_reduce", nbytes, 8) == pytest.approx(ring)
-    assert m.collective_time("all_gather", nbytes, 8) == pytest.approx(ring / 2)
+    assert m.call_latency > 0
+    assert m.collective_time("all_reduce", nbytes, 8) == pytest.approx(m.call_latency + ring)
+    assert m.collective_time("all_gather", nbytes, 8) == pytest.approx(m.call_latency + ring / 2)
+    # a tiny all-reduce costs its latency, not its bytes
+    assert m.collective_time("all_reduce", 64, 4) == pytest.approx(m.call_latency + 6 * m.alpha_intra, rel=1e-3)
     # a group spanning two nodes runs at the network's bandwidth
     assert m.collective_time("all_reduce", nbytes, 16) > 5 * m.collective_time("all_reduce", nbytes, 8)
     assert m.collective_time("all_reduce", nbytes, 1) == 0.0
