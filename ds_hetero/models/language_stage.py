@@ -9,6 +9,7 @@ from torch import nn
 
 from .adapter import placeholder_mask
 from .per_sample_attention import segments_mask
+from .sample_masks import sample_masks
 
 
 def empty_rows(stage: nn.Module, dummy_inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -68,7 +69,7 @@ class LanguageStage(nn.Module):
             inputs_embeds=embeds,
             attention_mask=self.decoder_attention_mask(input_ids, embeds, attention_mask, position_ids, packed_segments),
             position_ids=position_ids, use_cache=False, **self.decoder_options(), **extra,
-            **({} if packed_segments is None else {"packed_segments": packed_segments}),
+            **self.packed_keywords(input_ids, embeds, attention_mask, packed_segments),
         )
         self.router_logits = self.router_logits_of(out, input_ids, attention_mask)
         return self.lm_head(out.last_hidden_state)
@@ -98,6 +99,24 @@ class LanguageStage(nn.Module):
         act on the decoder's layers counted from its first one (Qwen3-VL's DeepStack levels are
         added after its first layers), so a pipeline gives them to its first chunk only."""
         return self.embed(input_ids, rows, n_placeholders), {}
+
+    # Whether `decoder_mask` builds more than causal and sliding-window masks (Gemma: image blocks
+    # attended both ways), so that each packed sample gets its own through it (models/sample_masks.py).
+    OWN_SAMPLE_MASKS = False
+
+    def packed_keywords(self, input_ids: torch.Tensor, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
+                        packed_segments: Sequence[Sequence[int]] | None) -> dict:
+        """The decoder keywords of packed rows attended per sample (models/per_sample_attention.py):
+        `packed_segments`, and where the family's masks are its own (`OWN_SAMPLE_MASKS`) `packed_masks`,
+        each sample's masks built alone; nothing for padded samples or rows the decoder masks itself."""
+        if packed_segments is None:
+            return {}
+        out = {"packed_segments": packed_segments}
+        if self.OWN_SAMPLE_MASKS and attention_mask is None:  # a mask given: the decoder masks the row itself
+            masks = sample_masks(self.decoder_mask, input_ids, hidden, packed_segments)
+            if masks is not None:
+                out["packed_masks"] = masks
+        return out
 
     def decoder_attention_mask(self, input_ids: torch.Tensor, hidden: torch.Tensor,
                                attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,

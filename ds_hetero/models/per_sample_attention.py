@@ -24,8 +24,11 @@ fail without it), and activation recompute replays them. Under sequence shards t
 whole rows (Ulysses gathers the sequence for a share of the heads; sequence parallelism alone
 gathers it before attention), so the lengths are those of whole rows.
 
-Not for decoders with sliding-window layers (a window inside a sample needs its own mask):
-`packed_attention_mode` gives them `row_mask`.
+A sample's mask beyond causal comes with it: a sliding-window layer (the `sliding_window` its
+attention module hands every kernel call) gets the window inside each sample, built here; a family
+whose decoder builds more than causal and window masks (Gemma 3 and 4: each image's tokens attend to
+each other both ways) hands the masks it builds for each sample alone as `packed_masks`
+(models/sample_masks.py), picked by the attention module's `layer_type`.
 """
 
 from __future__ import annotations
@@ -46,14 +49,6 @@ KERNELS = {"sdpa": "ds_hetero_per_sample_sdpa", "eager": "ds_hetero_per_sample_e
 FIELD = "hetero_parallel.packed_attention"
 
 
-def _sliding(text_config) -> bool:
-    """Whether some decoder layer attends through a sliding window."""
-    if not getattr(text_config, "sliding_window", None):
-        return False
-    types = getattr(text_config, "layer_types", None) or ()
-    return bool(getattr(text_config, "use_sliding_window", False)) or "sliding_attention" in types
-
-
 def packed_attention_mode(text_config, choice: str | None) -> str:
     """How this decoder attends inside packed rows, for `hetero_parallel.packed_attention` = choice:
     PER_SAMPLE (this module's kernel), ROW_MASK (the whole row under transformers' block-diagonal mask,
@@ -68,13 +63,17 @@ def packed_attention_mode(text_config, choice: str | None) -> str:
         return KERNEL
     if choice == ROW_MASK:
         return ROW_MASK
-    if _sliding(text_config):
-        if choice == PER_SAMPLE:
-            raise HeteroConfigError(FIELD, f"\"per_sample\" attends causally over each whole sample, but this decoder "
-                                           f"has sliding-window layers (sliding_window={text_config.sliding_window}); "
-                                           "use \"row_mask\" (or remove the key)")
-        return ROW_MASK
-    return PER_SAMPLE
+    return PER_SAMPLE  # sliding-window layers too: the window is applied inside each sample (`_sample_mask`)
+
+
+def require_per_sample(mode: str, kernel: str | None, family: str, why: str) -> None:
+    """Refuse packed rows attended otherwise than per sample (`mode`, from packed_attention_mode), for a
+    family whose samples need what only the per-sample path hands the decoder (`why`), naming the field."""
+    if mode != PER_SAMPLE:
+        raise HeteroConfigError(FIELD, f"{family} packs with per-sample attention only (here {mode!r}, attention "
+                                       f"kernel {kernel!r}): {why}; load the model with attn_implementation "
+                                       "\"sdpa\" or \"eager\" and remove packed_attention, or use language_batching "
+                                       "\"samples\"")
 
 
 # the attribute that holds an attention module's own eager function (each model file has its own),
@@ -90,9 +89,39 @@ def _inner(module: nn.Module, name: str) -> Callable:
     return getattr(module, EAGER) if name == "eager" else ALL_ATTENTION_FUNCTIONS[name]
 
 
-def _causal(n: int, like: torch.Tensor) -> torch.Tensor:
-    """eager's additive causal mask of one sample, [1, 1, n, n]."""
-    return torch.full((n, n), torch.finfo(like.dtype).min, dtype=like.dtype, device=like.device).triu_(1)[None, None]
+def _causal(n: int, like: torch.Tensor, window: int | None = None, additive: bool = True) -> torch.Tensor:
+    """One sample's causal mask [1, 1, n, n], inside a sliding window of `window` positions if given
+    (position q sees k for q - window < k <= q: transformers' `sliding_window_overlay`): eager's
+    additive mask, or sdpa's boolean one (True: attend)."""
+    q = torch.arange(n, device=like.device)
+    seen = (q[None, :] <= q[:, None])
+    if window is not None:
+        seen &= q[None, :] > q[:, None] - window
+    if not additive:
+        return seen[None, None]
+    return torch.zeros((n, n), dtype=like.dtype, device=like.device).masked_fill_(
+        ~seen, torch.finfo(like.dtype).min)[None, None]
+
+
+def _sample_mask(name: str, n: int, like: torch.Tensor, window: int | None) -> torch.Tensor | None:
+    """The mask of one sample of `n` positions where the family gives none of its own: causal, inside
+    the layer's sliding window; None where sdpa's causal flag alone is exact."""
+    if window is not None and n <= window:
+        window = None  # the window holds the whole sample: plain causal
+    if name == "eager":
+        return _causal(n, like, window)
+    return None if window is None else _causal(n, like, window, additive=False)
+
+
+def _masks_of(module, packed_masks):
+    """This layer's masks in `packed_masks` ({layer type: [row][segment] mask or None}), by the attention
+    module's `layer_type` (Gemma: "sliding_attention", "full_attention"); None without packed_masks."""
+    if packed_masks is None:
+        return None
+    kind = getattr(module, "layer_type", None)
+    if kind not in packed_masks:
+        raise ValueError(f"packed_masks hold {sorted(packed_masks)} but {type(module).__name__} is a {kind!r} layer")
+    return packed_masks[kind]
 
 
 def segments_mask(hidden: torch.Tensor) -> torch.Tensor:
@@ -105,24 +134,27 @@ def segments_mask(hidden: torch.Tensor) -> torch.Tensor:
 
 def _per_sample(name: str) -> Callable:
     def attend(module, query, key, value, attention_mask, packed_segments: Sequence[Sequence[int]] | None = None,
-               **kwargs):
+               packed_masks=None, **kwargs):
         inner = _inner(module, name)
         if packed_segments is None:  # not a packed micro-batch: the decoder built the mask
             return inner(module, query, key, value, attention_mask, **kwargs)
         kwargs.pop("is_causal", None)
         if name != "eager":
-            kwargs["is_causal"] = True  # sdpa: causal without a mask (its flash / cuDNN kernels on a GPU)
-        masks: dict[int, torch.Tensor] = {}  # eager adds a mask: one causal mask per sample length
+            kwargs["is_causal"] = True  # sdpa without a mask: causal (its flash / cuDNN kernels on a GPU)
+        window = kwargs.get("sliding_window")  # this layer's window (None: full attention)
+        given = _masks_of(module, packed_masks)
+        masks: dict[int, torch.Tensor | None] = {}  # the masks built here depend on the length alone
         rows = []
         for r, lengths in enumerate(packed_segments):
             parts, start = [], 0
-            for n in lengths:
+            for i, n in enumerate(lengths):
                 if n == 0:  # an empty sample holds no position: nothing to attend (the kernels refuse 0 rows)
                     continue
                 q, k, v = (t[r:r + 1, :, start:start + n] for t in (query, key, value))
-                if name == "eager" and n not in masks:
-                    masks[n] = _causal(n, query)
-                out, _ = inner(module, q, k, v, masks.get(n), **kwargs)
+                own = None if given is None else given[r][i]
+                if own is None and n not in masks:
+                    masks[n] = _sample_mask(name, n, query, window)
+                out, _ = inner(module, q, k, v, masks[n] if own is None else own, **kwargs)
                 parts.append(out)
                 start += n
             if start != query.shape[2]:
@@ -178,4 +210,4 @@ def apply_per_sample_attention(decoder: nn.Module) -> int:
 
 
 __all__ = ["DENSE_KERNELS", "KERNEL", "KERNELS", "PER_SAMPLE", "ROW_MASK", "apply_per_sample_attention",
-           "calls_per_sample", "packed_attention_mode", "segments_mask"]
+           "calls_per_sample", "packed_attention_mode", "require_per_sample", "segments_mask"]

@@ -65,6 +65,9 @@ class PipelineChunk(nn.Module):
         # The family's decoder mask (Gemma 3: image blocks bidirectional), built by every chunk from
         # the micro-batch's `input_ids`, as the pp-1 stage builds it (LanguageStage.decoder_attention_mask).
         self._decoder_mask = stage.decoder_attention_mask
+        # ... and the packed rows' keywords: their segments and a family's own per-sample masks
+        # (LanguageStage.packed_keywords), which every chunk builds the same way
+        self._packed_keywords = stage.packed_keywords
         # The family's decoder options and what its loss takes from the decoder's output (a MoE
         # family's router logits, of this chunk's layers only: expert_parallel/aux_loss.py sums
         # them over the chunks), as the pp-1 stage calls them (LanguageStage.router_logits_of).
@@ -98,7 +101,7 @@ class PipelineChunk(nn.Module):
         # the layers index it by their index in the whole decoder
         out = self.decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids,
                            use_cache=False, **self._decoder_options(), **extra,
-                           **({} if packed_segments is None else {"packed_segments": packed_segments}))
+                           **self._packed_keywords(input_ids, embeds, attention_mask, packed_segments))
         self.router_logits = self._router_logits_of(out, input_ids, attention_mask)
         hidden = out.last_hidden_state
         return self.lm_head(hidden) if self.is_last else hidden

@@ -1,5 +1,5 @@
 """Gemma 4 without processes: the refusals `ds-hetero validate` shares with `initialize` (cp, sequence
-parallelism, pp, bidirectional "all", packing), the sample checks by field, the stage split against the
+parallelism, pp, bidirectional "all", packed rows scored whole; packed per sample is accepted), the sample checks by field, the stage split against the
 fused model (with a negative control), and the planner's shapes. The distributed parity is
 test_families_gemma4.py."""
 
@@ -11,12 +11,12 @@ pytest.importorskip("transformers.models.gemma4")  # not in every pinned transfo
 BASE = {"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
 
 
-def _check(stages, world=4, packed=False):
+def _check(stages, world=4, packed=False, **more):
     from ds_hetero.config import load_config
     from ds_hetero.toy import tiny_gemma4
     from ds_hetero.validation import check_model
 
-    hetero = {"micro_batches": 2, "stages": stages}
+    hetero = {"micro_batches": 2, "stages": stages, **more}
     if packed:
         hetero["language_batching"] = "packed"
     check_model(load_config({**BASE, "hetero_parallel": hetero}, world), tiny_gemma4())
@@ -48,14 +48,17 @@ def test_validate_takes_tp2_and_ep2_and_names_a_missing_audio_stage():
     assert exc.value.field == "hetero_parallel.stages.language.tp", exc.value
 
 
-def test_validate_refuses_packing_and_bidirectional_all():
+def test_validate_takes_packing_per_sample_and_refuses_a_whole_row_mask_and_bidirectional_all():
     from ds_hetero.config import load_config
     from ds_hetero.errors import HeteroConfigError
     from ds_hetero.toy import tiny_gemma4
     from ds_hetero.validation import check_model
 
-    with pytest.raises(HeteroConfigError, match="bidirectional image and sliding-window masks"):
-        _check({"vision": {"dp": 4}, "audio": {"dp": 4}, "language": {"dp": 4}}, packed=True)
+    stages = {"vision": {"dp": 4}, "audio": {"dp": 4}, "language": {"dp": 4}}
+    _check(stages, packed=True)  # each sample under its own masks (test_gemma_packed_rows.py)
+    with pytest.raises(HeteroConfigError, match="per-sample attention only") as exc:
+        _check(stages, packed=True, packed_attention="row_mask")
+    assert exc.value.field == "hetero_parallel.packed_attention"
     model = tiny_gemma4()
     model.config.text_config.use_bidirectional_attention = "all"
     cfg = load_config({**BASE, "hetero_parallel": {"micro_batches": 2, "stages": {

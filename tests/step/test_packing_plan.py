@@ -75,14 +75,17 @@ def test_packed_with_a_pipelined_language_stage_is_accepted():
     check_all(load_config(_ds({"tp": 2, "dp": 1, "pp": 2}, {"tp": 2, "dp": 1}, placement="first_stage"), 4))
 
 
-def test_packed_gemma3_is_refused_by_the_model_check():
+def test_packed_gemma3_is_accepted_per_sample_only():
     from ds_hetero.toy import tiny_gemma3
 
     cfg = load_config(_ds({"dp": 4}), 4)
+    check_all(cfg, tiny_gemma3(seed=0))  # each sample under its own masks (tests/families/test_gemma_packed_rows.py)
+    ds = _ds({"dp": 4})
+    ds["hetero_parallel"]["packed_attention"] = "row_mask"
     with pytest.raises(HeteroConfigError) as e:
-        check_all(cfg, tiny_gemma3(seed=0))
-    assert e.value.field == "hetero_parallel.language_batching" and "Gemma3" in str(e.value)
-    check_all(cfg, tiny_llava("clip", seed=0))  # a family that packs passes
+        check_all(load_config(ds, 4), tiny_gemma3(seed=0))
+    assert e.value.field == "hetero_parallel.packed_attention" and "Gemma 3" in str(e.value)
+    check_all(load_config(ds, 4), tiny_llava("clip", seed=0))  # a family without image blocks may take it
 
 
 # ---------------------------------------------------------------------------- plan

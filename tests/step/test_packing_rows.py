@@ -81,13 +81,13 @@ def _unpack(logits, rows_of_samples):
     return out
 
 
-REFUSED = {"gemma3"}  # adapter.PACKING_REFUSED: packed rows differ from their samples alone
-# packed only with the rows' segments passed to every layer (its Gated DeltaNet restarts at each):
-# tests/families/test_qwen3_5_packed_rows.py
-SEGMENTED = {"qwen3_5"}
+# packed only with the rows' segments passed to the decoder: Qwen3.5 (its Gated DeltaNet restarts at each:
+# tests/families/test_qwen3_5_packed_rows.py) and Gemma 3 (each sample's own image-block and window masks:
+# tests/families/test_gemma_packed_rows.py)
+SEGMENTED = {"qwen3_5", "gemma3"}
 
 
-@pytest.mark.parametrize("family", sorted(set(FAMILIES) - REFUSED - SEGMENTED))
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) - SEGMENTED))
 @torch.no_grad()
 def test_packed_rows_equal_each_sample_alone(family):
     model, samples = FAMILIES[family]()
@@ -157,17 +157,3 @@ def test_packed_mask_is_what_transformers_builds():
     theirs = create_causal_mask(config=model.config.text_config, inputs_embeds=embeds, attention_mask=None,
                                 past_key_values=None, position_ids=batch["position_ids"])
     assert torch.equal(theirs, packed_attention_mask(batch["sequence_ids"]))
-
-
-@pytest.mark.parametrize("family", sorted(REFUSED))
-@torch.no_grad()
-def test_refused_families_differ_when_packed_which_is_why_they_are_refused(family):
-    model, samples = FAMILIES[family]()
-    model = model.float().eval()
-    adapter = adapter_for(model)
-    assert adapter.PACKING_REFUSED
-    language = adapter.split()["language"]
-    rows = _rows(adapter, samples)
-    want, _ = _per_sample(adapter, language, samples, rows)
-    got = _unpack(_forward(language, packed_language_inputs(adapter, [samples]), rows), [samples])
-    assert max(float((a - b).abs().max()) for a, b in zip(got, want)) > 1e-3

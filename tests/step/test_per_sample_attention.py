@@ -17,8 +17,9 @@ from ds_hetero.models.per_sample_attention import (KERNELS, apply_per_sample_att
                                                    packed_attention_mode)
 from tests.step.test_packing_rows import FAMILIES, _rows
 
-# gemma3: refused; qwen3_5: its Gated DeltaNet layers need the segments too, so the block-diagonal mask
-# alone is no reference for it (tests/families/test_qwen3_5_packed_rows.py: against each sample alone)
+# qwen3_5: its Gated DeltaNet layers need the segments too, and gemma3 each sample's own image blocks, so the
+# block-diagonal mask alone is no reference for them (tests/families/test_qwen3_5_packed_rows.py,
+# tests/families/test_gemma_packed_rows.py: against each sample alone)
 PACKING = [name for name in FAMILIES if name not in ("qwen3_5", "gemma3")]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -103,13 +104,14 @@ def test_each_decoder_gets_its_mode():
     assert packed_attention_mode(_text("flash_attention_2"), None) == "kernel"
     assert packed_attention_mode(_text("flash_attention_2"), "per_sample") == "kernel"
     sliding = _text(use_sliding_window=True, sliding_window=16, max_window_layers=0)
-    assert packed_attention_mode(sliding, None) == "row_mask"  # a window inside a sample needs its mask
+    assert packed_attention_mode(sliding, None) == "per_sample"  # the window applied inside each sample
+    assert packed_attention_mode(sliding, "per_sample") == "per_sample"
+    assert packed_attention_mode(sliding, "row_mask") == "row_mask"
     assert packed_attention_mode(_text(sliding_window=16), None) == "per_sample"  # set but not used
 
 
 @pytest.mark.parametrize("config, choice, words", [
     (_text("flash_attention_2"), "row_mask", "scores each sample of a packed row alone"),
-    (_text(use_sliding_window=True, sliding_window=16, max_window_layers=0), "per_sample", "sliding-window layers"),
 ])
 def test_a_choice_the_decoder_cannot_take_is_refused_by_name(config, choice, words):
     with pytest.raises(HeteroConfigError) as e:
@@ -146,3 +148,55 @@ def test_a_kernel_not_switched_fails_on_the_empty_mask_instead_of_attending_acro
     model, language, batch, rows, weights = _case("llava", kernel)
     with pytest.raises(RuntimeError):  # segments given, but the modules still call the plain kernel
         language(batch["input_ids"], rows, None, batch["position_ids"], packed_segments=batch["packed_segments"])
+
+
+def _sliding_qwen2_vl(kernel):
+    """The tiny Qwen2-VL with its second decoder layer a sliding-window layer (window 3, shorter than
+    every sample), and its packed rows."""
+    import copy
+
+    from transformers import Qwen2VLForConditionalGeneration
+
+    base, samples = FAMILIES["qwen2_vl"]()
+    config = copy.deepcopy(base.config)
+    text = config.text_config
+    text.use_sliding_window, text.sliding_window = True, 3
+    text.layer_types = ["full_attention", "sliding_attention"]
+    torch.manual_seed(1)
+    model = Qwen2VLForConditionalGeneration(config)
+    model.config.text_config._attn_implementation_internal = kernel
+    assert min(int(s["input_ids"].numel()) for s in samples) > 3
+    adapter = adapter_for(model)
+    language = adapter.split()["language"]
+    batch = packed_language_inputs(adapter, [samples[:3], samples[3:]], multiple=8)
+    rows = tuple(torch.cat(r) for r in _rows(adapter, samples))
+    torch.manual_seed(0)
+    weights = torch.randn(*batch["input_ids"].shape, language.lm_head.out_features)
+    return language, batch, rows, weights
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "eager"])
+def test_a_sliding_window_decoder_attends_per_sample_inside_its_window(kernel):
+    """Per sample (now the default for sliding-window decoders) equals transformers' packed sliding-window
+    mask over the whole row (`"row_mask"`), logits and every gradient; negative control: the window
+    dropped (each sample plain causal) differs."""
+    from ds_hetero.models.per_sample_attention import _per_sample
+
+    language, batch, rows, weights = _sliding_qwen2_vl(kernel)
+    want = _run(language, batch, rows, None, weights)  # transformers' block-diagonal sliding mask
+    apply_per_sample_attention(language.language_model)
+    got = _run(language, batch, rows, batch["packed_segments"], weights)
+    assert _close([got[0]], [want[0]]) and _close(got[1].values(), want[1].values()) and _close(got[2], want[2])
+    attend = _per_sample(kernel)  # the same entry with the layers' window withheld
+
+    def windowless(module, *args, sliding_window=None, **kwargs):
+        return attend(module, *args, **kwargs)
+
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(KERNELS[kernel], windowless)
+    try:
+        far = _run(language, batch, rows, batch["packed_segments"], weights)
+    finally:
+        AttentionInterface.register(KERNELS[kernel], attend)
+    assert float((far[0] - want[0]).abs().max()) > 1e-3

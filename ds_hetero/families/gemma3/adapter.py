@@ -12,6 +12,11 @@ language stage builds exactly the masks Gemma3Model builds, with transformers' o
 `create_masks_for_vision_model`, from the full `input_ids` of its micro-batch (the processor's
 `token_type_ids` are 1 exactly at the image placeholders, so they are recomputed from them).
 
+Packed rows (`language_batching` "packed") attend per sample (models/per_sample_attention.py), each
+sample under the masks `decoder_mask` builds for it alone (models/sample_masks.py: its image blocks,
+its sliding windows, never another sample's tokens); a packed row scored whole ("row_mask") or by a
+varlen kernel (flash-attention, flex) is refused, as those would not carry the image blocks per sample.
+
 Context parallelism and sequence parallelism are refused: a sequence shard would need the
 blockwise and sliding-window mask of the full sequence, which the Ulysses path here does not
 build.
@@ -27,6 +32,12 @@ from torch import nn
 from ...models.item_cost import transformer_cost
 from ...models.adapter import StageAdapter
 from ...models.language_stage import LanguageStage, empty_rows
+from ...models.per_sample_attention import require_per_sample
+
+# why packed Gemma rows attend per sample only (check_layouts; Gemma 4 says the same)
+PER_SAMPLE_WHY = ("its image tokens attend to each other both ways and its sliding-window layers see a window, "
+                  "each inside its own sample, from masks built per sample, which only the per-sample path "
+                  "hands to the decoder")
 
 
 class Gemma3VisionStage(nn.Module):
@@ -46,6 +57,8 @@ class Gemma3VisionStage(nn.Module):
 
 class Gemma3LanguageStage(LanguageStage):
     """LanguageStage with Gemma 3's masks: causal, image blocks bidirectional, sliding windows."""
+
+    OWN_SAMPLE_MASKS = True  # packed: each sample's image blocks and windows, built by decoder_mask alone
 
     def __init__(self, model: nn.Module):
         super().__init__(model.model.language_model, model.lm_head, model.config.image_token_id)
@@ -74,12 +87,6 @@ def split_gemma3(model: nn.Module) -> dict[str, nn.Module]:
 class Gemma3Adapter(StageAdapter):
     """Samples carry `pixel_values` [n, C, H, W] (n images, each `mm_tokens_per_image` placeholders,
     the processor puts begin/end-of-image tokens around each) or none (text only)."""
-
-    # Gemma 3 builds its own masks (bidirectional inside an image, sliding-window layers) from the
-    # padding mask (Gemma3LanguageStage.decoder_mask); packed rows give it none, and a packed row
-    # did not equal its samples alone (tests/step/test_packing_rows.py)
-    PACKING_REFUSED = ("its decoder builds bidirectional image and sliding-window masks from the padding mask, "
-                       "which packed rows do not carry")
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -131,6 +138,9 @@ class Gemma3Adapter(StageAdapter):
                 "Gemma 3 cannot cut its sequences (cp > 1 or sequence_parallel): its image tokens attend "
                 "bidirectionally within each image and its sliding-window layers need their own mask, which "
                 "sequence shards do not build; use cp 1 without sequence_parallel")
+        if cfg.packed:
+            require_per_sample(self.packed_attention(cfg.packed_attention),
+                               self.model.config.text_config._attn_implementation, "Gemma 3", PER_SAMPLE_WHY)
         super().check_layouts(cfg)
 
     def check_sample(self, sample: dict[str, Any], index: int) -> None:

@@ -28,7 +28,11 @@ The decoder, as Gemma4Model runs it:
 Refused, each with a HeteroConfigError naming the field (check_layouts): cp and sequence parallelism
 (the image blocks and sliding windows need the full sequence's masks), pp (the per-layer inputs and the
 shared keys and values cross layers), `use_bidirectional_attention: "all"` (a non-causal decoder); and
-packed batches (PACKING_REFUSED). Videos (`pixel_values_videos`) are refused by check_sample.
+packed rows attended otherwise than per sample. Videos (`pixel_values_videos`) are refused by check_sample.
+
+Packed rows attend per sample (models/per_sample_attention.py), each sample under the masks
+`decoder_mask` builds for it alone (models/sample_masks.py); the per-layer embeddings are looked up
+and projected per token, as unpacked, so packing leaves them each token's own.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from torch import nn
 from ...models.adapter import EncoderPort, StageAdapter, placeholder_mask
 from ...models.item_cost import transformer_cost
 from ...models.language_stage import LanguageStage, empty_rows
+from ...models.per_sample_attention import require_per_sample
+from ..gemma3.adapter import PER_SAMPLE_WHY
 from ..qwen2_5_omni.adapter import placeholder_runs
 from .media import audio_fields, batch_audio, batch_images, check_media, image_fields
 
@@ -80,6 +86,8 @@ class Gemma4AudioStage(nn.Module):
 class Gemma4LanguageStage(LanguageStage):
     """LanguageStage with Gemma 4's per-layer embeddings, masks and final logit softcap."""
 
+    OWN_SAMPLE_MASKS = True  # packed: each sample's image blocks and windows, built by decoder_mask alone
+
     def __init__(self, model: nn.Module, token_ids: Sequence[int]):
         super().__init__(model.model.language_model, model.lm_head, tuple(token_ids))
         cfg = model.config
@@ -90,8 +98,9 @@ class Gemma4LanguageStage(LanguageStage):
 
     # forward is overridden (the hooks cover the decoder's inputs, not the head's output) for the softcap
     # only; a pipeline chunk would not apply it, which is one more reason pp is refused (check_layouts)
-    def forward(self, input_ids, rows, attention_mask=None, position_ids=None, n_placeholders=None):
-        logits = super().forward(input_ids, rows, attention_mask, position_ids, n_placeholders)
+    def forward(self, input_ids, rows, attention_mask=None, position_ids=None, n_placeholders=None,
+                packed_segments=None):
+        logits = super().forward(input_ids, rows, attention_mask, position_ids, n_placeholders, packed_segments)
         cap = self.text_config.final_logit_softcapping
         if cap is not None:  # elementwise: the same on a vocabulary shard of the logits
             logits = torch.tanh(logits / cap) * cap
@@ -130,8 +139,6 @@ class Gemma4Adapter(StageAdapter):
 
     ENCODER_STAGES = ("vision", "audio")
     SAMPLE_FIELDS = ("pixel_values", "image_position_ids", "input_features", "input_features_mask")
-    PACKING_REFUSED = ("its decoder builds bidirectional image and sliding-window masks from the padding mask, "
-                       "which packed rows do not carry")
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -233,6 +240,9 @@ class Gemma4Adapter(StageAdapter):
             raise HeteroConfigError(
                 f"{field}", "text_config.use_bidirectional_attention is \"all\" (every token attends both ways: "
                 "not a causal language model to fine-tune with next-token labels); use \"vision\" or None")
+        if cfg.packed:
+            require_per_sample(self.packed_attention(cfg.packed_attention),
+                               self.model.config.text_config._attn_implementation, "Gemma 4", PER_SAMPLE_WHY)
         super().check_layouts(cfg)
 
     def shard(self, groups, cfg) -> None:
