@@ -10,8 +10,12 @@ the dense MLP, the conformer's two feed-forwards, light conv and relative-positi
 counts the real parameters by hand and puts the difference in the records' per-layer extra
 (`layer_extra`, `extra_layer_norms`), so the parameter counts (and memory) are the model's; the
 extra is priced as replicated over tp (the per-layer embeddings, the MoE block and the light conv are
-replicated over tp, plans.py). The FLOPs of the extra are not modelled beyond the plain layer's
-(an approximation; the MoE experts in particular are priced as absent). `tokens_per_image` is the
+replicated over tp, plans.py). With the MoE block (`enable_moe_block`, 26B-A4B) the routed experts are the
+records' experts (their FLOPs, ep sharding and dispatch priced as any MoE's) and the dense MLP beside them
+its shared expert (priced on every token, split over tp; its parameters stay in the per-layer extra, so
+they count as replicated over tp in memory). The other FLOPs of the extra are not modelled beyond the
+plain layer's: an approximation (the sliding-window layers' attention is priced over the whole sequence,
+the full layers' 512-wide heads as the 256-wide ones). `tokens_per_image` is the
 processor's default soft-token budget (280).
 """
 
@@ -105,9 +109,14 @@ def shapes(cfg: Any) -> ModelSpec:
     text, v, a = get(cfg, "text_config"), get(cfg, "vision_config"), get(cfg, "audio_config")
     th = get(text, "hidden_size")
     language = language_shapes(text, cfg)
-    base = LanguageSpec(**{**language.__dict__, "extra_layer_norms": 0})
+    # the MoE block (26B-A4B): its routed experts priced as experts (flops.moe_work: FLOPs, ep, dispatch), the
+    # dense MLP beside them as a shared expert every token passes through (the cost model's shared_ffn)
+    moe = {"experts": get(text, "num_experts"), "top_k": get(text, "top_k_experts"),
+           "moe_ffn": get(text, "moe_intermediate_size"), "shared_ffn": get(text, "intermediate_size")} \
+        if get(text, "enable_moe_block") else {}
+    base = LanguageSpec(**{**language.__dict__, "extra_layer_norms": 0, **moe})
     extra = (_text_params(text, language.tied) - base.params()) // language.layers
-    language = LanguageSpec(**{**language.__dict__, "qkv_bias": False, "extra_layer_norms": extra})
+    language = LanguageSpec(**{**language.__dict__, "qkv_bias": False, "extra_layer_norms": extra, **moe})
     encoders = [("vision", _vision(v, th))] + ([("audio", _audio(a, th))] if a is not None else [])
     return ModelSpec("gemma4", tuple(encoders), language)
 
