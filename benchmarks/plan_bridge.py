@@ -20,7 +20,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = os.path.join(os.path.dirname(HERE), "ds_configs", "planner")
 # (label, config): the Qwen3.5-VL 27B stand-in (Qwen3-VL structure: full attention in all 64 layers, where
 # Qwen3.5 has Gated DeltaNet in 3 of 4) and the Qwen2-VL-structured 27B of the GPU-scale table
-MODELS = [("Qwen3.5-VL 27B stand-in", "qwen35vl_27b_standin.json"), ("Qwen2-VL 0.7B + 27B", "qwen2vl_vit06b_27b.json")]
+# and Qwen3.5-27B itself (qwen3_5_27b.json: Gated DeltaNet in 3 of 4 layers, priced as the chunked delta rule)
+MODELS = [("Qwen3.5-VL 27B", "qwen3_5_27b.json"), ("Qwen3.5-VL 27B stand-in", "qwen35vl_27b_standin.json"),
+          ("Qwen2-VL 0.7B + 27B", "qwen2vl_vit06b_27b.json")]
 SEQ, BATCH = 4096, 32
 ENCODER_TOKENS = (1024, 2048, 3072, 4096, 8192)  # per sample, before the 2x2 merge (LLM image tokens / 4)
 MICRO = (2, 4, 8, 16, 32)
