@@ -41,7 +41,9 @@ def reference_train(model, batches, make_optimizer, clip, wrong=False):
 
 
 def train_gemma4(rank, world_size, layout, zero_stage, steps, clip, placement="colocated", micro_batches=2,
-                 batch_size=8, wrong=False, model_kw=None):
+                 batch_size=8, wrong=False, model_kw=None, hetero=None, inspect=None):
+    """`hetero`: more `hetero_parallel` keys (packed batching); `inspect(engine)` -> more result entries
+    (it runs before training, its dict is read after)."""
     import ds_hetero
     from ds_hetero.toy import tiny_gemma4
 
@@ -51,12 +53,14 @@ def train_gemma4(rank, world_size, layout, zero_stage, steps, clip, placement="c
     config = {
         "train_batch_size": batch_size, "zero_optimization": {"stage": zero_stage},
         "zero_allow_untested_optimizer": True, "gradient_clipping": clip, "steps_per_print": 10**6,
-        "hetero_parallel": {"placement": placement, "micro_batches": micro_batches, "stages": layout},
+        "hetero_parallel": {"placement": placement, "micro_batches": micro_batches, "stages": layout,
+                            **(hetero or {})},
     }
     model = tiny_gemma4(seed=7, **(model_kw or {}))
     reference = copy.deepcopy(model)
     batches = make_gemma4_batches(model, steps, batch_size)
     engine = ds_hetero.initialize(model, config, optimizer=make_optimizer)
+    extra = inspect(engine) if inspect is not None else {}
     results = [engine.train_batch(samples) for samples in batches]
     got = full_named_parameters(engine)
     ref_losses, ref_norms = reference_train(reference, batches, make_optimizer, clip)
@@ -69,6 +73,7 @@ def train_gemma4(rank, world_size, layout, zero_stage, steps, clip, placement="c
         # which parameters this rank holds a tp or ep shard of, layer indices folded
         "sharded": sorted({re.sub(r"\.\d+\.", ".N.", n) for n, p in engine.model.named_parameters()
                            if getattr(p, "tensor_model_parallel", False) or getattr(p, "expert_parallel", False)}),
+        **extra,
     }
     if wrong:
         bad = tiny_gemma4(seed=7, **(model_kw or {}))
