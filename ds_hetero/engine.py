@@ -117,6 +117,9 @@ class HeteroEngine:
         self._reader: PlannedReader | None = None  # started at the first train_batch() without samples
         self.global_steps = 0
         self._failed: str | None = None  # why a step failed mid-way: every later call refuses (ranks out of step)
+        # TFLOP/s and MFU per step (throughput/meter.py, set by `initialize`: a client of the planner's
+        # shape readers); None: the step reports none
+        self.throughput = None
         # heartbeats that name a dead rank when a step fails (failures.py), keyed by this engine's group
         self._liveness = Liveness(getattr(self.stages.boundary_group, "group_name", "default"), self.rank, self)
 
@@ -246,6 +249,7 @@ class HeteroEngine:
             boundary.trust_inputs()
         self.global_steps += 1
         step_time = time.perf_counter() - start
+        throughput = self.throughput.figures(plan, step_time) if self.throughput is not None else {}
         stage_time = self.timeline.step_stage_time(step)  # O(spans of this step)
         busy = self.timeline.step_busy(step)
         bytes_ = self.schedule.bytes
@@ -266,6 +270,7 @@ class HeteroEngine:
             skipped=not all(applied),  # as the stage engines counted it (a non-finite norm skips all)
             aux_loss=aux if self.adapter.has_aux_loss else None,
             language_tokens=plan.language_load(),  # O(samples) on the host, no communication
+            throughput=throughput,
         )
 
     def _held_names(self) -> str:

@@ -27,6 +27,7 @@ from .reporting.startup import PhaseClock
 from .validation import check_all
 from .tensor_parallel.lora_checks import check_lora
 from .topology.distributed import ensure_distributed
+from .throughput.meter import ThroughputMeter
 from .trial_runner import trials_in_process
 from .weights import open_weights
 
@@ -73,5 +74,8 @@ def initialize(
     adapter = adapter_for(model)
     checkpoint = open_weights(model, weights)  # headers only; None for a fully built model
     cfg = prepare_config(model, config, adapter, optimizer is not None)
-    return HeteroEngine(model, cfg, training_data, collate_fn, optimizer=optimizer, seed=seed,
-                        adapter=adapter, checkpoint=checkpoint)
+    engine = HeteroEngine(model, cfg, training_data, collate_fn, optimizer=optimizer, seed=seed,
+                          adapter=adapter, checkpoint=checkpoint)
+    engine.throughput = ThroughputMeter.build(model, cfg, adapter, engine.device, engine.stages.dtype,
+                                              {s.name: s.trains for s in engine.stages})
+    return engine

@@ -38,6 +38,10 @@ class StepResult:
                     `real`, `computed` (every dp rank's rows padded, all ranks together) and
                     `max_mean` (the slowest language dp rank's cost over the mean, worst micro-batch),
                     `step_max_mean` (the slowest ranks' summed over micro-batches over the means'); docs/packing.md
+    throughput      the step's FLOPs and rates (throughput/meter.py; empty for a model the planner cannot
+                    read): `flops/<scope>`, `tflops_per_device/<scope>`, `mfu/<scope>` for scope `model`
+                    (every stage) and `language`, over the job's devices; `tflops_per_device/stage/<name>`,
+                    `mfu/stage/<name>` over each stage's own devices; this rank's step time (docs/throughput.md)
     """
 
     loss: float
@@ -56,6 +60,7 @@ class StepResult:
     aux_loss: float | None = None
     language_tokens: dict[str, float] = field(default_factory=dict)
     data_wait: float = 0.0
+    throughput: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -12,6 +12,10 @@ and `reduce()` (collective over the boundary group, once per log, not per step) 
     hetero/bubble_fraction             max over ranks of the mean idle share of a step
     hetero/language_real_token_fraction  real / computed language tokens (1.0: no padding; docs/packing.md)
     hetero/language_max_mean           the slowest language dp rank's cost over the mean (1.0: balanced)
+    hetero/tflops_per_device/<scope>   the step's FLOPs over the job's devices and the slowest rank's step
+                                       time, scope `model` (every stage) or `language` (docs/throughput.md)
+    hetero/mfu/<scope>                 that over the device's peak (absent where the peak is unknown)
+    hetero/tflops_per_device/stage/<name>, hetero/mfu/stage/<name>   the same over a stage's own devices
 
 Ranks hold different keys (a vision rank has no language phases), so the window travels as
 a small dict through all_gather_object rather than as a fixed-size tensor.
@@ -47,6 +51,11 @@ class StepMetrics:
         if load.get("computed"):  # the plan's figures: the same on every rank
             self.sums["language_real_token_fraction"] += load["real"] / load["computed"]
             self.sums["language_max_mean"] += load["max_mean"]
+        for key, value in r.throughput.items():  # FLOPs per device summed: rates from the slowest step time
+            if key.startswith("tflops_per_device/"):
+                self.sums["flop_per_device/" + key.split("/", 1)[1]] += value * 1e12 * r.step_time
+        if r.throughput.get("peak_flops_per_device"):
+            self.sums["peak_flops_per_device"] += r.throughput["peak_flops_per_device"]
         for stage, phases in r.stage_time.items():
             for phase, seconds in phases.items():
                 self.sums[f"{stage}/{phase}_s"] += seconds
@@ -66,6 +75,13 @@ class StepMetrics:
                 merged[k] = max(merged.get(k, v), v)
         if not merged:
             return {}
+        step_s, peak = merged["step_s"], merged.pop("peak_flops_per_device", 0.0)
+        for key in [k for k in merged if k.startswith("flop_per_device/")]:
+            name = key.split("/", 1)[1]
+            rate = merged.pop(key) / step_s if step_s > 0 else 0.0
+            merged[f"tflops_per_device/{name}"] = rate / 1e12
+            if peak:
+                merged[f"mfu/{name}"] = rate / peak
         out = {f"hetero/{k}": v for k, v in sorted(merged.items())}
-        out["hetero/tokens_per_s"] = tokens / merged["step_s"] if merged["step_s"] > 0 else 0.0
+        out["hetero/tokens_per_s"] = tokens / step_s if step_s > 0 else 0.0
         return out

@@ -56,7 +56,7 @@ def _gemm_seconds(work: StageWork, machine: MachineProfile) -> tuple[float, floa
         # the products of one layer run in one kernel (attention over heads and samples, a grouped GEMM
         # over experts), each layer's in its own: what the GPU's wave quantization sees (machine.py)
         t = machine.gemm_time(g.m, g.k, g.n, g.count, max(1, g.count // layers))
-        fwd += t
+        fwd += t * g.forward
         bwd += t * g.backward
     ew = machine.memory_time(work.elementwise_bytes)
     calls = work.ops * machine.op_overhead

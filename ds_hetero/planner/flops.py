@@ -37,9 +37,11 @@ class Gemm:
     n: int
     count: int = 1
     backward: int = 2  # GEMMs of the same size in the backward (1: weight gradient only)
+    forward: int = 1  # in the forward (0: a product only the backward computes, a triangular solve's gradient)
 
     @property
     def flops(self) -> int:
+        """FLOPs of one pass of the `count` products."""
         return 2 * self.m * self.k * self.n * self.count
 
 
@@ -58,7 +60,7 @@ class StageWork:
 
     @property
     def forward_flops(self) -> int:
-        return sum(g.flops for g in self.gemms)
+        return sum(g.flops * g.forward for g in self.gemms)
 
     @property
     def backward_flops(self) -> int:
@@ -173,14 +175,19 @@ def language_work(spec: ModelSpec, wl: Workload, samples: int, tp: int, cp: int,
                Gemm(tokens, lm.ffn // tp, lm.hidden, 1, linear))  # down (row)
         hidden_tokens = tokens / tp if sequence_parallel else tokens
         ew, mlp_ops = (hidden_tokens * lm.hidden * 8 + tokens * lm.ffn // tp * 3) * wl.dtype_bytes, 0
-    layer = (
-        Gemm(tokens, lm.hidden, q + 2 * kv, 1, linear),  # q, k, v (column)
-        Gemm(tokens, q, lm.hidden, 1, linear),  # o (row)
-        *mlp,
-        Gemm(s, lm.head_dim, attn, samples * heads),  # scores
-        Gemm(s, attn, lm.head_dim, samples * heads),  # probabilities x values
-    )
-    gemms = [Gemm(g.m, g.k, g.n, g.count * n, g.backward) for g in layer]
+    mixers = getattr(lm, "mixer_gemms", None)  # a decoder of several layer types counts its own (Qwen3.5)
+    if mixers is not None:
+        gemms = [Gemm(*g) for g in mixers(samples, s, tokens, tp, attn, linear, n)]
+        gemms += [Gemm(g.m, g.k, g.n, g.count * n, g.backward) for g in mlp]
+    else:
+        layer = (
+            Gemm(tokens, lm.hidden, q + 2 * kv, 1, linear),  # q, k, v (column)
+            Gemm(tokens, q, lm.hidden, 1, linear),  # o (row)
+            *mlp,
+            Gemm(s, lm.head_dim, attn, samples * heads),  # scores
+            Gemm(s, attn, lm.head_dim, samples * heads),  # probabilities x values
+        )
+        gemms = [Gemm(g.m, g.k, g.n, g.count * n, g.backward) for g in layer]
     if head:
         gemms.append(Gemm(tokens, lm.hidden, lm.vocab // tp, 1, linear))  # vocabulary-parallel head
     ew = ew + samples * heads * s * attn * 3 * wl.dtype_bytes
@@ -204,10 +211,12 @@ def moe_work(spec: ModelSpec, routed: float, ep: int, linear: int) -> tuple[tupl
     lm = spec.language
     local = lm.experts // ep
     rows = routed * lm.top_k  # assignments this rank's experts compute
-    m = max(1, round(rows / local))  # per local expert (balanced)
+    m, extra = divmod(max(local, round(rows)), local)  # per local expert (balanced); `extra` experts one more
     gemms = (Gemm(max(1, round(routed)), lm.hidden, lm.experts, 1, linear),  # router logits
              Gemm(m, lm.hidden, 2 * lm.moe_ffn, local, linear),  # gate, up per expert
-             Gemm(m, lm.moe_ffn, lm.hidden, local, linear))  # down per expert
+             Gemm(m, lm.moe_ffn, lm.hidden, local, linear),  # down per expert
+             Gemm(1, lm.hidden, 2 * lm.moe_ffn, extra, linear),  # the rows that do not divide evenly
+             Gemm(1, lm.moe_ffn, lm.hidden, extra, linear))
     # SwiGLU on [rows, f] (3), the permuted rows in and out and the weighted combine on [rows, h] (3),
     # softmax and top-k on [routed, E] (2)
     ew = rows * lm.moe_ffn * 3 + rows * lm.hidden * 3 + routed * lm.experts * 2

@@ -24,7 +24,15 @@ def step_text(step: int, total: int, r: StepResult) -> str:
     """One step's figures, with units (step is 1-based)."""
     return (f"step {step}/{total}  loss {r.loss:.4f}  grad norm {r.grad_norm:.2f}  step {r.step_time:.2f} s  "
             f"{r.num_tokens / r.step_time if r.step_time > 0 else 0:,.0f} tokens/s  data wait {r.data_wait:.3f} s  "
-            f"bubble {100 * r.bubble_fraction:.1f} %")
+            f"bubble {100 * r.bubble_fraction:.1f} %" + _rate(r))
+
+
+def _rate(r: StepResult) -> str:
+    """The step's TFLOP/s per device (whole model) and MFU, where it has them (throughput/meter.py)."""
+    tflops, mfu = r.throughput.get("tflops_per_device/model"), r.throughput.get("mfu/model")
+    if tflops is None:
+        return ""
+    return f"  {tflops:.3g} TFLOP/s per device" + (f" (MFU {100 * mfu:.1f} %)" if mfu is not None else "")
 
 
 class Progress:
@@ -49,7 +57,9 @@ class Progress:
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{r.loss:.3f}", tok_s=f"{r.num_tokens / r.step_time:.0f}",
                                  step_s=f"{r.step_time:.3f}", data_s=f"{r.data_wait:.3f}",
-                                 bubble=f"{r.bubble_fraction:.2f}")
+                                 bubble=f"{r.bubble_fraction:.2f}",
+                                 **({"tflops": f"{r.throughput['tflops_per_device/model']:.3g}"}
+                                    if "tflops_per_device/model" in r.throughput else {}))
             self.bar.update()
         elif self.step % self.every == 0 or self.step == self.total or self.step == 1:
             print(step_text(self.step, self.total, r), file=self.stream, flush=True)

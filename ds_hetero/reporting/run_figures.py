@@ -26,6 +26,7 @@ def step_figures(history: Sequence[StepResult]) -> dict[str, Any]:
     language = [r.language_tokens for r in history]
     computed = sum(t.get("computed", 0) for t in language)
     return {
+        **_throughput(tail, seconds),
         "steps": len(history),
         "first_loss": history[0].loss,
         "last_loss": history[-1].loss,
@@ -46,3 +47,25 @@ def step_figures(history: Sequence[StepResult]) -> dict[str, Any]:
         "language_real_token_fraction": sum(t.get("real", 0) for t in language) / max(1, computed),
         "language_max_mean_load": sum(t.get("max_mean", 1.0) for t in language) / len(history),
     }
+
+
+def _throughput(tail: Sequence[StepResult], seconds: float) -> dict[str, Any]:
+    """TFLOP/s per device and MFU over the timed steps (throughput/meter.py; none where the steps have
+    no figures): the scopes `model` and `language` over the job's devices, each stage over its own."""
+    per_device: dict[str, float] = {}  # FLOPs per device, summed over the steps
+    for r in tail:
+        for key, value in r.throughput.items():
+            if key.startswith("tflops_per_device/"):
+                name = key.split("/", 1)[1]
+                per_device[name] = per_device.get(name, 0.0) + value * 1e12 * r.step_time
+    if not per_device:
+        return {}
+    peak = tail[-1].throughput.get("peak_flops_per_device", 0.0)
+    out: dict[str, Any] = {}
+    for scope in ("model", "language"):
+        out[f"tflops_per_device_{scope}"] = per_device.pop(scope) / seconds / 1e12
+        if peak:
+            out[f"mfu_{scope}"] = out[f"tflops_per_device_{scope}"] * 1e12 / peak
+    out["tflops_per_device_per_stage"] = {name.removeprefix("stage/"): v / seconds / 1e12
+                                          for name, v in per_device.items()}
+    return out

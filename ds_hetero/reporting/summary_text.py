@@ -58,6 +58,17 @@ def _boundary_backward(s) -> str:
             "only for rows an encoder rank holds no copy of (0 when each holds them, or frozen; docs/boundary.md)")
 
 
+def _tflops(s) -> str:
+    stages = ", ".join(f"{n} {v:.3g}" for n, v in s["tflops_per_device_per_stage"].items())
+    return (f"{s['tflops_per_device_model']:.3g} whole model, {s['tflops_per_device_language']:.3g} language "
+            f"only (FLOPs over every device of the job); per stage over its own devices: {stages}")
+
+
+def _mfu(s) -> str:
+    return (f"{100 * s['mfu_model']:.2f}% whole model, {100 * s['mfu_language']:.2f}% language only, of the device's "
+            "peak (a GPU's datasheet, a CPU's measured GEMM; docs/throughput.md)")
+
+
 def _bubble(s) -> str:
     return (_per_rank([100 * b for b in s["bubble_fraction_per_rank"]], ".1f", "%") +
             ": step time outside forward, backward and optimizer work (waits on other ranks and the boundary; "
@@ -75,6 +86,9 @@ FIGURES: tuple[Figure, ...] = (
     Figure("tokens/s", _tokens, ("tokens_per_s", "language_tokens_per_s_real", "language_tokens_per_s_computed")),
     Figure("samples/s", lambda s: f"{s['samples_per_s']:.2f}", ("samples_per_s",)),
     Figure("step time", lambda s: f"{s['median_step_s']:.3f} s median", ("median_step_s",)),
+    Figure("TFLOP/s per device", _tflops, ("tflops_per_device_model", "tflops_per_device_language",
+                                           "tflops_per_device_per_stage")),
+    Figure("MFU", _mfu, ("mfu_model", "mfu_language")),
     Figure("data wait per step", lambda s: _per_rank(s["data_wait_s_per_step_per_rank"], ".4f", "s") +
            ": the step waiting for its rows", ("data_wait_s_per_step_per_rank",)),
     Figure("boundary bytes", _boundary, ("boundary_forward_bytes_per_step", "boundary_forward_lower_bound_per_step")),

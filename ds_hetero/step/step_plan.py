@@ -191,6 +191,16 @@ class StepPlan:
                     out[image.sample][j].append(image.rows)
         return [tuple(tuple(rows) for rows in per_port) for per_port in out]
 
+    @property
+    def lengths(self) -> list[int]:
+        """Every sample's language tokens, in batch order."""
+        return self._lengths
+
+    def items_by_encoder(self) -> dict[str, list[int]]:
+        """Per encoder stage, the boundary rows of each of its items in the step (O(items))."""
+        return {name: [image.rows for p_ in passes for image in p_.assignment.images]
+                for name, passes in self.passes.items()}
+
     def idle_encoders(self) -> frozenset[str]:
         """The encoder stages with no item in the whole step (a text-only batch's vision stage):
         one process would leave their parameters without a gradient (optimizer_step/idle_stages.py)."""

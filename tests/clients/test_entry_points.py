@@ -129,13 +129,23 @@ def test_trainer_logs_per_stage_metrics_and_checkpoints(runs):
                 "hetero/vision/backward_s", "hetero/language/forward_s", "hetero/language/backward_s"} <= keys, keys
         assert steps[3]["hetero/boundary_bytes"] >= steps[3]["hetero/boundary_lower_bound_bytes"] > 0
         assert 0 <= steps[3]["hetero/bubble_fraction"] < 1
+        # TFLOP/s and MFU, both scopes, as numbers (docs/throughput.md); a stage's over its own devices
+        assert steps[3]["hetero/tflops_per_device/model"] > steps[3]["hetero/tflops_per_device/language"] > 0
+        assert 0 < steps[3]["hetero/mfu/model"] < 1 and steps[3]["hetero/mfu/language"] > 0
+        vision = steps[3]["hetero/tflops_per_device/stage/vision"]
+        over_job = steps[3]["hetero/tflops_per_device/model"] - steps[3]["hetero/tflops_per_device/language"]
+        if placement == "colocated":  # the vision stage holds every device: its rate is its share of the job's
+            assert vision == pytest.approx(over_job, rel=1e-6), (vision, over_job)
+        else:  # on 2 of the 4 devices: twice that
+            assert vision == pytest.approx(2 * over_job, rel=1e-6), (vision, over_job)
         # save_total_limit=1 removed checkpoint-2 once checkpoint-4 was written
         assert all(r[f"{placement}_checkpoints"] == ["checkpoint-4"] for r in runs["ranks"])
     logged = runs["acc"]["jsonl"]
     steps = [line for line in logged if line.get("step") is not None]
     assert [s["step"] for s in steps] == [0, 1, 2, 3]
     assert {"loss", "grad_norm", "hetero/vision/forward_s", "hetero/language/backward_s",
-            "hetero/bubble_fraction", "hetero/tokens_per_s"} <= set(steps[0])
+            "hetero/bubble_fraction", "hetero/tokens_per_s", "hetero/tflops_per_device/model",
+            "hetero/mfu/language"} <= set(steps[0])
 
 
 @pytest.mark.parametrize("placement", ["colocated", "disaggregated"])

@@ -188,8 +188,13 @@ def test_loader_checkpoint_bf16_and_errors(tmp_path):
     assert [line.split()[1] for line in printed.splitlines() if line.startswith("step ")] == ["1/4", "2/4", "3/4", "4/4"]
     for label in ("loss, first step", "loss, last step", "loss, mean of last 10 steps", "tokens/s", "step time",
                   "data wait per step", "boundary bytes", "backward", "peak memory", "MB per rank", "bubble",
-                  "% per rank", "per-step losses and grad norms"):
+                  "% per rank", "per-step losses and grad norms", "TFLOP/s per device", "whole model",
+                  "language only", "MFU"):
         assert label in printed, (label, printed)
+    # TFLOP/s and MFU (docs/throughput.md): the model scope holds the language scope; every step's line has it
+    assert summary["tflops_per_device_model"] > summary["tflops_per_device_language"] > 0
+    assert 0 < summary["mfu_model"] < 1 and set(summary["tflops_per_device_per_stage"]) == {"vision", "language"}
+    assert all("TFLOP/s per device (MFU" in line for line in printed.splitlines() if line.startswith("step "))
     assert str(summary["losses"][1]) not in printed  # the per-step lists: --summary-json only
     print("bf16 vs fp32 loss:", list(zip(fp32, bf16)), "max relative gap", max(gaps))
 
