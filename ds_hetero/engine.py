@@ -250,6 +250,8 @@ class HeteroEngine:
         self.global_steps += 1
         step_time = time.perf_counter() - start
         throughput = self.throughput.figures(plan, step_time) if self.throughput is not None else {}
+        self.timeline.count("throughput", step, {k: v for k, v in throughput.items()
+                                                 if k in ("tflops_per_device/model", "mfu/model")})
         stage_time = self.timeline.step_stage_time(step)  # O(spans of this step)
         busy = self.timeline.step_busy(step)
         bytes_ = self.schedule.bytes

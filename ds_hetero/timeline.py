@@ -22,6 +22,16 @@ COMPUTE = ("forward", "backward", "optimizer")
 
 
 @dataclass
+class Counter:
+    """Values of one step drawn as a counter track (TFLOP/s per device, MFU)."""
+
+    name: str
+    time: float  # time.time() at the step's end
+    step: int
+    values: dict[str, float]
+
+
+@dataclass
 class Span:
     name: str  # e.g. "vision.forward[m=1]"
     category: str  # forward | backward | boundary | optimizer
@@ -45,6 +55,7 @@ class Timeline:
 
     def __init__(self, trace_window: int = 100_000, synchronize: bool = False):
         self.spans: deque[Span] = deque(maxlen=trace_window)
+        self.counters: deque[Counter] = deque(maxlen=trace_window)
         self._by_step: dict[int, list[Span]] = {}
         self.synchronize = synchronize
 
@@ -55,6 +66,7 @@ class Timeline:
     @trace_window.setter
     def trace_window(self, n: int) -> None:
         self.spans = deque(self.spans, maxlen=n)
+        self.counters = deque(self.counters, maxlen=n)
 
     @contextlib.contextmanager
     def span(self, name: str, category: str, step: int) -> Iterator[None]:
@@ -65,6 +77,11 @@ class Timeline:
             if self.synchronize:
                 _device_synchronize()
             self.add(Span(name, category, start, time.time(), step))
+
+    def count(self, name: str, step: int, values: dict[str, float]) -> None:
+        """A step's values for a counter track of the trace (the engine: its TFLOP/s and MFU)."""
+        if values:
+            self.counters.append(Counter(name, time.time(), step, dict(values)))
 
     def add(self, span: Span) -> None:
         self.spans.append(span)
@@ -102,10 +119,15 @@ def bubble_fraction(busy: float, step_time: float) -> float:
     return max(0.0, 1.0 - busy / step_time) if step_time > 0 else 0.0
 
 
-def chrome_trace(spans_per_rank: list[list[Span]]) -> dict:
-    """Trace Event Format: complete events ("ph": "X"), microseconds, one tid per rank."""
+def chrome_trace(spans_per_rank: list[list[Span]], counters_per_rank: list[list[Counter]] | None = None) -> dict:
+    """Trace Event Format: complete events ("ph": "X"), microseconds, one tid per rank; each rank's
+    counters (`Timeline.count`) as counter events ("ph": "C"), one track per name and rank."""
     t0 = min((s.start for spans in spans_per_rank for s in spans), default=0.0)
     events = []
+    for rank, counters in enumerate(counters_per_rank or []):
+        for c in counters:
+            events.append({"name": f"{c.name} (rank {rank})", "ph": "C", "pid": 0, "tid": rank,
+                           "ts": round((c.time - t0) * 1e6, 1), "args": c.values})
     for rank, spans in enumerate(spans_per_rank):
         events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": rank, "args": {"name": f"rank {rank}"}})
         for s in spans:

@@ -215,9 +215,10 @@ def gathered(engine, history, tail, trace: str | None) -> dict:
         from ds_hetero.timeline import chrome_trace
 
         spans = _gather(engine, engine.timeline.spans)
+        counters = _gather(engine, engine.timeline.counters)  # TFLOP/s per device and MFU per step
         if engine.rank == 0:
             with open(trace, "w") as f:
-                json.dump(chrome_trace(spans), f)
+                json.dump(chrome_trace(spans, counters), f)
     return out
 
 

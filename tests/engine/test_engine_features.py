@@ -71,10 +71,12 @@ def _recipe_run(rank, tmp):
     printed = io.StringIO()  # not a terminal, as a log file: the progress comes as plain lines
     with contextlib.redirect_stdout(printed):
         recipe.main(["--steps", "4", "--samples", "256", "--summary-json", summary_path, "--model", checkpoint,
+                     "--trace", os.path.join(tmp, "trace.json"),
                      "--deepspeed_config", os.path.join(root, "ds_configs", "llava_colocated.json")])
     if rank == 0:
-        with open(summary_path) as f:
-            return {"recipe": json.load(f), "recipe_stdout": printed.getvalue()}
+        with open(summary_path) as f, open(os.path.join(tmp, "trace.json")) as t:
+            counters = [e for e in json.load(t)["traceEvents"] if e["ph"] == "C"]
+            return {"recipe": json.load(f), "recipe_stdout": printed.getvalue(), "trace_counters": counters}
     return {}
 
 
@@ -195,6 +197,10 @@ def test_loader_checkpoint_bf16_and_errors(tmp_path):
     assert summary["tflops_per_device_model"] > summary["tflops_per_device_language"] > 0
     assert 0 < summary["mfu_model"] < 1 and set(summary["tflops_per_device_per_stage"]) == {"vision", "language"}
     assert all("TFLOP/s per device (MFU" in line for line in printed.splitlines() if line.startswith("step "))
+    # and in the Chrome trace: a counter track per rank, a point per step
+    counters = r0["trace_counters"]
+    assert sorted({e["tid"] for e in counters}) == [0, 1, 2, 3] and len(counters) == 16, counters
+    assert all(e["args"]["tflops_per_device/model"] > 0 and 0 < e["args"]["mfu/model"] < 1 for e in counters)
     assert str(summary["losses"][1]) not in printed  # the per-step lists: --summary-json only
     print("bf16 vs fp32 loss:", list(zip(fp32, bf16)), "max relative gap", max(gaps))
 

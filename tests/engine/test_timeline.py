@@ -2,7 +2,7 @@
 
 import json
 
-from ds_hetero.timeline import Span, Timeline, bubble_fraction, chrome_trace
+from ds_hetero.timeline import Counter, Span, Timeline, bubble_fraction, chrome_trace
 
 
 def test_busy_counts_compute_spans_only():
@@ -36,6 +36,15 @@ def test_chrome_trace_has_one_track_per_rank_in_microseconds():
                                                                          (1, 500000.0, 500000.0, "boundary")]
     names = [e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"]
     assert names == ["rank 0", "rank 1"]
+    # a step's TFLOP/s and MFU as a counter track per rank (Timeline.count, docs/throughput.md)
+    counters = [[Counter("throughput", 100.75, 0, {"tflops_per_device/model": 1.5, "mfu/model": 0.4})], []]
+    trace = json.loads(json.dumps(chrome_trace(ranks, counters)))
+    assert [(e["name"], e["tid"], e["ts"], e["args"]) for e in trace["traceEvents"] if e["ph"] == "C"] == [
+        ("throughput (rank 0)", 0, 750000.0, {"tflops_per_device/model": 1.5, "mfu/model": 0.4})]
+    t = Timeline()
+    t.count("throughput", 3, {})  # a step without figures adds nothing
+    t.count("throughput", 4, {"mfu/model": 0.1})
+    assert [(c.step, c.values) for c in t.counters] == [(4, {"mfu/model": 0.1})]
 
 
 def test_a_long_run_keeps_per_step_figures_and_bounded_memory():
