@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .config import DEFAULT_TIMEOUT_S, HeteroConfig, parse_config, read_ds_config
+from .config.trainer_only import refuse_trainer_auto
 from .engine import HeteroEngine
 from .families import adapter_for, known_encoder_stages
 from .planner.auto import resolve_auto
@@ -46,7 +47,10 @@ def prepare_config(model: torch.nn.Module, config: str | os.PathLike | Mapping[s
     a bad config raises on every rank before any rendezvous or collective.
     """
     clock = PhaseClock()  # startup lines (reporting/startup.py)
-    ds = resolve_auto(model, read_ds_config(config), adapter, has_client_optimizer, run_trials=trials_in_process)
+    ds = read_ds_config(config)
+    # the optimizer's "auto" too: DeepSpeed builds it from this JSON as written (config/trainer_only.py)
+    refuse_trainer_auto(ds, as_written=True)
+    ds = resolve_auto(model, ds, adapter, has_client_optimizer, run_trials=trials_in_process)
     if dist.is_initialized():
         world = dist.get_world_size()
     else:

@@ -1,5 +1,6 @@
 """Config errors name what binds and where: the stage whose divisor refuses a batch (never suggesting a setting
-already in force), a syntax error's file, line and column, a Trainer-only "auto" as such."""
+already in force), a syntax error's file, line and column, a Trainer-only "auto" as such (an optimizer "auto" alone
+too, where the JSON is read as written)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import pytest
 
 from ds_hetero.config import load_config, read_ds_config
+from ds_hetero.config.trainer_only import refuse_trainer_auto
 from ds_hetero.errors import ConfigFileError, HeteroConfigError
 
 MAIN = "ds_configs/llava_colocated.json"  # vision tp1 dp4, language tp2 dp2, micro_batches 2, balance tokens
@@ -88,3 +90,39 @@ def test_launcher_packed_config_is_the_trainer_one_with_numbers():
     assert "auto" not in json.dumps(launcher)
     cfg = load_config(launcher, 4)
     assert cfg.packed
+
+
+def _optimizer_auto():
+    """The main config with numbers for the batch and clipping, "auto" only in the optimizer (and a derived key)."""
+    ds = _main(train_micro_batch_size_per_gpu="auto")
+    ds["optimizer"] = {**ds["optimizer"], "params": {**ds["optimizer"]["params"], "lr": "auto", "betas": "auto"}}
+    return ds
+
+
+def test_an_optimizer_auto_alone_is_named_as_trainer_only_where_the_json_is_read_as_written():
+    with pytest.raises(HeteroConfigError) as info:
+        refuse_trainer_auto(_optimizer_auto(), as_written=True)
+    text = str(info.value)
+    assert text.startswith("hetero_parallel config error at 'optimizer.params.lr': \"auto\" is a Trainer-only value")
+    assert 'has "auto" at optimizer.params.lr, optimizer.params.betas. ' in text  # the derived key not among them
+    assert "ds_configs/llava_colocated.json" in text
+
+
+def test_negative_control_numbers_in_the_optimizer_pass_as_written():
+    refuse_trainer_auto(_main(train_micro_batch_size_per_gpu="auto"), as_written=True)
+
+
+def test_initialize_refuses_an_optimizer_auto_before_building_anything():
+    """The launcher recipe's and Accelerate's path (initialize); before today DeepSpeed stopped at lr="auto"."""
+    import torch
+
+    from ds_hetero.entry import prepare_config
+
+    with pytest.raises(HeteroConfigError, match="at 'optimizer.params.lr': \"auto\" is a Trainer-only value"):
+        prepare_config(torch.nn.Linear(1, 1), _optimizer_auto())
+
+
+def test_parse_scope_leaves_the_optimizer_auto_to_the_trainer():
+    """`ds-hetero validate` and the planner check a Trainer JSON (batch and clipping filled as the Trainer would);
+    the optimizer's "auto" is the Trainer's to fill, so parse_config takes it."""
+    assert load_config(_optimizer_auto(), 4).global_batch_size == 16
