@@ -52,6 +52,9 @@ class EncoderPort:
     cost       rows -> the encoder's work for one item (step/balance.py transformer_cost)
     select     (sample, item indices) -> the sample's fields for those items
     inputs     selected samples -> keyword arguments of the encoder stage's forward
+    costs      sample -> the encoder's work for each of its items, from `input_ids` alone, where
+               an item's work is not a function of its rows (a video clip's frames attend within
+               themselves, an image over all its patches); default: `cost` of each item's rows
     """
 
     name: str
@@ -61,6 +64,11 @@ class EncoderPort:
     select: Callable[[dict[str, Any], Sequence[int]], dict[str, Any]]
     inputs: Callable[[Sequence[dict[str, Any]]], dict[str, torch.Tensor]]
     more_ids: tuple[int, ...] = ()
+    costs: Callable[[dict[str, Any]], list[int]] | None = None
+
+    def item_costs(self, sample: dict[str, Any]) -> list[int]:
+        """The encoder's work for each item of the sample, in the order of `rows`."""
+        return self.costs(sample) if self.costs is not None else [self.cost(n) for n in self.rows(sample)]
 
     @property
     def ids(self) -> tuple[int, ...]:

@@ -139,14 +139,15 @@ def assign_pass(samples: Sequence[dict[str, Any]], positions: Sequence[int], dp:
     """The assignment of one encoder pass over the samples at `positions`, to `dp` ranks.
 
     `port` is the encoder's EncoderPort (models/adapter.py): `rows(sample)` gives the boundary
-    rows of each of the sample's items (images, audio clips), `cost(rows)` the encoder's work.
+    rows of each of the sample's items (images, video clips, audio clips), `item_costs(sample)` the
+    encoder's work for each.
     """
     images, position_rank, counts = [], [], []
     for offset, p in enumerate(positions):
         rows = port.rows(samples[p])
         counts.append(sum(rows))
-        for k, n in enumerate(rows):
-            images.append(Image(p, k, n, port.cost(n)))
+        for k, (n, cost) in enumerate(zip(rows, port.item_costs(samples[p]), strict=True)):
+            images.append(Image(p, k, n, cost))
             # the sample's contiguous share (offset // (samples / dp) when dp divides them; with
             # more dp ranks than samples, balance "tokens", some ranks get no sample by position)
             position_rank.append(offset * dp // len(positions))

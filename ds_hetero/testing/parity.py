@@ -17,9 +17,15 @@ SCALE_FLOOR = 1e-2
 LLAVA_TP4 = dict(text_heads=4, text_kv_heads=4)  # kv heads divisible by tp 4
 
 
+VIDEO = "video:"  # "video:<family>": a Qwen-VL family on video samples, its model fed the video fields
+
+
 def build_model(family, seed, **kw):
+    from ds_hetero import toy
     from ds_hetero.toy import tiny_llava, tiny_qwen2_5_omni, tiny_qwen2_vl
 
+    if family.startswith(VIDEO):
+        return getattr(toy, "tiny_" + family[len(VIDEO):])(seed=seed, **kw)
     if family == "omni":
         return tiny_qwen2_5_omni(seed=seed, **kw)
     if family == "llava":
@@ -70,6 +76,12 @@ def reference_forward(family, model, adapter, samples):
         from ds_hetero.testing.omni_samples import hf_inputs
 
         kwargs = hf_inputs(model, adapter, samples)
+        out = model(**kwargs)
+        return out.logits, kwargs["labels"], float(out.loss)
+    if family.startswith(VIDEO):  # the unmodified model on the processor's image and video fields
+        from ds_hetero.testing.video_samples import hf_video_inputs
+
+        kwargs = hf_video_inputs(model, adapter, samples)
         out = model(**kwargs)
         return out.logits, kwargs["labels"], float(out.loss)
     batch = adapter.language_inputs(samples)

@@ -19,13 +19,11 @@ from __future__ import annotations
 from torch import nn
 
 from ...models.item_cost import transformer_cost
-from ..qwen2_vl.adapter import Qwen2VLAdapter, Qwen2VLVisionStage
-from ...models.language_stage import LanguageStage
+from ..qwen2_vl.adapter import Qwen2VLAdapter, split_qwen2_vl
 
 
 def split_qwen2_5_vl(model: nn.Module) -> dict[str, nn.Module]:
-    language = LanguageStage(model.model.language_model, model.lm_head, model.config.image_token_id)
-    return {"vision": Qwen2VLVisionStage(model), "language": language}
+    return split_qwen2_vl(model)  # the same cut: the tower's windows are its own business
 
 
 def window_patches(vision_config) -> int:
@@ -35,7 +33,11 @@ def window_patches(vision_config) -> int:
 
 
 class Qwen2_5_VLAdapter(Qwen2VLAdapter):
-    """Samples as for Qwen2-VL: `pixel_values` [patches, D] and `image_grid_thw` [n, 3], or neither."""
+    """Samples as for Qwen2-VL (images, clips, both or neither), each clip with its seconds per
+    temporal patch in `second_per_grid_ts` [n_clips] (the processor's field; the time-aware temporal
+    positions space a clip's temporal patches by tokens_per_second x that)."""
+    SAMPLE_FIELDS = Qwen2VLAdapter.SAMPLE_FIELDS + ("second_per_grid_ts",)
+    SECONDS_FIELD = "second_per_grid_ts"
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
@@ -48,13 +50,13 @@ class Qwen2_5_VLAdapter(Qwen2VLAdapter):
     def tower_width(vision_config) -> tuple[int, int]:
         return vision_config.hidden_size, vision_config.intermediate_size
 
-    def image_cost(self, rows: int) -> int:
-        # Full-attention blocks attend over the image's patches, windowed ones over at most one
-        # window (a window at the image's edge is smaller; the bound keeps the cost a function of
+    def attention_cost(self, rows: int, attended: int) -> int:
+        # Full-attention blocks attend over the frame's patches, windowed ones over at most one
+        # window (a window at the frame's edge is smaller; the bound keeps the cost a function of
         # the row count alone, which is all every rank knows of a light sample).
         patches = rows * self.merge**2
-        full = transformer_cost(patches, patches, *self._vision_width)
-        windowed = transformer_cost(patches, min(patches, self._window), *self._vision_width)
+        full = transformer_cost(patches, attended, *self._vision_width)
+        windowed = transformer_cost(patches, min(attended, self._window), *self._vision_width)
         return self._full_blocks * full + self._window_blocks * windowed
 
     def split(self) -> dict[str, nn.Module]:

@@ -5,9 +5,11 @@
     language : embeddings + decoder + lm_head          (shared with LLaVA: LanguageStage)
 
 Images differ in size, so samples differ in image-token count: a sample's count is
-t*h*w / spatial_merge^2 of its `image_grid_thw`. The multimodal rotary positions (M-RoPE) are
-data, computed from `input_ids`, `mm_token_type_ids` and `image_grid_thw` by the model's own
-`get_rope_index` and handed to the language stage as `position_ids`.
+t*h*w / spatial_merge^2 of its `image_grid_thw`. Video clips (`pixel_values_videos`,
+`video_grid_thw`) are vision items beside the images, encoded by the same tower and delivered to the
+video placeholders (video.py). The multimodal rotary positions (M-RoPE) are data, computed from
+`input_ids`, `mm_token_type_ids` and both grids (Qwen2.5-VL: and `second_per_grid_ts`) by the
+model's own `get_rope_index` and handed to the language stage as `position_ids`.
 """
 
 from __future__ import annotations
@@ -18,8 +20,15 @@ import torch
 from torch import nn
 
 from ...models.item_cost import transformer_cost
-from ...models.adapter import StageAdapter
+from ...models.adapter import EncoderPort, StageAdapter
 from ...models.language_stage import LanguageStage, empty_rows
+from ..qwen2_5_omni.adapter import typed_runs
+from .video import check_vision_items, mm_token_types, vision_items
+
+# A Qwen2-VL / Qwen2.5-VL clip is one placeholder run whose frame count `input_ids` do not say;
+# its frames attend within themselves, at most this many merged tokens each (the video processors'
+# default `max_pixels`, 768 x 28 x 28: 768 tokens a frame), which bounds the attention its cost counts.
+FRAME_TOKENS = 768
 
 
 class Qwen2VLVisionStage(nn.Module):
@@ -44,14 +53,24 @@ class Qwen2VLVisionStage(nn.Module):
 
 
 def split_qwen2_vl(model: nn.Module) -> dict[str, nn.Module]:
-    language = LanguageStage(model.model.language_model, model.lm_head, model.config.image_token_id)
-    return {"vision": Qwen2VLVisionStage(model), "language": language}
+    return {"vision": Qwen2VLVisionStage(model), "language": LanguageStage(
+        model.model.language_model, model.lm_head, vision_token_ids(model.config))}
+
+
+def vision_token_ids(cfg) -> tuple[tuple[int, int]]:
+    """The language stage's placeholder ids: the one vision encoder fills image and video placeholders."""
+    return ((cfg.image_token_id, cfg.video_token_id),)
 
 
 class Qwen2VLAdapter(StageAdapter):
     """Samples carry `pixel_values` [patches, D] and `image_grid_thw` [n, 3] (n images, each its own
-    run of placeholders, in order) or neither."""
-    SAMPLE_FIELDS = ("pixel_values", "image_grid_thw")
+    run of placeholders, in order), `pixel_values_videos` [patches, D] and `video_grid_thw` [n, 3]
+    (n clips), either, both or neither (video.py)."""
+    SAMPLE_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+    # Whether a clip's temporal patches are separate placeholder runs (Qwen3-VL, Qwen3.5: video.py).
+    FRAME_RUNS = False
+    # The field of each clip's seconds per temporal patch that its positions read (Qwen2.5-VL).
+    SECONDS_FIELD: str | None = None
 
     # the merger is Qwen2-VL's projector (models/freeze.py)
     FREEZE_GROUPS = {"vision": {"tower": ["model.visual.patch_embed.*", "model.visual.blocks.*"],
@@ -61,6 +80,7 @@ class Qwen2VLAdapter(StageAdapter):
         self.model = model
         cfg = model.config
         self.image_token_id = cfg.image_token_id
+        self.video_token_id = cfg.video_token_id
         self.pad_token_id = cfg.text_config.pad_token_id or 0
         v = cfg.vision_config
         self.merge = v.spatial_merge_size
@@ -72,26 +92,51 @@ class Qwen2VLAdapter(StageAdapter):
         """(hidden, MLP width) of one vision block, for image_cost."""
         return vision_config.embed_dim, int(vision_config.embed_dim * vision_config.mlp_ratio)
 
+    def encoders(self) -> dict[str, EncoderPort]:
+        ports = getattr(self, "_ports", None)
+        if ports is None:
+            ports = self._ports = {"vision": EncoderPort(
+                "vision", self.image_token_id, self.image_rows, self.image_cost, self.select_images,
+                self.vision_inputs, more_ids=(self.video_token_id,), costs=self.item_costs)}
+        return ports
+
+    @property
+    def vision_ids(self) -> tuple[int, int]:
+        return self.image_token_id, self.video_token_id
+
     def image_rows(self, sample: dict[str, Any]) -> list[int]:
-        """Each image is one run of placeholders (the processor wraps it in vision start/end)."""
-        ids = sample["input_ids"].reshape(-1)
-        is_image = (ids == self.image_token_id).int()
-        edges = torch.diff(is_image, prepend=is_image.new_zeros(1), append=is_image.new_zeros(1))
-        starts, ends = torch.nonzero(edges == 1).flatten(), torch.nonzero(edges == -1).flatten()
-        return (ends - starts).tolist()
+        """Rows of each vision item (image, clip or frame: video.py), one placeholder run each
+        (the processor wraps it in vision start/end), in sequence order."""
+        return [n for _, n in typed_runs(sample["input_ids"], self.vision_ids)]
 
     def image_cost(self, rows: int) -> int:
         # An image is one frame (t = 1): its blocks attend over all its patches, merge^2 per row.
-        patches = rows * self.merge**2
-        return transformer_cost(patches, patches, *self._vision_width)
+        return self.attention_cost(rows, rows * self.merge**2)
+
+    def video_cost(self, rows: int) -> int:
+        """A clip in one run: its frames attend within themselves, at most FRAME_TOKENS rows each."""
+        return self.attention_cost(rows, min(rows, FRAME_TOKENS) * self.merge**2)
+
+    def attention_cost(self, rows: int, attended: int) -> int:
+        """The tower's work for `rows` rows whose patches attend over `attended` patches each."""
+        return transformer_cost(rows * self.merge**2, attended, *self._vision_width)
+
+    def item_costs(self, sample: dict[str, Any]) -> list[int]:
+        """The encoder's work for each vision item, from `input_ids` alone: an image (or a frame of its
+        own run) attends over its patches, a clip of one run per frame over each frame."""
+        clip = self.video_token_id if not self.FRAME_RUNS else None
+        return [self.video_cost(n) if token == clip else self.image_cost(n)
+                for token, n in typed_runs(sample["input_ids"], self.vision_ids)]
 
     def select_images(self, sample: dict[str, Any], images: Sequence[int]) -> dict[str, Any]:
-        grid = sample["image_grid_thw"].reshape(-1, 3)
-        if len(images) == grid.shape[0]:
+        """The tower's inputs for these vision items (indices in sequence order, images and videos
+        alike) as one list of images: the tower treats a clip as an image of t temporal patches."""
+        grid = sample.get("image_grid_thw")
+        if sample.get("video_grid_thw") is None and grid is not None and len(images) == grid.reshape(-1, 3).shape[0]:
             return sample
-        starts = [0] + grid.prod(-1).cumsum(0).tolist()
-        pixels = torch.cat([sample["pixel_values"][starts[k]:starts[k + 1]] for k in images])
-        return {"pixel_values": pixels, "image_grid_thw": grid[list(images)]}
+        items = vision_items(sample, self.vision_ids, self.FRAME_RUNS)
+        return {"pixel_values": torch.cat([items[k][0] for k in images]),
+                "image_grid_thw": torch.cat([items[k][1] for k in images])}
 
     def split(self) -> dict[str, nn.Module]:
         return split_qwen2_vl(self.model)
@@ -100,6 +145,9 @@ class Qwen2VLAdapter(StageAdapter):
         return [self.model.model.visual]  # blocks and merger
 
     def vision_inputs(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Every image and video of the samples, samples in order, items in sequence order."""
+        samples = [s if s.get("video_grid_thw") is None else self.select_images(s, range(len(self.image_rows(s))))
+                   for s in samples]
         with_image = [s for s in samples if s.get("image_grid_thw") is not None]
         if not with_image:
             return {"pixel_values": torch.zeros(0, self.patch_dim), "image_grid_thw": torch.zeros(0, 3, dtype=torch.long)}
@@ -108,33 +156,32 @@ class Qwen2VLAdapter(StageAdapter):
             "image_grid_thw": torch.cat([s["image_grid_thw"].reshape(-1, 3) for s in with_image]),
         }
 
+    def rope_inputs(self, samples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor | None]:
+        """`get_rope_index`'s grid (and seconds) arguments for these samples, as the processor batches them."""
+        def cat(key, shape=(-1,)):
+            parts = [s[key].reshape(shape) for s in samples if s.get(key) is not None]
+            return torch.cat(parts) if parts else None
+
+        out = {"image_grid_thw": cat("image_grid_thw", (-1, 3)), "video_grid_thw": cat("video_grid_thw", (-1, 3))}
+        field = self.SECONDS_FIELD
+        if field is not None:  # a clip without its seconds takes the model's default, 1 s per temporal patch
+            seconds = [s[field].reshape(-1).float() if s.get(field) is not None
+                       else torch.ones(s["video_grid_thw"].reshape(-1, 3).shape[0])
+                       for s in samples if s.get("video_grid_thw") is not None]
+            out[field] = torch.cat(seconds) if seconds else None
+        return out
+
     def position_ids(self, batch: dict[str, torch.Tensor], samples: Sequence[dict[str, Any]]) -> torch.Tensor | None:
-        grids = [s["image_grid_thw"].reshape(-1, 3) for s in samples if s.get("image_grid_thw") is not None]
-        mm_types = (batch["input_ids"] == self.image_token_id).int()
         position_ids, _ = self.model.model.get_rope_index(
-            batch["input_ids"], mm_token_type_ids=mm_types,
-            image_grid_thw=torch.cat(grids) if grids else None, attention_mask=batch["attention_mask"],
-        )
+            batch["input_ids"], mm_token_type_ids=mm_token_types(batch["input_ids"], *self.vision_ids),
+            attention_mask=batch["attention_mask"], **self.rope_inputs(samples))
         return position_ids
 
     def check_sample(self, sample: dict[str, Any], index: int) -> None:
         super().check_sample(sample, index)
-        grid = sample.get("image_grid_thw")
-        expected = 0 if grid is None else int(grid.reshape(-1, 3).prod(-1).sum()) // (self.merge**2)
-        found = self.image_token_count(sample)
-        if found != expected:
-            raise ValueError(
-                f"sample {index}: {found} image placeholder tokens (id {self.image_token_id}) but "
-                f"image_grid_thw {None if grid is None else grid.reshape(-1, 3).tolist()} gives {expected}"
-            )
-        if grid is not None:
-            per_image = (grid.reshape(-1, 3).prod(-1) // self.merge**2).tolist()
-            if self.image_rows(sample) != per_image:
-                raise ValueError(
-                    f"sample {index}: image placeholder runs {self.image_rows(sample)} do not match the images "
-                    f"of image_grid_thw {per_image}; each image needs its own run (vision start/end tokens around it)")
-        if grid is not None and sample["pixel_values"].shape[0] != int(grid.reshape(-1, 3).prod(-1).sum()):
-            raise ValueError(
-                f"sample {index}: pixel_values has {sample['pixel_values'].shape[0]} patches but "
-                f"image_grid_thw {grid.reshape(-1, 3).tolist()} needs {int(grid.reshape(-1, 3).prod(-1).sum())}"
-            )
+        check_vision_items(sample, index, self.vision_ids, self.merge, self.FRAME_RUNS)
+        videos, field = sample.get("video_grid_thw"), self.SECONDS_FIELD
+        if videos is not None and field is not None and sample.get(field) is not None \
+                and sample[field].numel() != videos.reshape(-1, 3).shape[0]:
+            raise ValueError(f"sample {index}: {field} needs one entry per video ({videos.reshape(-1, 3).shape[0]}), "
+                             "as the processor gives it")

@@ -34,7 +34,7 @@ from torch import nn
 
 from ...models.language_stage import LanguageStage
 from ...models.per_sample_attention import PER_SAMPLE
-from ..qwen2_vl.adapter import Qwen2VLAdapter, Qwen2VLVisionStage
+from ..qwen2_vl.adapter import Qwen2VLAdapter, Qwen2VLVisionStage, vision_token_ids
 from .packed_deltanet import apply_segmented_deltanet
 
 
@@ -46,7 +46,7 @@ class Qwen3_5VisionStage(Qwen2VLVisionStage):
 
 
 def split_qwen3_5(model: nn.Module) -> dict[str, nn.Module]:
-    language = LanguageStage(model.model.language_model, model.lm_head, model.config.image_token_id)
+    language = LanguageStage(model.model.language_model, model.lm_head, vision_token_ids(model.config))
     return {"vision": Qwen3_5VisionStage(model), "language": language}
 
 
@@ -55,7 +55,9 @@ def linear_attention_layers(text_config) -> list[int]:
 
 
 class Qwen3_5Adapter(Qwen2VLAdapter):
-    """Samples as for Qwen2-VL: `pixel_values` [patches, D] and `image_grid_thw` [n, 3], or neither."""
+    """Samples as for Qwen2-VL (images, clips, both or neither); a clip's temporal patches are
+    separate placeholder runs, each after its timestamp, as in Qwen3-VL (families/qwen2_vl/video.py)."""
+    FRAME_RUNS = True
 
     def separate_packed_samples(self, decoder: nn.Module) -> None:
         """Every Gated DeltaNet layer restarts its convolution and recurrence at each packed sample."""

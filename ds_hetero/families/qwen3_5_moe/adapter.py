@@ -24,6 +24,7 @@ from torch import nn
 
 from ...models.language_stage import LanguageStage
 from ..moe import ExpertParallelAdapter, RouterLogitsStage
+from ..qwen2_vl.adapter import vision_token_ids
 from ..qwen3_5.adapter import Qwen3_5Adapter, Qwen3_5VisionStage
 
 
@@ -31,7 +32,7 @@ class Qwen3_5MoeLanguageStage(RouterLogitsStage, LanguageStage):
     """Qwen3.5's language stage that also leaves its router logits for the loss."""
 
     def __init__(self, model: nn.Module):
-        super().__init__(model.model.language_model, model.lm_head, model.config.image_token_id)
+        super().__init__(model.model.language_model, model.lm_head, vision_token_ids(model.config))
         self.init_router_logits(model.config.text_config)
 
 

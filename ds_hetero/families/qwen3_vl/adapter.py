@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from ...models.item_cost import transformer_cost
-from ..qwen2_vl.adapter import Qwen2VLAdapter, Qwen2VLVisionStage
+from ..qwen2_vl.adapter import Qwen2VLAdapter, Qwen2VLVisionStage, vision_token_ids
+from ...models.adapter import placeholder_mask
 from ...models.language_stage import LanguageStage
 
 
@@ -46,7 +47,7 @@ class Qwen3VLLanguageStage(LanguageStage):
     """LanguageStage whose rows carry the merged embedding and the DeepStack levels side by side."""
 
     def __init__(self, model: nn.Module):
-        super().__init__(model.model.language_model, model.lm_head, model.config.image_token_id)
+        super().__init__(model.model.language_model, model.lm_head, vision_token_ids(model.config))
         self.levels = len(model.config.vision_config.deepstack_visual_indexes)
         self.width = model.config.text_config.hidden_size
 
@@ -60,7 +61,8 @@ class Qwen3VLLanguageStage(LanguageStage):
         # Level l is added after decoder layer l: with a pipeline, these layers must all be in the
         # first chunk (Qwen3VLAdapter.check_layouts refuses a cut that moves one out of it).
         return embeds, {
-            "visual_pos_masks": self.local_ids(input_ids) == self.token_ids[0],  # this rank's positions
+            # this rank's image and video positions: the levels' rows are theirs, in sequence order
+            "visual_pos_masks": placeholder_mask(self.local_ids(input_ids), self.token_ids[0]),
             "deepstack_visual_embeds": [level.to(embeds.dtype) for level in levels] if levels else None,
         }
 
@@ -70,7 +72,9 @@ def split_qwen3_vl(model: nn.Module) -> dict[str, nn.Module]:
 
 
 class Qwen3VLAdapter(Qwen2VLAdapter):
-    """Samples as for Qwen2-VL: `pixel_values` [patches, D] and `image_grid_thw` [n, 3], or neither."""
+    """Samples as for Qwen2-VL (images, clips, both or neither); a clip's temporal patches are
+    separate placeholder runs, each after its timestamp (families/qwen2_vl/video.py)."""
+    FRAME_RUNS = True
 
     @staticmethod
     def tower_width(vision_config) -> tuple[int, int]:
