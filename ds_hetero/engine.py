@@ -223,7 +223,7 @@ class HeteroEngine:
             plan = plan or StepPlan(self.config, self.adapter.encoders(), samples,
                                     language_cost=self.adapter.language_cost,
                                     dense_attention=self.adapter.dense_rows(self.config.packed_attention))
-            self.schedule.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0}
+            self.schedule.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0, "backward_lower_bound": 0}
             self.schedule.aux_sum = 0.0  # a MoE language stage's aux-loss shares (stage_work.py)
             self.stages.start_step(step)  # the dropout streams restart from (seed, step): resumes draw the same
             with self.stages.reduce_once():  # a shared stage engine: one gradient reduction after every pass
@@ -266,6 +266,7 @@ class HeteroEngine:
             boundary_bytes_total=bytes_["total"],
             boundary_bytes_lower_bound=bytes_["lower_bound"],
             boundary_bytes_backward=bytes_["backward"],
+            boundary_bytes_backward_lower_bound=bytes_["backward_lower_bound"],
             busy_time=busy,
             bubble_fraction=bubble_fraction(busy, step_time - data_wait),  # waiting for data is not a bubble
             data_wait=data_wait,

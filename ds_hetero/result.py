@@ -21,6 +21,9 @@ class StepResult:
     boundary_bytes_total        bytes all ranks sent in the forward exchanges
     boundary_bytes_backward     the part of boundary_bytes this rank sent in backward exchanges (0 for
                                 an encoder that does not train: it has no backward exchange)
+    boundary_bytes_backward_lower_bound  the backward exchanges' lower bound, all ranks together: every row
+                                gradient an encoder replica needs and holds no copy of (0 on a rank that
+                                runs no backward exchange, and for an encoder that does not train)
     busy_time       seconds this rank spent in forward, backward and optimizer work
     bubble_fraction 1 - busy_time / (step_time - data_wait): the share of the step this rank waited on
                     other ranks (the data wait is counted apart)
@@ -54,6 +57,7 @@ class StepResult:
     boundary_bytes_total: int = 0
     boundary_bytes_lower_bound: int = 0
     boundary_bytes_backward: int = 0
+    boundary_bytes_backward_lower_bound: int = 0
     busy_time: float = 0.0
     bubble_fraction: float = 0.0
     skipped: bool = False

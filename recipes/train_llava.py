@@ -202,6 +202,8 @@ def gathered(engine, history, tail, trace: str | None) -> dict:
     """What the summary needs from every rank (collectives: every rank calls this, in the same order)."""
     out = {"memory": _gather(engine, round(peak_memory_mb(engine.device), 1)),
            "backward": _gather(engine, sum(r.boundary_bytes_backward for r in history)),
+           # the plan's figure, the same on every rank that ran a backward exchange (0 on the others)
+           "backward_bound": _gather(engine, sum(r.boundary_bytes_backward_lower_bound for r in history)),
            "bubbles": _gather(engine, round(sum(r.bubble_fraction for r in tail) / len(tail), 3)),
            "data_wait": _gather(engine, round(sum(r.data_wait for r in tail) / len(tail), 5)),
            "pipeline": None}
@@ -242,6 +244,7 @@ def summarize(engine, history, wall: float, trace: str | None = None, layout: st
         "wall_s": wall,
         "stage_time_s_per_step": {k: round(v, 5) for k, v in sorted(split.items())},
         "boundary_backward_bytes_per_step": sum(g["backward"]) / len(history),  # all ranks
+        "boundary_backward_lower_bound_per_step": max(g["backward_bound"]) / len(history),
         "peak_memory_mb_per_rank": g["memory"],
         "bubble_fraction_per_rank": g["bubbles"],
         # seconds a step waited for the rank's share of the data (not in the bubble; docs/real-data.md)

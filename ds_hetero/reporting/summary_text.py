@@ -54,8 +54,12 @@ def _boundary(s) -> str:
 
 
 def _boundary_backward(s) -> str:
-    return (f"backward {_kib(s['boundary_backward_bytes_per_step'])} per step, all ranks: its lower bound, gradients "
-            "only for rows an encoder rank holds no copy of (0 when each holds them, or frozen; docs/boundary.md)")
+    sent, bound = s["boundary_backward_bytes_per_step"], s.get("boundary_backward_lower_bound_per_step")
+    verdict = ("at the lower bound" if sent == bound else f"{sent / bound:.2f}x the lower bound" if bound
+               else "above it")
+    measured = "" if bound is None else f", lower bound {_kib(bound)} ({verdict})"
+    return (f"backward {_kib(sent)} per step, all ranks{measured}: gradients only for rows an encoder rank holds "
+            "no copy of (0 when each holds them, or frozen; docs/boundary.md)")
 
 
 def _tflops(s) -> str:

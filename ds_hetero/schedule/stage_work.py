@@ -47,7 +47,7 @@ class StageWork:
         self.ports = adapter.encoders()
         head = stages.language.module.lm_head
         self.lm_head = head if isinstance(head, VocabParallelLMHead) else None
-        self.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0}
+        self.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0, "backward_lower_bound": 0}
         self.loss_observer = None  # (logits, labels, shifted) -> None, called after each language loss
         self.aux_sum = 0.0  # this step's aux-loss shares of a MoE language stage (reset by the engine)
         # packed rows attended per sample (models/per_sample_attention.py): the batch carries their segments
@@ -84,9 +84,11 @@ class StageWork:
         return out
 
     def count_backward(self, name: str) -> None:
-        sent = self.boundaries[name].last_backward.bytes_sent
-        self.bytes["sent"] += sent
-        self.bytes["backward"] += sent
+        last = self.boundaries[name].last_backward
+        self.bytes["sent"] += last.bytes_sent
+        self.bytes["backward"] += last.bytes_sent
+        # all ranks together, from the plan: what every rank that runs the exchange knows alike
+        self.bytes["backward_lower_bound"] += last.lower_bound_bytes
 
     # ------------------------------------------------------------------ encoders
     def encoder_forward(self, stage: Stage, samples: Sequence[dict[str, Any]], plan: StepPlan, v: int,

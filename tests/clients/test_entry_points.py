@@ -99,6 +99,10 @@ def _trainer_steps(history):
 def test_main_job_trainer_and_accelerate_train_alike(runs, placement):
     main = _summary(runs, placement, "main")
     assert len(main["losses"]) == 4
+    # the boundary's backward moves its lower bound: nothing colocated (each vision rank holds its rows'
+    # copies), every row gradient once disaggregated
+    assert main["boundary_backward_bytes_per_step"] == main["boundary_backward_lower_bound_per_step"]
+    assert (main["boundary_backward_bytes_per_step"] > 0) == (placement == "disaggregated"), main
     # HF Trainer: steps 1-2, then resumed from checkpoint-2 (resume_from_checkpoint=True) to step 4
     first = _trainer_steps(_summary(runs, placement, "trainer_first")["log_history"])
     resumed = _trainer_steps(_summary(runs, placement, "trainer_resumed")["log_history"])
