@@ -78,8 +78,9 @@ def initialize(
     adapter = adapter_for(model)
     checkpoint = open_weights(model, weights)  # headers only; None for a fully built model
     cfg = prepare_config(model, config, adapter, optimizer is not None)
+    shapes = ThroughputMeter.shapes_of(model, cfg, adapter)  # on the whole model: before the stages cut it
     engine = HeteroEngine(model, cfg, training_data, collate_fn, optimizer=optimizer, seed=seed,
                           adapter=adapter, checkpoint=checkpoint)
-    engine.throughput = ThroughputMeter.build(model, cfg, adapter, engine.device, engine.stages.dtype,
+    engine.throughput = ThroughputMeter.build(shapes, cfg, engine.device, engine.stages.dtype,
                                               {s.name: s.trains for s in engine.stages})
     return engine

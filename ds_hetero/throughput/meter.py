@@ -1,7 +1,8 @@
 """TFLOP/s per device and MFU of every step, per stage and for the job, in two labeled scopes.
 
-    meter = ThroughputMeter.build(model, config, adapter, device, dtype)   # None for a model the
-    figures = meter.figures(plan, step_time)                                # planner cannot read
+    shapes = ThroughputMeter.shapes_of(model, config, adapter)   # before the engine cuts the model
+    meter = ThroughputMeter.build(shapes, config, device, dtype)  # None for a model the planner cannot read
+    figures = meter.figures(plan, step_time)
 
 Scopes (say which a figure has: Megatron-Bridge's cards count the whole model, lmms-engine and
 NeMo Automodel the text backbone only, Automodel's `flops_scope`):
@@ -17,11 +18,15 @@ per device over the device's peak (peaks.py), at the dtype the engines compute i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from ..config import LANGUAGE, SECTION
 from .peaks import device_peak
 from .step_flops import StepFlops
+
+if TYPE_CHECKING:
+    from ..models.shapes import ModelSpec
+    from ..planner.frozen import Freeze
 
 
 @dataclass
@@ -32,21 +37,30 @@ class ThroughputMeter:
     peak: float | None  # FLOP/s of one device, None where unknown (no MFU then)
     peak_source: str
 
-    @classmethod
-    def build(cls, model, config, adapter, device, dtype, trains: Mapping[str, bool] | None = None
-              ) -> "ThroughputMeter | None":
-        """The meter of `model` (its HF config read by the planner's shape readers), or None for a
-        model they do not know. `trains`: which stages train (a stage that does not is counted
-        forward only)."""
-        from ..planner.frozen import Freeze, StageFreeze, resolve_freeze
+    @staticmethod
+    def shapes_of(model, config, adapter) -> "tuple[ModelSpec, Freeze] | None":
+        """The model's shapes (its HF config read by the planner's shape readers) and what of each
+        stage the config freezes, or None for a model the readers do not know. On the whole model,
+        before the engine cuts and partitions it (a ZeRO-3 partition holds no elements to count)."""
+        from ..planner.frozen import resolve_freeze
         from ..planner.model_spec import model_spec
 
         try:
             spec = model_spec(model.config)
         except (ValueError, TypeError, AttributeError, KeyError):
             return None
-        section = config.ds_config.get(SECTION) or {}
-        freeze = resolve_freeze(section, adapter)
+        return spec, resolve_freeze(config.ds_config.get(SECTION) or {}, adapter)
+
+    @classmethod
+    def build(cls, shapes, config, device, dtype, trains: Mapping[str, bool] | None = None
+              ) -> "ThroughputMeter | None":
+        """The meter of a model of `shapes` (shapes_of; None: no meter). `trains`: which stages train
+        (a stage that does not is counted forward only)."""
+        from ..planner.frozen import Freeze, StageFreeze
+
+        if shapes is None:
+            return None
+        spec, freeze = shapes
         if trains:
             frozen = {name for name, t in trains.items() if not t}
             freeze = Freeze(tuple((n, f) for n, f in freeze.stages if n not in frozen)
