@@ -1,9 +1,9 @@
 """An Accelerate training script on the shapes-captioning task; ds_hetero builds and steps the engines.
 
-    accelerate launch --config_file ds_configs/accelerate_colocated.yaml recipes/accelerate_llava.py
-    accelerate launch --config_file ds_configs/accelerate_disaggregated.yaml recipes/accelerate_llava.py \
+    .venv/bin/accelerate launch --config_file ds_configs/accelerate_colocated.yaml recipes/accelerate_llava.py
+    .venv/bin/accelerate launch --config_file ds_configs/accelerate_disaggregated.yaml recipes/accelerate_llava.py \
         --steps 200 --save-state-every 100 --state-dir out/acc
-    accelerate launch --config_file ds_configs/accelerate_colocated.yaml recipes/accelerate_llava.py \
+    .venv/bin/accelerate launch --config_file ds_configs/accelerate_colocated.yaml recipes/accelerate_llava.py \
         --resume-from out/acc/step100 --steps 200
 
 The YAML names the DeepSpeed JSON (with `hetero_parallel`); `ds_hetero.accelerate.prepare` returns
@@ -23,20 +23,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import warnings
 
-if __name__ == "__main__" and os.environ.get("RANK", "0") == "0":
-    # the first line, before the imports that take seconds on every process
-    print(f"ds_hetero: {os.path.basename(__file__)} starting on {os.environ.get('WORLD_SIZE', '1')} process(es), "
-          "importing torch, Accelerate, DeepSpeed and transformers", flush=True)
 if __name__ == "__main__":
-    # DeepSpeed's "Setting accelerator to CPU" comes once per process on a machine without a GPU; the main
-    # process says it once instead. A filter on DeepSpeed's logger in this script's process only, set before
-    # the import (recipes/train_llava.py does the same; DeepSpeed itself is not patched).
-    logging.getLogger("DeepSpeed").addFilter(lambda r: not r.getMessage().startswith("Setting accelerator to CPU"))
+    from ds_hetero.reporting.startup import first_line, hide_cpu_accelerator_message  # light: no torch
+
+    # the main process's first line, before the imports that take seconds on every process; DeepSpeed's
+    # per-process "Setting accelerator to CPU" left out, the main process says it once (device_note)
+    first_line(__file__, "torch, Accelerate, DeepSpeed and transformers", unit="process(es)")
+    hide_cpu_accelerator_message()
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 warnings.filterwarnings("ignore", category=FutureWarning, message=".*torch.distributed.*is deprecated")
@@ -46,7 +43,6 @@ from accelerate import Accelerator, PartialState  # noqa: E402
 from accelerate.tracking import GeneralTracker  # noqa: E402
 
 import ds_hetero  # noqa: E402
-import ds_hetero.accelerate  # noqa: E402
 from ds_hetero.toy import ShapesCaptionDataset  # noqa: E402
 from ds_hetero.toy import tiny_llava  # noqa: E402
 
@@ -101,6 +97,9 @@ def conversations(args, model):
 
 
 def main(argv=None) -> int:
+    # imported here, inside exit_code_of: it checks the accelerate YAML against the JSON on import, and a
+    # config error is printed once (launch_errors.py)
+    import ds_hetero.accelerate
     from deepspeed.accelerator import get_accelerator
     from ds_hetero.reporting import data_source, layout_line
     from ds_hetero.reporting.progress import Progress
@@ -161,4 +160,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ds_hetero.launch_errors import exit_code_of
+
+    sys.exit(exit_code_of(main))  # a config error printed once, by the main process, not a traceback per process

@@ -1,7 +1,7 @@
 """A Hugging Face Trainer script on the shapes-captioning task, made heterogeneous by ds_hetero.HeteroTrainer.
 
-    deepspeed --num_gpus 4 recipes/hf_trainer_llava.py --deepspeed ds_configs/llava_colocated.json
-    deepspeed --num_gpus 4 recipes/hf_trainer_llava.py --deepspeed ds_configs/llava_disaggregated.json \
+    .venv/bin/deepspeed --num_gpus 4 recipes/hf_trainer_llava.py --deepspeed ds_configs/llava_colocated.json
+    .venv/bin/deepspeed --num_gpus 4 recipes/hf_trainer_llava.py --deepspeed ds_configs/llava_disaggregated.json \
         --max_steps 200 --eval_strategy steps --eval_steps 50 --save_steps 100 --output_dir out/hf
 
 A stock Trainer script except for the line that builds `HeteroTrainer` (in place of `Trainer`).
@@ -10,7 +10,9 @@ Every TrainingArguments flag works (`--max_steps`, `--num_train_epochs`, `--lr_s
 defaults match the main job (recipes/train_llava.py) and ds_configs/*.json: lr 2e-3, betas
 (0.9, 0.99), no weight decay, clipping 1.0, a global batch of 16 (4 per rank on 4 ranks),
 constant learning rate, the same seeded model and data order, so both learn the same way.
-Rank 0 writes the log history (and the eval losses) to --summary-json.
+Rank 0 prints its startup phases with their times, the layout line as the first log, one line of named
+numbers per log, and writes the log history (and the eval losses) to --summary-json; a config error is
+printed once, whole by rank 0 (ds_hetero/launch_errors.py).
 `--data FILE` trains on conversations (sft_data's SFTDataset, e.g. recipes/data/shapes_llava.json) read as
 the launcher reads them: the length index gives every sample's token ids, each rank reads only its stages'
 rows, ahead of the step in `--dataloader_num_workers` processes; `hetero/data_wait_s` is logged.
@@ -23,6 +25,14 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass, field
+
+if __name__ == "__main__":
+    from ds_hetero.reporting.startup import first_line, hide_cpu_accelerator_message  # light: no torch
+
+    # rank 0's first line, before the imports that take seconds on every rank; DeepSpeed's per-process
+    # "Setting accelerator to CPU" left out, rank 0 says it once (device_note in main)
+    first_line(__file__, "torch, transformers and DeepSpeed")
+    hide_cpu_accelerator_message()
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 warnings.filterwarnings("ignore", category=FutureWarning, message=".*torch.distributed.*is deprecated")
@@ -69,7 +79,16 @@ def conversations(script, model):
 
 
 def main(argv=None) -> int:
-    script, args = parse_args(argv)
+    script, args = parse_args(argv)  # first: --help answers without DeepSpeed's import
+    from deepspeed.accelerator import get_accelerator
+    from ds_hetero.reporting.startup import LAUNCHER_NOTE, PhaseClock, device_note, show_startup
+
+    if os.environ.get("RANK", "0") == "0":  # the library logs its startup phases on every rank; rank 0 shows them
+        show_startup()
+        if "LOCAL_RANK" in os.environ:  # under a launcher
+            print(LAUNCHER_NOTE, flush=True)
+    clock = PhaseClock()
+    clock.note(f"imports done; {device_note(get_accelerator().device_name())}")
     if script.model:
         model, weights = ds_hetero.meta_model(script.model, dtype=torch.float32), script.model
     else:
@@ -78,6 +97,7 @@ def main(argv=None) -> int:
         ShapesCaptionDataset.for_llava(model.config, size=script.samples, seed=args.seed)
     held_out = (ShapesCaptionDataset.for_llava(model.config, size=script.eval_samples, seed=args.seed + 1)
                 if script.eval_samples else None)
+    clock.done("model and dataset built")
 
     trainer = ds_hetero.HeteroTrainer(model=model, args=args, train_dataset=train, eval_dataset=held_out,
                                        weights=weights)
@@ -97,4 +117,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ds_hetero.launch_errors import exit_code_of
+
+    sys.exit(exit_code_of(main))  # a config error printed once, by rank 0, not a traceback per rank

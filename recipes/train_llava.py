@@ -1,14 +1,14 @@
 """Main job: heterogeneous-parallel training of a small VLM on the synthetic shapes-captioning task.
 
-    deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_colocated.json
-    deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_disaggregated.json --trace t.json
-    deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_pipeline.json
-    deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_pipeline_first_stage.json
-    deepspeed --num_gpus 4 recipes/train_llava.py --model-family omni --deepspeed_config ds_configs/omni_colocated.json
-    deepspeed --num_gpus 4 recipes/train_llava.py --model-family gemma4 --deepspeed_config ds_configs/gemma4_colocated.json
-    deepspeed --num_gpus 4 recipes/train_llava.py --model-family gemma3      # or qwen2-vl, qwen2.5-vl, qwen3-vl, internvl, llava-onevision
-    deepspeed --num_gpus 4 recipes/train_llava.py --model-family qwen3.5-moe --deepspeed_config ds_configs/qwen3_vl_moe_ep.json
-    deepspeed --num_gpus 4 recipes/train_llava.py --data recipes/data/shapes_messages.jsonl --steps 20   # your data
+    .venv/bin/deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_colocated.json
+    .venv/bin/deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_disaggregated.json --trace t.json
+    .venv/bin/deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_pipeline.json
+    .venv/bin/deepspeed --num_gpus 4 recipes/train_llava.py --deepspeed_config ds_configs/llava_pipeline_first_stage.json
+    .venv/bin/deepspeed --num_gpus 4 recipes/train_llava.py --model-family omni --deepspeed_config ds_configs/omni_colocated.json
+    .venv/bin/deepspeed --num_gpus 4 recipes/train_llava.py --model-family gemma4 --deepspeed_config ds_configs/gemma4_colocated.json
+    .venv/bin/deepspeed --num_gpus 4 recipes/train_llava.py --model-family gemma3      # or qwen2-vl, qwen2.5-vl, qwen3-vl, internvl, llava-onevision
+    .venv/bin/deepspeed --num_gpus 4 recipes/train_llava.py --model-family qwen3.5-moe --deepspeed_config ds_configs/qwen3_vl_moe_ep.json
+    .venv/bin/deepspeed --num_gpus 4 recipes/train_llava.py --data recipes/data/shapes_messages.jsonl --steps 20   # your data
 
 `--model-family` picks the built-in tiny model (llava, the default; qwen2-vl, qwen2.5-vl, qwen3-vl, internvl,
 llava-onevision, gemma3, qwen3.5, gemma4 (vision, audio and language stages; the shapes data has images
@@ -34,23 +34,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import resource
 import sys
 import time
 import warnings
 
-if __name__ == "__main__" and os.environ.get("RANK", "0") == "0":
-    # the first line, before the imports that take seconds on every rank
-    print(f"ds_hetero: {os.path.basename(__file__)} starting on {os.environ.get('WORLD_SIZE', '1')} rank(s), "
-          "importing torch, DeepSpeed and transformers", flush=True)
 if __name__ == "__main__":
-    # DeepSpeed logs "Setting accelerator to CPU ..." from every process that imports it on a machine
-    # without a GPU (6 times under the launcher); rank 0 says it once instead (reporting/startup.py,
-    # device_note). A filter on DeepSpeed's logger in this script's process, set before the import:
-    # DeepSpeed is not patched, and a library user's own scripts see its logging unchanged.
-    logging.getLogger("DeepSpeed").addFilter(lambda r: not r.getMessage().startswith("Setting accelerator to CPU"))
+    from ds_hetero.reporting.startup import first_line, hide_cpu_accelerator_message  # light: no torch
+
+    # rank 0's first line, before the imports that take seconds on every rank; DeepSpeed's per-process
+    # "Setting accelerator to CPU" (6 times under the launcher) left out, rank 0 says it once (device_note)
+    first_line(__file__, "torch, DeepSpeed and transformers")
+    hide_cpu_accelerator_message()
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub from a training job
 # DeepSpeed's ZeRO still calls the collectives torch 2.13 renamed; the warning is not ours to fix.

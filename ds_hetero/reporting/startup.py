@@ -11,6 +11,7 @@ logging untouched. Each line shows the seconds since the process started and the
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from typing import IO
@@ -68,6 +69,30 @@ def show_startup(stream: IO[str] | None = None, start: float | None = None) -> N
     logger.addHandler(handler)
 
 
+def first_line(script: str, importing: str, unit: str = "rank(s)") -> None:
+    """Rank 0's first line (RANK from the launcher), printed before the imports that take seconds on every
+    rank, so a person sees the job start within a second or two of the launch."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"ds_hetero: {os.path.basename(script)} starting on {os.environ.get('WORLD_SIZE', '1')} {unit}, "
+              f"importing {importing}", flush=True)
+
+
+# DeepSpeed logs this from every process that imports it on a machine without a GPU (6 times under
+# the launcher for the main job); the entry points say it once instead (device_note).
+CPU_ACCELERATOR_MESSAGE = "Setting accelerator to CPU"
+
+
+def _not_the_cpu_accelerator_message(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(CPU_ACCELERATOR_MESSAGE)
+
+
+def hide_cpu_accelerator_message() -> None:
+    """Leave DeepSpeed's per-process CPU-accelerator message out of this process's output. A filter on
+    DeepSpeed's logger, set by a script before it imports DeepSpeed: DeepSpeed is not patched, and a
+    library user's own scripts see its logging unchanged. One filter function, so calling twice adds it once."""
+    logging.getLogger("DeepSpeed").addFilter(_not_the_cpu_accelerator_message)
+
+
 def startup_line(what: str, start: float | None = None) -> str:
     """The first line an entry point prints, before its heavy imports (torch, DeepSpeed)."""
     since = time.time() - (process_start() if start is None else start)
@@ -75,9 +100,8 @@ def startup_line(what: str, start: float | None = None) -> str:
 
 
 # What the launchers print before our code runs (other processes: nothing to filter there), explained
-# once by rank 0. The entry points themselves leave out DeepSpeed's "Setting accelerator to CPU" (a
-# filter on DeepSpeed's logger in their own process, set before DeepSpeed is imported; see
-# recipes/train_llava.py) and say "no GPU" once here instead.
+# once by rank 0. The entry points themselves leave out DeepSpeed's "Setting accelerator to CPU"
+# (hide_cpu_accelerator_message) and say "no GPU" once here instead.
 LAUNCHER_NOTE = ("expected launcher lines on one machine: 'Unable to find hostfile' (local ranks used), "
                  "'Setting CUDA_VISIBLE_DEVICES' (set even without a GPU), 'OMP_NUM_THREADS' (1 thread per rank)")
 

@@ -7,7 +7,8 @@ import logging
 from ds_hetero import load_config
 from ds_hetero.reporting import DataSource, data_source, layout_line
 from ds_hetero.reporting.progress import Progress, step_text
-from ds_hetero.reporting.startup import LOGGER, PhaseClock, show_startup
+from ds_hetero.reporting import startup
+from ds_hetero.reporting.startup import LOGGER, PhaseClock, first_line, hide_cpu_accelerator_message, show_startup
 from ds_hetero.reporting.summary_text import JSON_ONLY, summary_lines
 from ds_hetero.result import StepResult
 
@@ -161,3 +162,36 @@ def test_validate_prints_the_layout_line_with_ep(capsys):
     assert main(["validate", os.path.join(root, "ds_configs", "qwen3_vl_moe_ep.json"), "--world-size", "4"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("layout: colocated | vision tp1 cp1 dp4 pp1 ep1") and "language tp2 cp1 dp2 pp1 ep2" in last
+
+
+def test_the_cpu_accelerator_message_is_hidden_and_nothing_else():
+    """What the recipes call before importing DeepSpeed: its per-process CPU message goes, its others stay."""
+    logger = logging.getLogger("DeepSpeed")
+    seen = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: seen.append(record.getMessage())
+    saved = logger.filters[:], logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    cpu = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
+    try:
+        logger.warning(cpu)  # negative control: before the filter it is shown
+        hide_cpu_accelerator_message()
+        hide_cpu_accelerator_message()  # main() or the module run twice in one process: one filter
+        assert logger.filters.count(startup._not_the_cpu_accelerator_message) == 1
+        logger.warning(cpu)
+        logger.info("Setting ds_accelerator to cpu (override)")
+    finally:
+        logger.removeHandler(handler)
+        logger.filters, logger.level = saved
+    assert seen == [cpu, "Setting ds_accelerator to cpu (override)"]
+
+
+def test_first_line_only_on_rank_zero(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    first_line("recipes/hf_trainer_llava.py", "torch, transformers and DeepSpeed")
+    monkeypatch.setenv("RANK", "2")
+    first_line("recipes/hf_trainer_llava.py", "torch, transformers and DeepSpeed")
+    assert capsys.readouterr().out == ("ds_hetero: hf_trainer_llava.py starting on 4 rank(s), importing torch, "
+                                       "transformers and DeepSpeed\n")
