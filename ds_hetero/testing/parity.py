@@ -83,7 +83,7 @@ def reference_forward(family, model, adapter, samples):
 
         kwargs = hf_video_inputs(model, adapter, samples)
         out = model(**kwargs)
-        return out.logits, kwargs["labels"], float(out.loss)
+        return out.logits, kwargs["labels"], float(out.loss.detach())
     batch = adapter.language_inputs(samples)
     vision = adapter.vision_inputs(samples)
     if family in ("llava", "siglip"):

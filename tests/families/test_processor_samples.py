@@ -59,8 +59,9 @@ def test_the_processors_whole_output_is_a_sample(family):
     for key, value in adapter.language_inputs([whole]).items():
         assert value is None or torch.equal(value, adapter.language_inputs([trimmed])[key]), (family, key)
     # a media field the family does not read is refused by name, not trained without
-    with pytest.raises(ValueError, match="'pixel_values_videos' is not a field"):
-        adapter.check_sample({**whole, "pixel_values_videos": torch.zeros(4, 8)}, 0)
+    # (an audio field here: the Qwen-VL families take videos, docs/video.md)
+    with pytest.raises(ValueError, match="'input_features' is not a field"):
+        adapter.check_sample({**whole, "input_features": torch.zeros(4, 8)}, 0)
     padded = {**whole, "attention_mask": torch.cat([whole["attention_mask"], torch.zeros(1, 2, dtype=torch.long)], 1)}
     with pytest.raises(ValueError, match="attention_mask marks 2 padding"):
         adapter.check_sample(padded, 0)
