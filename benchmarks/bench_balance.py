@@ -1,7 +1,7 @@
 """The encoder's straggler: position vs token balancing, one vs several encoder passes, 4 ranks, one run.
 
-    python benchmarks/bench_balance.py              # Qwen2-VL, 0/64/256/1024 and Zipf-like image tokens
-    python benchmarks/bench_balance.py --quick      # a quarter of the tokens, fewer steps (~3 min loaded)
+    .venv/bin/python benchmarks/bench_balance.py              # Qwen2-VL, 0/64/256/1024 and Zipf-like image tokens
+    .venv/bin/python benchmarks/bench_balance.py --quick      # a quarter of the tokens, fewer steps (~3 min loaded)
 
 Image-token counts per sample are skewed (a text-only sample next to one with 1024 image tokens),
 so the vision stage's dp rank that gets the big images by position is the straggler every rank

@@ -1,6 +1,6 @@
 """Benchmark the boundary exchange: BoundaryCommunicator against two baselines, in one run.
 
-    python benchmarks/bench_boundary.py [--iters 20] [--hidden 1024] [--backend nccl --max-world N]
+    .venv/bin/python benchmarks/bench_boundary.py [--iters 20] [--hidden 1024] [--backend nccl --max-world N]
 
 For each layout pair (colocated and disaggregated), every rank moves the vision stage's image-
 token rows [T, H] into the language stage's layout (forward exchange only) three ways:

@@ -1,7 +1,7 @@
 """The real-data path (issue 45): each rank encodes only its stages' samples, read ahead by workers; one run.
 
-    python benchmarks/bench_data.py           # the three parts below (~4 min on a loaded 2-core machine)
-    python benchmarks/bench_data.py --quick   # fewer steps and rounds
+    .venv/bin/python benchmarks/bench_data.py           # the three parts below (~4 min on a loaded 2-core machine)
+    .venv/bin/python benchmarks/bench_data.py --quick   # fewer steps and rounds
 
 1. Samples a rank encodes per step over the samples its stages use (goal 1.00 at every size). "Used":
    from the step's plan, its language dp share (plan.language_positions) and every sample whose images

@@ -1,8 +1,8 @@
 """The length index at scale (issue 45, "Data of any size"): build time, memory per rank, size on disk.
 
-    python benchmarks/bench_index_scale.py                      # 100k rows, 1 and 2 ranks (~3 min, 2 cores)
-    python benchmarks/bench_index_scale.py --rows 1000000       # 1M rows (the time grows linearly)
-    python benchmarks/bench_index_scale.py --rows 20000 --ranks 1
+    .venv/bin/python benchmarks/bench_index_scale.py                      # 100k rows, 1 and 2 ranks (~3 min, 2 cores)
+    .venv/bin/python benchmarks/bench_index_scale.py --rows 1000000       # 1M rows (the time grows linearly)
+    .venv/bin/python benchmarks/bench_index_scale.py --rows 20000 --ranks 1
 
 The data: a JSONL file of `--rows` messages rows (1 to 3 user/assistant exchanges of shape words, one
 image in most rows), written to a temp folder with 4 small PNGs of different sizes that all rows reuse:

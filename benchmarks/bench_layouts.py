@@ -1,10 +1,10 @@
 """Homogeneous, colocated heterogeneous and disaggregated layouts of one LLaVA on 4 ranks, in one run.
 
-    python benchmarks/bench_layouts.py                       # both scenarios, ~5 min on 2 CPU cores
-    python benchmarks/bench_layouts.py --quick               # tiny sizes, ~1.5 min
-    python benchmarks/bench_layouts.py --scenario wide-vision   # a tower large in parameters (~3.5 min)
-    python benchmarks/bench_layouts.py --rows "hetero tp4" "plain DS dp4" ...   # any rows of LAYOUTS
-    python benchmarks/bench_layouts.py --profile             # + where the time goes (torch.profiler, one step)
+    .venv/bin/python benchmarks/bench_layouts.py                       # both scenarios, ~5 min on 2 CPU cores
+    .venv/bin/python benchmarks/bench_layouts.py --quick               # tiny sizes, ~1.5 min
+    .venv/bin/python benchmarks/bench_layouts.py --scenario wide-vision   # a tower large in parameters (~3.5 min)
+    .venv/bin/python benchmarks/bench_layouts.py --rows "hetero tp4" "plain DS dp4" ...   # any rows of LAYOUTS
+    .venv/bin/python benchmarks/bench_layouts.py --profile             # + where the time goes (torch.profiler, one step)
 
 A scenario is a model size; for each, one run launches a fresh set of 4 gloo processes per row
 (so each row's peak memory is its own), builds the same seeded LLaVA (CLIP tower, 256 image

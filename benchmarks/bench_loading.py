@@ -1,7 +1,7 @@
 """Peak memory per rank while the engine is built: the whole model on every rank vs meta + weights.
 
-    python benchmarks/bench_loading.py             # a ~120M-parameter LLaVA (~0.5 GB fp32), ~3 min on 2 cores
-    python benchmarks/bench_loading.py --quick     # ~30M parameters, ~1.5 min
+    .venv/bin/python benchmarks/bench_loading.py             # a ~120M-parameter LLaVA (~0.5 GB fp32), ~3 min on 2 cores
+    .venv/bin/python benchmarks/bench_loading.py --quick     # ~30M parameters, ~1.5 min
 
 The model (CLIP tower + projector, Llama LM with a 16k vocabulary) is built once, saved as a
 sharded safetensors checkpoint, and freed. Then four rows, each on 4 fresh gloo processes:

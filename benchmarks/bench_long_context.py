@@ -1,7 +1,7 @@
 """Long multimodal sequences: the language stage on sequence shards, the encoder in three layouts.
 
-    python benchmarks/bench_long_context.py            # ~2k-token samples (8 images x 256 tokens + text)
-    python benchmarks/bench_long_context.py --quick    # ~300-token samples, a few minutes on 2 loaded cores
+    .venv/bin/python benchmarks/bench_long_context.py            # ~2k-token samples (8 images x 256 tokens + text)
+    .venv/bin/python benchmarks/bench_long_context.py --quick    # ~300-token samples, a few minutes on 2 loaded cores
 
 4 ranks, one LLaVA (CLIP tower, Llama LM, both built from config with seeded weights), the
 language stage always tp2 cp2 with sequence parallelism (each rank holds 1/4 of every sequence

@@ -1,8 +1,8 @@
 """Per-stage memory controls: peak memory per rank and step time of LLaVA, one row per setting.
 
-    python benchmarks/bench_memory.py            # LLaVA, text 512 x 4 layers, CLIP 256 x 4 layers, 100 tokens/image
-    python benchmarks/bench_memory.py --quick    # a smaller LLaVA, fewer steps (a few minutes on a loaded machine)
-    python benchmarks/bench_memory.py --batch 64 --rows "base,recompute lang,recompute both,vision frozen"
+    .venv/bin/python benchmarks/bench_memory.py            # LLaVA, text 512 x 4 layers, CLIP 256 x 4 layers, 100 tokens/image
+    .venv/bin/python benchmarks/bench_memory.py --quick    # a smaller LLaVA, fewer steps (a few minutes on a loaded machine)
+    .venv/bin/python benchmarks/bench_memory.py --batch 64 --rows "base,recompute lang,recompute both,vision frozen"
 
 Every row trains the same seeded LLaVA on the same synthetic batches on 4 ranks (vision tp1 dp4 +
 language tp2 cp2 with sequence parallelism, colocated, global batch 16 in 2 micro-batches, AdamW,

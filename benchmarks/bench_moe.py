@@ -1,8 +1,8 @@
 """The MoE VLM with its encoder in the LLM's layout (a single-layout system) against heterogeneous
 layouts (the encoder at plain dp, the language with expert parallelism), interleaved in one run.
 
-    python benchmarks/bench_moe.py                  # 2 ranks, one bound per core, then 4 ranks (two per core)
-    python benchmarks/bench_moe.py --world 2 --quick
+    .venv/bin/python benchmarks/bench_moe.py                  # 2 ranks, one bound per core, then 4 ranks (two per core)
+    .venv/bin/python benchmarks/bench_moe.py --world 2 --quick
 
 Model: tiny-qwen3-vl-moe scaled up to take a measurable step on CPU (families/qwen3_vl_moe/tiny.py's
 builder: 8 experts, top-2, every decoder layer MoE, the aux loss on; sizes below), fp32, AdamW, ZeRO 1,

@@ -1,7 +1,7 @@
 """Qwen2.5-Omni thinker on 4 ranks: both encoders in the LLM's layout vs each encoder in its own, interleaved.
 
-    python benchmarks/bench_omni.py             # ~3 min on 2 CPU cores
-    python benchmarks/bench_omni.py --rounds 12 --quick
+    .venv/bin/python benchmarks/bench_omni.py             # ~3 min on 2 CPU cores
+    .venv/bin/python benchmarks/bench_omni.py --rounds 12 --quick
 
 Rows (all through the same HeteroEngine: ZeRO 1, AdamW, global-norm clipping 1.0, 2 micro-batches,
 global batch 16 samples mixing image only, audio only, both and neither):

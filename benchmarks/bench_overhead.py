@@ -1,10 +1,10 @@
 """Plugin overhead: ds_hetero against plain DeepSpeed at the same layout (dpN), and where the difference goes.
 
-    python benchmarks/bench_overhead.py                 # bench_layouts' default and --quick sizes, one rank per core
-    python benchmarks/bench_overhead.py --sizes quick   # one size only (2 ranks on a 2-core machine, else 4)
-    python benchmarks/bench_overhead.py --sizes quick --world 4   # 4 ranks even on 2 cores, for the record
-    python benchmarks/bench_overhead.py --sizes quick --world 2 --deepspeed-norms   # + DeepSpeed's own stage norms
-    python benchmarks/bench_overhead.py --sizes quick --two-engines   # + plain DeepSpeed with one engine per stage
+    .venv/bin/python benchmarks/bench_overhead.py                 # bench_layouts' default and --quick sizes, one rank per core
+    .venv/bin/python benchmarks/bench_overhead.py --sizes quick   # one size only (2 ranks on a 2-core machine, else 4)
+    .venv/bin/python benchmarks/bench_overhead.py --sizes quick --world 4   # 4 ranks even on 2 cores, for the record
+    .venv/bin/python benchmarks/bench_overhead.py --sizes quick --world 2 --deepspeed-norms   # + DeepSpeed's own stage norms
+    .venv/bin/python benchmarks/bench_overhead.py --sizes quick --two-engines   # + plain DeepSpeed with one engine per stage
 
 The same seeded LLaVA (bench_layouts' "balanced" scenario), the same global batches, ZeRO 1,
 AdamW, clipping 1.0, on N CPU ranks: "ds_hetero dpN" (vision tp1 dpN + language tp1 dpN,

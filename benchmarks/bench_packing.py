@@ -1,8 +1,8 @@
 """Packed, token-balanced language micro-batches against the samples cut, on an SFT mix and the shipped data; one run.
 
-    python benchmarks/bench_packing.py            # 2 ranks, one per core; global batch 16 (~5 min loaded)
-    python benchmarks/bench_packing.py --quick    # fewer rounds
-    python benchmarks/bench_packing.py --world 4  # the same rows on 4 ranks (two per core on a 2-core machine)
+    .venv/bin/python benchmarks/bench_packing.py            # 2 ranks, one per core; global batch 16 (~5 min loaded)
+    .venv/bin/python benchmarks/bench_packing.py --quick    # fewer rounds
+    .venv/bin/python benchmarks/bench_packing.py --world 4  # the same rows on 4 ranks (two per core on a 2-core machine)
 
 The mix (a seeded generator, `ds_hetero/toy/length_mix.py` `sft_mix`, which `ds-hetero plan --lengths sft`
 prices too), shaped like the public VLM SFT mixes (LLaVA mix665k, ShareGPT4V) and scaled down by

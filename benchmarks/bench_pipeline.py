@@ -1,8 +1,8 @@
 """A pipelined language stage with the encoder inside vs outside the first pipeline stage, on 2 ranks.
 
-    python benchmarks/bench_pipeline.py                 # micro-batches 2, 4, 8; ~10 min on 2 free cores
-    python benchmarks/bench_pipeline.py --mb 4 --rounds 3 --quick
-    python benchmarks/bench_pipeline.py --world 4       # the same rows at 4 ranks, for the record
+    .venv/bin/python benchmarks/bench_pipeline.py                 # micro-batches 2, 4, 8; ~10 min on 2 free cores
+    .venv/bin/python benchmarks/bench_pipeline.py --mb 4 --rounds 3 --quick
+    .venv/bin/python benchmarks/bench_pipeline.py --world 4       # the same rows at 4 ranks, for the record
 
 Where waiting is real: 2 ranks, each bound to its own core (`os.sched_setaffinity`) with one
 torch thread, so a rank that waits for a pipeline neighbour leaves its core idle instead of

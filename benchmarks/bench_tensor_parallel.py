@@ -1,6 +1,6 @@
 """Vision stage at tp 1, 2 and 4 on 4 CPU ranks: step time and bytes all-reduced per step.
 
-    python benchmarks/bench_tensor_parallel.py [--steps 6]
+    .venv/bin/python benchmarks/bench_tensor_parallel.py [--steps 6]
 
 One run, three layouts of the same 4 ranks (tp x dp = 1x4, 2x2, 4x1), the same global batch of
 images. A step is forward + backward of a CLIP vision tower and the LLaVA projector on this

@@ -1,6 +1,6 @@
 """A timing model of the colocated encoders' order around a pipelined language stage (no processes).
 
-    python benchmarks/model_pipeline_fill.py
+    .venv/bin/python benchmarks/model_pipeline_fill.py
 
 Runs every rank's program of one step exactly as schedule/pipeline.py orders it (DeepSpeed's 1F1B
 commands, the encoders' work from schedule/fill_drain.py) on model clocks: a language forward

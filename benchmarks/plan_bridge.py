@@ -8,7 +8,7 @@ prices exactly those two layouts (each with its best micro-batch count, sequence
 recompute that fit 80 GB; the even 32/32 cut) over a sweep of the encoder's tokens per sample, the one
 figure of the tutorial's workload we do not know, and prints the terms behind the difference.
 
-    python benchmarks/plan_gpu_scale.py --rows bridge --markdown
+    .venv/bin/python benchmarks/plan_gpu_scale.py --rows bridge --markdown
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The planner at GPU scale: its picks against the tuned Megatron baseline and against today's single layout.
 
-    python benchmarks/plan_gpu_scale.py --markdown                  # every row (H100 profile); long
-    python benchmarks/plan_gpu_scale.py --rows new --markdown       # the 70B pp / Megatron-Bridge rows only
-    python benchmarks/plan_gpu_scale.py --rows moe --markdown       # Qwen3-VL-30B-A3B / 235B-A22B (ep searched)
-    python benchmarks/plan_gpu_scale.py --rows bridge --markdown    # Bridge's own TP4 PP2 DP2 comparison
+    .venv/bin/python benchmarks/plan_gpu_scale.py --markdown                  # every row (H100 profile); long
+    .venv/bin/python benchmarks/plan_gpu_scale.py --rows new --markdown       # the 70B pp / Megatron-Bridge rows only
+    .venv/bin/python benchmarks/plan_gpu_scale.py --rows moe --markdown       # Qwen3-VL-30B-A3B / 235B-A22B (ep searched)
+    .venv/bin/python benchmarks/plan_gpu_scale.py --rows bridge --markdown    # Bridge's own TP4 PP2 DP2 comparison
 
 Models (configs in ds_configs/planner/): LLaVA structure, a ViT-L/14 at 336 px (0.3B, 576 tokens
 per image, CLIP) or a 6B ViT (CLIP structure, 4096 wide, 32 layers), with a 7B (Llama-2 shape) or

@@ -1,8 +1,8 @@
 """Does the planner rank layouts as they measure? Predicted vs measured order of one LLaVA on 4 and 2 ranks.
 
-    python benchmarks/validate_planner.py                 # both model sizes, 4 and 2 ranks; long on a loaded box
-    python benchmarks/validate_planner.py --quick         # small models, fewer rounds
-    python benchmarks/validate_planner.py --scenario balanced --world 2 --rounds 6
+    .venv/bin/python benchmarks/validate_planner.py                 # both model sizes, 4 and 2 ranks; long on a loaded box
+    .venv/bin/python benchmarks/validate_planner.py --quick         # small models, fewer rounds
+    .venv/bin/python benchmarks/validate_planner.py --scenario balanced --world 2 --rounds 6
 
 2 ranks, one per core (each rank bound to its own core with os.sched_setaffinity, so waiting is
 real, not time-sharing), every row a planner candidate run through its own hetero_parallel

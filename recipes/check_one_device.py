@@ -1,7 +1,7 @@
 """What one device can check: the engine at world size 1 (vision tp1 dp1 + language tp1 dp1).
 
-    python recipes/check_one_device.py              # on the accelerator DeepSpeed picks (CUDA on a GPU)
-    DS_ACCELERATOR=cpu python recipes/check_one_device.py --steps 2   # the same on CPU (a test runs it)
+    .venv/bin/python recipes/check_one_device.py              # on the accelerator DeepSpeed picks (CUDA on a GPU)
+    DS_ACCELERATOR=cpu .venv/bin/python recipes/check_one_device.py --steps 2   # the same on CPU (a test runs it)
 
 1. fp32 parity: HeteroEngine (colocated, ZeRO 1, AdamW, clipping active) against the single-process
    Hugging Face model (on the CPU) on the same seeded weights and batches: losses against the

@@ -1,13 +1,13 @@
 """TRL's vision-language SFT example (trl/examples/scripts/sft_vlm.py), made heterogeneous with one line.
 
-    deepspeed --num_gpus 4 recipes/trl_sft_vlm.py --deepspeed ds_configs/trainer_colocated.json --model llava
-    deepspeed --num_gpus 4 recipes/trl_sft_vlm.py --deepspeed ds_configs/trainer_colocated.json \
+    .venv/bin/deepspeed --num_gpus 4 recipes/trl_sft_vlm.py --deepspeed ds_configs/trainer_colocated.json --model llava
+    .venv/bin/deepspeed --num_gpus 4 recipes/trl_sft_vlm.py --deepspeed ds_configs/trainer_colocated.json \
         --model qwen2_vl
     # a mixture of experts (Qwen3-VL-MoE), its experts over language ep 2; TRL's aux loss on
-    deepspeed --num_gpus 4 recipes/trl_sft_vlm.py --deepspeed ds_configs/trainer_colocated_moe_ep.json \
+    .venv/bin/deepspeed --num_gpus 4 recipes/trl_sft_vlm.py --deepspeed ds_configs/trainer_colocated_moe_ep.json \
         --model qwen3_vl_moe
     # DeepSpeed settings inline (no hetero_parallel in the DeepSpeed config): the section from a file
-    DS_HETERO_PARALLEL=hetero.yaml deepspeed --num_gpus 4 recipes/trl_sft_vlm.py \
+    DS_HETERO_PARALLEL=hetero.yaml .venv/bin/deepspeed --num_gpus 4 recipes/trl_sft_vlm.py \
         --deepspeed ds_configs/trainer_zero1.json
 
 `--lora` trains PEFT LoRA adapters (TRL's --use_peft; save_model writes the adapter).
