@@ -7,14 +7,16 @@ fields): it pads each stage's share itself, in each stage's layout. Clients hand
     a collated batch (one dict of [B, S] tensors, as a data_collator  split per sample by
     returns it: padding, LLaVA pixel_values [N, 3, H, W] for all the    `split_collated`
     batch's images, Qwen2-VL patches [P, D] + image_grid_thw [N, 3],
-    the Omni thinker's clips [N, mel, frames] + feature_attention_mask)
+    its videos' pixel_values_videos + video_grid_thw, the Omni
+    thinker's clips [N, mel, frames] + feature_attention_mask)
     a dict where a list is expected, raw dataset rows                 a ValueError saying what to do
     (messages, images, text) that no collator turned into tokens
 
 Splitting by the attention mask keeps exactly the tokens the collator marked real, wherever the
 padding sits (right, left, or between a left-padded prompt and its completion), so a sample cut
 out of any batch is the sample the collator would have made alone. Images go to samples in order:
-sample i owns the next `images_per_sample(input_ids_i)` images (from its placeholder runs).
+sample i owns the next `images_per_sample(input_ids_i)` images (from its placeholder runs), and
+its video clips likewise from its video placeholder runs.
 """
 
 from __future__ import annotations
@@ -82,8 +84,12 @@ def split_collated(batch: Mapping[str, Any], adapter) -> list[dict[str, Any]]:
     `adapter` (the engine's `engine.adapter`) counts one sample's images from its token ids
     (`image_rows`); a callable `input_ids -> number of images` does too.
     """
-    images_per_sample: Callable[[torch.Tensor], int] = (
-        (lambda ids: len(adapter.image_rows({"input_ids": ids}))) if hasattr(adapter, "image_rows") else adapter)
+    video_id = getattr(adapter, "video_token_id", None)
+    if video_id is not None:  # an image tower that takes clips too: its items are of two kinds, counted apart
+        images_per_sample: Callable[[torch.Tensor], int] = lambda ids: runs_of(ids, adapter.image_token_id)  # noqa: E731
+    else:
+        images_per_sample = (
+            (lambda ids: len(adapter.image_rows({"input_ids": ids}))) if hasattr(adapter, "image_rows") else adapter)
     if not isinstance(batch, Mapping):
         return as_sample_list(batch)  # a collator that already returns per-sample dicts
     if "input_ids" not in batch:
@@ -104,6 +110,11 @@ def split_collated(batch: Mapping[str, Any], adapter) -> list[dict[str, Any]]:
     counts = [images_per_sample(sample["input_ids"]) for sample in samples]
     _split_images(fields, samples, counts)
     known = {"input_ids", "labels", "pixel_values", "image_grid_thw", *REBUILT_PER_TOKEN}
+    if video_id is not None:
+        # a clip is one placeholder run, or one run per temporal patch (Qwen3-VL, Qwen3.5: FRAME_RUNS)
+        _split_videos(fields, samples, [runs_of(sample["input_ids"], video_id) for sample in samples],
+                      getattr(adapter, "FRAME_RUNS", False))
+        known.update(VIDEO_FIELDS)
     if hasattr(adapter, "audio_rows"):  # an audio encoder (the Qwen2.5-Omni thinker): clips in order too
         _split_audio(fields, samples, [len(adapter.audio_rows(sample)) for sample in samples])
         known.update(AUDIO_FIELDS)
@@ -111,12 +122,56 @@ def split_collated(batch: Mapping[str, Any], adapter) -> list[dict[str, Any]]:
     if unknown:
         raise ValueError(
             f"the collated batch has field(s) {', '.join(unknown)} that ds_hetero does not know how to split per "
-            f"sample (it splits input_ids, labels, pixel_values and image_grid_thw, and rebuilds "
+            f"sample (it splits input_ids, labels, the image, video and audio fields, and rebuilds "
             f"{', '.join(REBUILT_PER_TOKEN)}); drop them in the collator")
     return samples
 
 
 AUDIO_FIELDS = ("input_features", "feature_attention_mask", "audio_feature_lengths")
+# a batch's clips: patches of all clips, one grid row per clip, and per clip its seconds per temporal
+# patch (Qwen2.5-VL's processor field, the Qwen2.5-Omni processor's)
+VIDEO_FIELDS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts", "video_second_per_grid")
+
+
+def runs_of(ids: torch.Tensor, token_id: int) -> int:
+    """How many runs of `token_id` the 1-D `ids` hold (one per image, clip or frame)."""
+    hit = (ids.reshape(-1) == token_id).int()
+    return int((torch.diff(hit, prepend=hit.new_zeros(1)) == 1).sum())
+
+
+def _split_videos(fields: dict[str, Any], samples: list[dict[str, Any]], runs: list[int], frame_runs: bool) -> None:
+    """Clips to samples in order: sample i owns the next clips whose placeholder runs (one per clip,
+    or with `frame_runs` one per temporal patch) add up to `runs[i]`; their patches and seconds with them."""
+    pixels, grid = fields.get("pixel_values_videos"), fields.get("video_grid_thw")
+    if pixels is None or grid is None:
+        if sum(runs) or pixels is not None or grid is not None:
+            raise ValueError(f"the collated batch has {sum(runs)} video placeholder run(s) in its input_ids; it needs "
+                             "both pixel_values_videos and video_grid_thw")
+        return
+    grid = grid.reshape(-1, 3).long()
+    clip_runs = grid[:, 0].tolist() if frame_runs else [1] * grid.shape[0]
+    patches = grid.prod(-1).tolist()
+    if sum(patches) != pixels.shape[0]:
+        raise ValueError(f"pixel_values_videos has {pixels.shape[0]} patches, video_grid_thw needs {sum(patches)}")
+    if sum(clip_runs) != sum(runs):
+        raise ValueError(f"video_grid_thw {grid.tolist()} gives {sum(clip_runs)} video placeholder run(s), but the "
+                         f"input_ids hold {sum(runs)}")
+    seconds = {k: fields[k].reshape(-1) for k in VIDEO_FIELDS[2:] if fields.get(k) is not None}
+    clip, patch = 0, 0
+    for sample, want in zip(samples, runs):
+        first = clip
+        while want > 0:
+            want -= clip_runs[clip]
+            clip += 1
+        if want < 0:
+            raise ValueError(f"video_grid_thw row {clip - 1} ({grid[clip - 1].tolist()}) spans two samples' video "
+                             "placeholders: each temporal patch of a clip needs its own run")
+        if clip > first:
+            p = sum(patches[first:clip])
+            sample["pixel_values_videos"], sample["video_grid_thw"] = pixels[patch:patch + p], grid[first:clip]
+            for key, values in seconds.items():
+                sample[key] = values[first:clip]
+            patch += p
 
 
 def _split_audio(fields: dict[str, Any], samples: list[dict[str, Any]], counts: list[int]) -> None:

@@ -97,3 +97,22 @@ def test_qwen2_5_vl_positions_space_a_clip_by_its_seconds():
     t = temporal(s)
     assert (t.unique(sorted=True) - t.min()).tolist() == [int(k * step) for k in range(3)]
     assert not torch.equal(t, temporal({**s, "second_per_grid_ts": torch.tensor([2.0])}))
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_a_collated_video_batch_splits_into_its_samples(family):
+    from ds_hetero.data import split_collated
+
+    model, adapter = _model(family)
+    samples = _samples(model, adapter, ITEMS + [[("video", (1, 4, 4)), ("video", (2, 4, 4))]])
+    kwargs = hf_video_inputs(model, adapter, samples)  # the batch as a processor + collator give it
+    kwargs.pop("mm_token_type_ids")
+    cut = split_collated(kwargs, adapter)
+    assert len(cut) == len(samples)
+    for got, want in zip(cut, samples):
+        assert set(got) == set(want), (sorted(got), sorted(want))
+        for key, value in want.items():
+            assert torch.equal(got[key], value), key
+    bad = {**kwargs, "video_grid_thw": kwargs["video_grid_thw"][:-1]}
+    with pytest.raises(ValueError, match="video_grid_thw"):
+        split_collated(bad, adapter)
