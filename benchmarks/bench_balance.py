@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_balance.py              # Qwen2-VL, 0/64/256/1024 and Zipf-like image tokens
     .venv/bin/python benchmarks/bench_balance.py --quick      # a quarter of the tokens, fewer steps (~3 min loaded)
+    .venv/bin/python benchmarks/bench_balance.py --video      # video clips beside images, from the plan alone (1 s)
 
 Image-token counts per sample are skewed (a text-only sample next to one with 1024 image tokens),
 so the vision stage's dp rank that gets the big images by position is the straggler every rank
@@ -186,6 +187,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a quarter of the image tokens, 1 warm-up, 2 rounds")
     p.add_argument("--disaggregated", action="store_true", help="add vision dp2 + language dp2 on disjoint ranks")
+    p.add_argument("--video", action="store_true", help="only the video mix's plans (video_balance.py): no processes")
     p.add_argument("--rows", nargs="+", choices=list(ROWS) + list(DISAGGREGATED), help="a subset of rows")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--warmup", type=int, default=None)
@@ -202,6 +204,10 @@ def parse_args(argv=None):
 
 def main(argv=None):
     a = parse_args(argv)
+    if a.video:
+        from video_balance import video_table
+
+        return video_table()
     rows = {n: (r, False) for n, r in ROWS.items()}
     if a.disaggregated:
         rows.update({n: (r, True) for n, r in DISAGGREGATED.items()})
