@@ -1,6 +1,6 @@
 """Writes the shipped real-data example: generated shape images (PNG) and the same conversations in both formats.
 
-    python recipes/data/make_shapes_sft.py            # rewrites recipes/data/{images/, shapes_llava.json,
+    .venv/bin/python recipes/data/make_shapes_sft.py            # rewrites recipes/data/{images/, shapes_llava.json,
                                                       #   shapes_messages.jsonl}, seeded: the same bytes every run
 
 48 rows: most one image and one question, every 6th two images, every 5th two question/answer turns,

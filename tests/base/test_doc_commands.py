@@ -1,6 +1,6 @@
-"""Every command line that docs/*.md and the docstrings of recipes/ and benchmarks/ show runs as written after
-`bash .ci/setup`, as the README's do (tests/base/test_readme_commands.py): from the repository root, in a fresh
-shell with no venv on its PATH.
+"""Every command line that docs/*.md, the docstrings of recipes/ and benchmarks/ and the Accelerate YAMLs' header
+comments show runs as written after `bash .ci/setup`, as the README's do (tests/base/test_readme_commands.py):
+from the repository root, in a fresh shell with no venv on its PATH.
 
 A command line is a line of a ```bash / ```sh / plain ``` block, or of a block indented by 4 spaces, whose
 program (after `VAR=value` settings) is a venv program, bare or by path, or one of ours (`recipes/x.sh`); a
@@ -98,8 +98,12 @@ def launched_script(line: str) -> tuple[str, str] | None:
     not placeholders; None otherwise."""
     _, _, words = split_command(line)
     scripts = [i for i, w in enumerate(words) if w.endswith(".py")]
-    if not scripts or SYNOPSIS.search(" ".join(words)) or not re.match(OUR_FOLDERS, words[scripts[0]]):
+    if not scripts or SYNOPSIS.search(" ".join(words)) or not re.match(OUR_FOLDERS, words[scripts[0]]) \
+            or not os.path.isfile(os.path.join(ROOT, words[scripts[0]])):  # a missing one: the line's own test says so
         return None
+    with open(os.path.join(ROOT, words[scripts[0]])) as f:
+        # a script without an argument parser would do its work for --help: such a script is never run here
+        assert "ArgumentParser" in f.read(), f"{line!r}: {words[scripts[0]]} has no argument parser to answer --help"
     return words[scripts[0]], shlex.join(words[scripts[0]:])
 
 
@@ -115,10 +119,22 @@ def _script_docstrings() -> list[tuple[str, str]]:
     import ast
 
     lines = []
-    for path in sorted(glob.glob(os.path.join(ROOT, "recipes", "*.py")) + glob.glob(os.path.join(ROOT, "benchmarks", "*.py"))):
+    scripts = [os.path.join(ROOT, folder, name) for folder in ("recipes", "recipes/data", "benchmarks") for name in
+               sorted(os.listdir(os.path.join(ROOT, folder))) if name.endswith(".py")]
+    for path in scripts:
         with open(path) as f:
             doc = ast.get_docstring(ast.parse(f.read()), clean=False) or ""
         lines += [(os.path.relpath(path, ROOT), line) for line in command_lines(doc)]
+    return lines
+
+
+def _yaml_comments() -> list[tuple[str, str]]:
+    """The commands the Accelerate YAMLs' header comments show (`# .venv/bin/accelerate launch ...`)."""
+    lines = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "ds_configs", "*.yaml"))):
+        with open(path) as f:
+            lines += [(os.path.relpath(path, ROOT), line[2:].strip()) for line in f
+                      if line.startswith("# ") and _is_command(line[2:])]
     return lines
 
 
@@ -131,7 +147,8 @@ def test_doc_command_runs_from_a_fresh_shell(page, line):
     check_doc_command(line)
 
 
-@pytest.mark.parametrize("script, line", _script_docstrings(), ids=_ids(_script_docstrings()))
+@pytest.mark.parametrize("script, line", _script_docstrings() + _yaml_comments(),
+                         ids=_ids(_script_docstrings() + _yaml_comments()))
 def test_script_docstring_command_runs_from_a_fresh_shell(script, line):
     check_doc_command(line)
 
@@ -139,7 +156,7 @@ def test_script_docstring_command_runs_from_a_fresh_shell(script, line):
 def _launched() -> dict[str, list[tuple[str, str]]]:
     """script -> [(the doc line, the script and its arguments)] over docs/*.md and the scripts' docstrings."""
     by_script: dict[str, list[tuple[str, str]]] = {}
-    for _, line in _docs() + _script_docstrings():
+    for _, line in _docs() + _script_docstrings() + _yaml_comments():
         found = launched_script(line)
         if found:
             by_script.setdefault(found[0], []).append((line, found[1]))
@@ -162,6 +179,7 @@ def test_the_entry_points_pages_are_covered():
     assert found >= {".venv/bin/deepspeed ds_configs/llava_colocated.json",
                      ".venv/bin/accelerate recipes/accelerate_llava.py"}, found
     assert len([1 for script, _ in _script_docstrings() if script.startswith("recipes")]) >= 15
+    assert len(_yaml_comments()) == 2  # the two Accelerate YAMLs
 
 
 @pytest.mark.parametrize("line", [
