@@ -10,8 +10,8 @@ launcher configs. The per-stage batch keys are not among them: ds_hetero derives
 
 Two scopes: `parse_config` (also `ds-hetero validate` and the planner, which check a Trainer JSON
 after filling its batch and clipping as the Trainer would) refuses only the keys it reads as
-numbers; `initialize` also refuses the optimizer's, which DeepSpeed builds from the JSON as written
-(under the Trainer they arrive filled).
+numbers; `initialize` also refuses the optimizer's and the scheduler's, which DeepSpeed builds from the
+JSON as written (under the Trainer the optimizer's arrive filled; a scheduler section is refused there).
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from .schema import DERIVED_BATCH_KEYS, SECTION
 
 # the keys parse_config reads as numbers, in the order it reads them
 READ_AS_NUMBERS = ("gradient_clipping", "train_batch_size")
-# the sections DeepSpeed builds from as written when initialize makes the stage engines
-BUILT_AS_WRITTEN = ("optimizer",)
+# the sections DeepSpeed builds from as written when initialize makes the stage engines (under the Trainer
+# the optimizer's values arrive filled, and a scheduler section is refused before: trainer_conflicts)
+BUILT_AS_WRITTEN = ("optimizer", "scheduler")
 
 
 def _auto_fields(value: Any, path: str = "") -> Iterator[str]:
@@ -39,7 +40,7 @@ def _auto_fields(value: Any, path: str = "") -> Iterator[str]:
 
 def refuse_trainer_auto(ds: Mapping[str, Any], as_written: bool = False) -> None:
     """HeteroConfigError at the first number-valued key set to "auto" (with `as_written`, the first
-    "auto" of the optimizer section too), naming every "auto" of `ds`."""
+    "auto" of the optimizer or scheduler section too), naming every "auto" of `ds`."""
     fields = list(_auto_fields(ds))
     refused = [key for key in READ_AS_NUMBERS if ds.get(key) == "auto"]
     if as_written:

@@ -108,6 +108,12 @@ def test_an_optimizer_auto_alone_is_named_as_trainer_only_where_the_json_is_read
     assert "ds_configs/llava_colocated.json" in text
 
 
+def test_a_scheduler_auto_alone_is_named_too():
+    ds = _main(scheduler={"type": "WarmupLR", "params": {"warmup_max_lr": "auto", "warmup_num_steps": 10}})
+    with pytest.raises(HeteroConfigError, match="at 'scheduler.params.warmup_max_lr': \"auto\" is a Trainer-only"):
+        refuse_trainer_auto(ds, as_written=True)
+
+
 def test_negative_control_numbers_in_the_optimizer_pass_as_written():
     refuse_trainer_auto(_main(train_micro_batch_size_per_gpu="auto"), as_written=True)
 
