@@ -20,7 +20,10 @@ ITEMS = [[("video", (2, 4, 4))], [("image", (1, 4, 8)), ("video", (3, 4, 8))], [
 
 
 def _model(family):
-    model = getattr(toy, f"tiny_{family}")(seed=3)
+    from ds_hetero.families.qwen3_vl_moe.tiny import tiny_qwen3_vl_moe
+
+    build = tiny_qwen3_vl_moe if family == "qwen3_vl_moe" else getattr(toy, f"tiny_{family}")
+    model = build(seed=3)
     return model.eval(), adapter_for(model)
 
 
@@ -29,7 +32,7 @@ def _samples(model, adapter, items=ITEMS, seed=1):
                          seconds=adapter.SECONDS_FIELD is not None)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + ("qwen3_vl_moe", "qwen3_5_moe"))  # the MoE homes share the adapters
 def test_stages_item_by_item_equal_the_model_on_video_fields(family):
     model, adapter = _model(family)
     samples = _samples(model, adapter)
