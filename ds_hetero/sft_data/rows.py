@@ -100,7 +100,8 @@ def _content_parts(content: Any, fail) -> list[tuple[str, str]]:
         elif kind == "text":
             parts.extend(_split_markers(str(part.get("text", ""))))
         else:
-            raise fail(f"content part {part!r} is not {{'type': 'image'}} or {{'type': 'text', 'text': ...}}")
+            raise fail(f"content part {part!r} is not {{'type': 'image'}} or {{'type': 'text', 'text': ...}}"
+                       + (" (video files are not read here yet: docs/video.md)" if kind == "video" else ""))
     return parts
 
 
@@ -147,6 +148,10 @@ def parse_row(obj: Any, file: str, index: int, image_folder: str, line: int | No
 
     if not isinstance(obj, dict):
         raise fail(f"is a {type(obj).__name__}, not an object")
+    for key in ("videos", "video"):  # never trained as literal "<video>" text with the clips dropped
+        if obj.get(key):
+            raise fail(f"'{key}': video files are not read here yet (images only; docs/video.md); give the clips "
+                       "as samples with pixel_values_videos / video_grid_thw to train_batch or a collator")
     turns, fmt = _turns(obj, fail)
     images = _images(obj, fmt, fail)
     markers = sum(kind == "image" for t in turns for kind, _ in t.parts)

@@ -194,6 +194,9 @@ BAD = {
     "no assistant": ({**GOOD, "messages": GOOD["messages"][:1]}, "no assistant turn"),
     "no conversation": ({"text": "a red circle"}, "no 'conversations' (LLaVA format) or 'messages' key"),
     "not json": ("{not json", "not JSON"),
+    "videos": ({**GOOD, "videos": ["clip.mp4"]}, "'videos': video files are not read here yet"),
+    "video part": ({**GOOD, "messages": [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "a"}]},
+                                         GOOD["messages"][1]]}, "video files are not read here yet"),
 }
 
 
