@@ -51,7 +51,7 @@ from ..errors import HeteroConfigError
 ATTENTION_NAME = "ds_hetero_sequence_shards"
 
 # Attention classes of the language decoders this supports (Llama, Qwen2, Qwen2-VL, Qwen2.5-VL, Qwen3-VL text,
-# Qwen3-VL-MoE text).
+# Qwen3-VL-MoE text, Qwen3.5, Qwen3.5-MoE).
 _HF = "transformers.models."
 ATTENTION_CLASSES = (
     _HF + "llama.modeling_llama:LlamaAttention",
@@ -60,6 +60,10 @@ ATTENTION_CLASSES = (
     _HF + "qwen2_5_vl.modeling_qwen2_5_vl:Qwen2_5_VLAttention",
     _HF + "qwen3_vl.modeling_qwen3_vl:Qwen3VLTextAttention",
     _HF + "qwen3_vl_moe.modeling_qwen3_vl_moe:Qwen3VLMoeTextAttention",  # as Qwen3-VL text
+    # Qwen3.5's gated full attention: its output gate multiplies the kernel's output per token of the
+    # shard, after the exchange back (its Gated DeltaNet layers: families/qwen3_5/sequence_shards.py)
+    _HF + "qwen3_5.modeling_qwen3_5:Qwen3_5Attention",
+    _HF + "qwen3_5_moe.modeling_qwen3_5_moe:Qwen3_5MoeAttention",
 )
 
 

@@ -304,11 +304,13 @@ def test_model_checks_name_the_field():
 
 def test_qwen3_5_moe_validates_plans_and_refuses_what_it_cannot_run(capsys):
     """`validate` takes tiny-qwen3.5-moe with the MoE job's config; the planner prices it and the dense
-    Qwen3.5 (families/qwen3_5*/shapes.py); Qwen3.5's refusals (cp, sequence parallelism) and the MoE
-    checks (ep dividing the experts) name their fields."""
+    Qwen3.5 (families/qwen3_5*/shapes.py); cp and sequence parallelism are valid (the Gated DeltaNet heads
+    split over cp: families/qwen3_5/sequence_shards.py), a cp whose tp x cp does not divide its value heads
+    is refused, and so is what the MoE checks refuse (ep dividing the experts), each naming its field."""
     import pathlib
 
     from ds_hetero.cli import main
+    from ds_hetero.config import load_config
     from ds_hetero.families import adapter_for
     from ds_hetero.families.qwen3_5_moe import tiny_qwen3_5_moe
 
@@ -322,18 +324,17 @@ def test_qwen3_5_moe_validates_plans_and_refuses_what_it_cannot_run(capsys):
     moe = adapter_for(tiny_qwen3_5_moe())
     moe.check_layouts(_config({"tp": 2, "dp": 2, "ep": 2}))
     moe.check_layouts(_config({"dp": 4, "ep": 4}, zero=2))
-    for language, field, match in (({"cp": 2, "dp": 2, "ep": 2}, "language.cp", "recurrent state"),
-                                   ({"tp": 2, "dp": 2, "sequence_parallel": True, "ep": 2},
-                                    "language.sequence_parallel", "sequence parallelism"),
-                                   ({"dp": 4, "ep": 4}, "language.ep", None)):
-        if match is None:  # 6 experts: ep 4 does not divide them
-            moe6 = adapter_for(tiny_qwen3_5_moe(num_experts=6))
-            with pytest.raises(HeteroConfigError, match="does not divide the 6 experts") as info:
-                moe6.check_layouts(_config(language))
-        else:
-            with pytest.raises(HeteroConfigError, match=match) as info:
-                moe.check_layouts(_config(language))
-        assert info.value.field.endswith(field), info.value.field
+    moe.check_layouts(_config({"cp": 2, "dp": 2, "ep": 2}))
+    moe.check_layouts(_config({"tp": 2, "dp": 2, "sequence_parallel": True, "ep": 2}))
+    moe.check_layouts(_config({"tp": 2, "cp": 2, "dp": 1, "sequence_parallel": True}))
+    with pytest.raises(HeteroConfigError, match="does not divide the 6 experts") as info:  # 6 experts, ep 4
+        adapter_for(tiny_qwen3_5_moe(num_experts=6)).check_layouts(_config({"dp": 4, "ep": 4}))
+    assert info.value.field.endswith("language.ep"), info.value.field
+    cp8 = load_config({"train_batch_size": 8, "hetero_parallel": {"micro_batches": 1, "stages": {
+        "vision": {"dp": 8}, "language": {"cp": 8, "dp": 1}}}}, world_size=8)
+    with pytest.raises(HeteroConfigError, match="4 linear-attention value heads") as info:  # tp x cp = 8
+        moe.check_layouts(cp8)
+    assert info.value.field.endswith("language.cp"), info.value.field
 
 
 def test_trl_moe_aux_loss_is_accepted_for_a_family_whose_engine_adds_it():

@@ -18,13 +18,15 @@ chunk's config lists its own layers' types (pipeline_parallel/chunk.py `chunk_co
 linear-attention layers keep no state between micro-batches in training (no cache), so a cut may
 fall between any two layers, of either type.
 
-Refused: a language stage that cuts its sequences. Under cp each rank would hold a piece of the
-sequence, and a Gated DeltaNet layer's output at a position depends on the recurrent state (and the
-conv window) carried from every earlier position: the state would have to pass from cp rank to cp
-rank in order, which ds_hetero does not build. Sequence parallelism is refused too: there the
-decoder runs on sequence shards and receives the full sequence's 4-D mask (context_parallel/), but
-a Gated DeltaNet layer wants the 2-D padding mask of the whole sequence after its region's
-all-gather, and the gated full-attention class is not among the sequence-sharded attention classes.
+On sequence shards (language cp > 1, sequence parallelism): the full-attention layers as every
+decoder's (Ulysses over cp, context_parallel/attention.py, which lists the gated attention class), and
+every Gated DeltaNet layer with its heads split over cp (sequence_shards.py: two all-to-alls per layer,
+the convolution and the recurrence over whole sequences per head, nothing handed from rank to rank);
+tp x cp must divide the linear-attention value heads (`check_heads`, by name). Sequence parallelism
+alone needs nothing of this family: the layer's tp region gathers the whole sequence before it, and
+the padding is at the end of every sequence (or a segment of its own in packed rows), where a causal
+convolution and recurrence never reach a valid position, so the 2-D padding mask the layer takes
+unsharded changes nothing a loss sees.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ...models.language_stage import LanguageStage
 from ...models.per_sample_attention import PER_SAMPLE
 from ..qwen2_vl.adapter import Qwen2VLAdapter, Qwen2VLVisionStage, vision_token_ids
 from .packed_deltanet import apply_segmented_deltanet
+from .sequence_shards import apply_sequence_sharded_deltanet, check_heads
 
 
 class Qwen3_5VisionStage(Qwen2VLVisionStage):
@@ -68,28 +71,15 @@ class Qwen3_5Adapter(Qwen2VLAdapter):
         return vision_config.hidden_size, vision_config.intermediate_size
 
     def check_layouts(self, cfg) -> None:
-        """Refuse a sequence-sharded language stage (cp, or sequence parallelism) when the decoder has
-        Gated DeltaNet layers: their recurrent state runs over the whole sequence (module docstring);
-        and packed rows attended otherwise than per sample (their segments would not reach those layers)."""
+        """Sequence shards: tp x cp must divide the Gated DeltaNet value heads (sequence_shards.py); and
+        packed rows attended otherwise than per sample are refused (their segments would not reach those layers)."""
         from ...config import SECTION
         from ...errors import HeteroConfigError
 
         language = cfg.stages["language"]
         linear = linear_attention_layers(self.model.config.text_config)
-        if linear and language.cp > 1:
-            raise HeteroConfigError(
-                f"{SECTION}.stages.language.cp",
-                f"Qwen3.5's Gated DeltaNet layers ({len(linear)} of {len(self.model.config.text_config.layer_types)}: "
-                f"linear attention) carry a recurrent state along the sequence: with cp={language.cp} each rank "
-                f"holds a piece of it and the state would have to pass from cp rank to cp rank, which ds_hetero "
-                f"does not build; use cp 1 (shard the language stage with tp, pp and dp instead)")
-        if linear and language.sequence_parallel and language.tp > 1:
-            raise HeteroConfigError(
-                f"{SECTION}.stages.language.sequence_parallel",
-                "Qwen3.5 cannot run under sequence parallelism: its decoder would see sequence shards and the "
-                "full sequence's 4-D mask, but its Gated DeltaNet (linear-attention) layers need the whole "
-                "sequence's padding mask and its gated attention has no sequence-sharded path; set "
-                "sequence_parallel false")
+        if linear:
+            check_heads(self.model.config.text_config, language.tp, language.cp)
         mode = self.packed_attention(cfg.packed_attention) if cfg.packed else PER_SAMPLE
         if linear and mode != PER_SAMPLE:
             kernel = self.model.config.text_config._attn_implementation
@@ -101,6 +91,16 @@ class Qwen3_5Adapter(Qwen2VLAdapter):
                 f"attn_implementation \"sdpa\" or \"eager\" and remove packed_attention, or use language_batching "
                 f"\"samples\"")
         super().check_layouts(cfg)
+
+    def shard(self, groups, cfg) -> None:
+        """As every family; then on cp > 1 each Gated DeltaNet layer runs with its heads split over cp."""
+        super().shard(groups, cfg)
+        if groups["language"].is_member and cfg.stages["language"].cp > 1:
+            self.split_linear_attention(self.model.get_decoder(), groups["language"].cp)
+
+    def split_linear_attention(self, decoder: nn.Module, cp_group) -> None:
+        """Every Gated DeltaNet layer of `decoder` on sequence shards over `cp_group` (sequence_shards.py)."""
+        apply_sequence_sharded_deltanet(decoder, cp_group)
 
     def split(self) -> dict[str, nn.Module]:
         return split_qwen3_5(self.model)

@@ -13,9 +13,10 @@
                shard takes as it is).
     loss     : the router logits of every layer, for the aux loss (families/moe.py)
 
-Refused as for Qwen3.5 (Qwen3_5Adapter.check_layouts): cp and sequence parallelism (the Gated DeltaNet
-state runs along the whole sequence); as for every MoE family (expert_parallel/checks.py): an ep that
-does not divide the experts, and what that module refuses of the other axes.
+On sequence shards as Qwen3.5 (its Gated DeltaNet heads split over cp: families/qwen3_5/sequence_shards.py).
+Refused as for Qwen3.5 (Qwen3_5Adapter.check_layouts): a tp x cp that does not divide the linear-attention
+value heads; as for every MoE family (expert_parallel/checks.py): an ep that does not divide the experts,
+and what that module refuses of the other axes.
 """
 
 from __future__ import annotations
