@@ -6,8 +6,9 @@ the single-process Hugging Face model fed the processor's own fields, with its o
 
 fp32, 5 steps of 2 micro-batches, clipping active: losses 1e-5 relative, grad norms 1e-4, every weight
 1e-5; boundary bytes at the lower bound. Layouts (tests/helpers/video_parity.py RUNS): colocated vision
-dp4 + language tp2 dp2, disaggregated, packed, language pp2, first_stage (vision tp2 on the first
-pipeline stage of language tp2 pp2); balance "tokens"; one 4-rank launch for both families.
+dp4 + language tp2 dp2, disaggregated, packed, language pp2, vision tp2 dp2 + language tp2 cp2 with
+sequence parallelism, first_stage (vision tp2 on the first pipeline stage of language tp2 pp2);
+balance "tokens"; one 4-rank launch for both families.
 
 Negative controls (3 steps, colocated): each clip's temporal positions flattened (every temporal patch at
 the clip's first temporal position: a video positioned as a still image), on both families, and on
