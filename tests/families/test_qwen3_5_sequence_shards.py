@@ -14,8 +14,9 @@ One 4-rank launch:
   each other and each the other's adjoint (<A x, y> = <x, A^T y>, the backward of each the other);
 - training, fp32, 5 steps, AdamW, clipping active (losses 1e-5 relative, grad norms 1e-4, every weight
   1e-5): Qwen3.5 vision dp4 + language cp2 dp2 (ZeRO 1), language tp2 cp2 with sequence parallelism
-  (ZeRO 2), language tp2 dp2 with sequence parallelism alone, packed language cp2 dp2 (2 micro-batches,
-  rows of several samples), and Qwen3.5-MoE language cp2 dp2 ep2 (its aux loss too);
+  (ZeRO 2), language tp2 dp2 with sequence parallelism alone, language pp2 cp2 cut [1, 3] (4 micro-batches),
+  packed language cp2 dp2 (2 micro-batches, rows of several samples) and packed tp2 cp2 with sequence
+  parallelism, and Qwen3.5-MoE language cp2 dp2 ep2 (its aux loss too);
 - negative control: cp2 dp2 with the stock Gated DeltaNet layers (each cp rank runs the convolution and
   the delta rule over its own chunk only: the state restarts at every chunk), 3 steps: misses the bar.
 Without processes: `ds-hetero validate` and `initialize` agree, on every layout above (valid) and on
@@ -37,6 +38,8 @@ CP2 = "qwen3.5 vision dp4 + language cp2 dp2 zero1 adamw"
 TP2CP2SP = "qwen3.5 vision dp4 + language tp2 cp2 sequence parallel zero2 adamw"
 SP = "qwen3.5 vision dp4 + language tp2 dp2 sequence parallel zero1 adamw"
 PACKED = "qwen3.5 packed vision dp4 + language cp2 dp2, 2 micro-batches, zero1 adamw"
+PP = "qwen3.5 vision dp4 + language pp2 cp2 [1, 3], 4 micro-batches, zero1 adamw"
+PACKED_SP = "qwen3.5 packed vision dp4 + language tp2 cp2 sequence parallel zero1 adamw"
 MOE = "qwen3.5-moe vision dp4 + language cp2 dp2 ep2 zero1 adamw"
 CONTROL = "control: qwen3.5 language cp2 dp2, each cp rank's chunk alone"
 TRAIN = {
@@ -46,7 +49,14 @@ TRAIN = {
     SP: dict(layout={"vision": V, "language": {"tp": 2, "dp": 2, "sequence_parallel": True}}, zero_stage=1),
     PACKED: dict(layout={"vision": V, "language": {"tp": 1, "cp": 2, "dp": 2}}, zero_stage=1,
                  hetero={"language_batching": "packed"}),
+    # pipelined: the first chunk one Gated DeltaNet layer, the second two more and the full-attention layer
+    PP: dict(layout={"vision": V, "language": {"tp": 1, "cp": 2, "dp": 1, "pp": 2, "pp_layers": [1, 3]}},
+             zero_stage=1, micro_batches=4),
+    PACKED_SP: dict(layout={"vision": V, "language": {"tp": 2, "cp": 2, "dp": 1, "sequence_parallel": True}},
+                    zero_stage=1, hetero={"language_batching": "packed"}),
 }
+# the Gated DeltaNet layers each rank holds: all 3, or 1 | 2 over the pipeline stages (ranks: cp, then pp)
+HELD = {name: [1, 1, 2, 2] if name == PP else [3] * 4 for name in TRAIN}
 LAYERS = {
     "layer cp2": dict(tp=1, cp=2), "layer cp4": dict(tp=1, cp=4), "layer tp2 cp2": dict(tp=2, cp=2),
     "layer cp2 packed": dict(tp=1, cp=2, packed=True), "layer tp2 cp2 packed": dict(tp=2, cp=2, packed=True),
@@ -139,11 +149,13 @@ def test_gated_deltanet_on_each_chunk_alone_differs(runs):
 @pytest.mark.distributed
 def test_qwen3_5_on_sequence_shards_matches_the_single_process_reference(runs):
     for name in TRAIN:
-        for r in runs[name]:
-            cp = TRAIN[name]["layout"]["language"].get("cp", 1)
-            assert r["layers"] == 3 and r["on_shards"] == (3 if cp > 1 else 0), (name, r)
-    for r in runs[PACKED]:
+        cp = TRAIN[name]["layout"]["language"].get("cp", 1)
+        for r, held in zip(runs[name], HELD[name], strict=True):
+            assert r["layers"] == held and r["on_shards"] == (held if cp > 1 else 0), (name, r)
+    for r in runs[PACKED] + runs[PACKED_SP]:
         assert r["most_in_a_row"] and max(r["most_in_a_row"]) >= 2, r["most_in_a_row"]
+    for name in TRAIN:
+        print(name, distance(runs[name][0]))  # the figures of docs/tensor-and-context-parallel.md (pytest -s)
     check_family_parity([{name: runs[name][rank] for name in TRAIN} for rank in range(4)])
 
 
@@ -151,6 +163,7 @@ def test_qwen3_5_on_sequence_shards_matches_the_single_process_reference(runs):
 def test_qwen3_5_moe_on_sequence_shards_matches_the_single_process_reference(runs):
     from tests.helpers.moe_parity import CLIP as MOE_CLIP
 
+    print(MOE, distance(runs[MOE][0]))
     for rank, r in enumerate(runs[MOE]):
         assert r["layers"] == 3 and r["on_shards"] == 3, r
         assert len(r["losses"]) == 5
@@ -172,10 +185,10 @@ def distance(r) -> dict:
 
 @pytest.mark.distributed
 def test_each_cp_rank_alone_misses_the_bar(runs):
+    print(CONTROL, distance(runs[CONTROL][0]))
     for r in runs[CONTROL]:
         assert r["on_shards"] == 0, r
         d = distance(r)
-        print(CONTROL, d)
         assert d["loss"] > 10 * RTOL and d["weight"] > 100 * RTOL, d
 
 
@@ -216,3 +229,27 @@ def test_validate_and_initialize_refuse_a_cp_that_splits_a_value_head(tmp_path, 
         ds_hetero.initialize(tiny_qwen3_5(), {**BASE, "hetero_parallel": CP8})
     assert info.value.field == field and "linear-attention value heads" in str(info.value), str(info.value)
     assert not dist.is_initialized()  # refused before any process group
+
+
+# ------------------------------------------------------------------ one process: the forward is the layer's
+def test_forward_on_one_shard_is_the_stock_forward_bit_for_bit():
+    """At cp 1 (no group) the sharded forward is the Hugging Face layer's forward, cut where the exchanges
+    go: equal to it bit for bit, padded (with the layer's 2-D padding mask) and packed (equal to the
+    segmented forward of packed_deltanet.py); the MoE family's layer too."""
+    import torch
+
+    from ds_hetero.families.qwen3_5.packed_deltanet import segmented_forward
+    from ds_hetero.families.qwen3_5.sequence_shards import sharded_forward
+    from ds_hetero.toy import tiny_qwen3_5, tiny_qwen3_5_moe
+
+    for model in (tiny_qwen3_5(seed=3), tiny_qwen3_5_moe(seed=3)):
+        layer = model.model.language_model.layers[0].linear_attn.double()
+        gen = torch.Generator().manual_seed(5)
+        x = torch.randn(2, 70, layer.hidden_size, generator=gen, dtype=torch.float64)
+        mask = torch.ones(2, 70, dtype=torch.long)
+        mask[1, -5:] = 0
+        assert torch.equal(sharded_forward(layer, x, attention_mask=mask),
+                           type(layer).forward(layer, x, attention_mask=mask))
+        segments = [[30, 0, 40], [10, 50, 10]]
+        assert torch.equal(sharded_forward(layer, x, packed_segments=segments),
+                           segmented_forward(layer, x, packed_segments=segments))

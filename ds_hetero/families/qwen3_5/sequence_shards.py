@@ -138,8 +138,9 @@ def sharded_forward(module: nn.Module, hidden_states: torch.Tensor, cache_params
                     attention_mask: torch.Tensor | None = None, cp_group=None,
                     packed_segments: Sequence[Sequence[int]] | None = None, **kwargs) -> torch.Tensor:
     """The Gated DeltaNet layer on this rank's sequence chunk `hidden_states` [b, S/cp, H] (module
-    docstring); `packed_segments`: packed rows' segment lengths (whole rows), each restarted."""
-    if cache_params is not None:  # `cp_group` None: one rank (cp 1), what the tests compare with the stock forward
+    docstring); `packed_segments`: packed rows' segment lengths (whole rows), each restarted.
+    `cp_group` None: one rank holds the whole sequence (cp 1: the stock forward, bit for bit)."""
+    if cache_params is not None:
         raise ValueError("a Gated DeltaNet layer on sequence shards keeps no cache (training only)")
     if attention_mask is not None:  # a 2-D padding mask of the chunk: zero the padding, as the stock forward
         hidden_states = (hidden_states * attention_mask[:, :, None]).to(hidden_states.dtype)
