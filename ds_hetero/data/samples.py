@@ -86,9 +86,10 @@ def split_collated(batch: Mapping[str, Any], adapter) -> list[dict[str, Any]]:
     """
     video_id = getattr(adapter, "video_token_id", None)
     if video_id is not None:  # an image tower that takes clips too: its items are of two kinds, counted apart
-        images_per_sample: Callable[[torch.Tensor], int] = lambda ids: runs_of(ids, adapter.image_token_id)  # noqa: E731
+        def images_per_sample(ids: torch.Tensor) -> int:
+            return runs_of(ids, adapter.image_token_id)
     else:
-        images_per_sample = (
+        images_per_sample: Callable[[torch.Tensor], int] = (
             (lambda ids: len(adapter.image_rows({"input_ids": ids}))) if hasattr(adapter, "image_rows") else adapter)
     if not isinstance(batch, Mapping):
         return as_sample_list(batch)  # a collator that already returns per-sample dicts

@@ -4,12 +4,12 @@ shared by their tests and benchmarks, laid out as the processors lay them out.
     video_samples(model, items_per_sample, text_len, seed, frame_runs, seconds)
 
 `items_per_sample`: one list per sample of ("image", (t, h, w)) and ("video", (t, h, w)) items in
-sequence order (h, w in patches; a video's t in temporal patches; its seconds per temporal patch
-0.5, 1.0, 1.5, ... by its index in the sample, in `second_per_grid_ts` with `seconds`: Qwen2.5-VL). Layout: text, then per item
-its start token, placeholders and end token, then two text tokens. With `frame_runs` (Qwen3-VL,
-Qwen3.5) every temporal patch of a clip is its own run after two timestamp tokens, as those
-processors write "<0.5 seconds><|vision_start|>...<|vision_end|>" per frame. Labels ignore
-placeholders and delimiters.
+sequence order (h, w in patches; a video's t in temporal patches; with `seconds` (Qwen2.5-VL) its
+seconds per temporal patch in `second_per_grid_ts`, 0.5, 1.0, 1.5, ... by its index in the sample).
+Layout: text, then per item its start token, placeholders and end token, then two text tokens. With
+`frame_runs` (Qwen3-VL, Qwen3.5) every temporal patch of a clip is its own run after two timestamp
+tokens, as those processors write "<0.5 seconds><|vision_start|>...<|vision_end|>" per frame. Labels
+ignore placeholders, delimiters and timestamps.
 """
 
 from __future__ import annotations
