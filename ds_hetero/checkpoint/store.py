@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from . import publish
 from .expert_state import save_expert_stage
+from .stage_collectives import collectives_on
 from .full_state import saved_metas, stage_full_state
 from .layer_map import hf_names, stage_dir
 from .manifest import (MANIFEST, PARAMS, CheckpointError, build_manifest, deepspeed_load_applies, describe_layout,
@@ -71,9 +72,10 @@ def save_checkpoint(stages, model, save_dir: str | os.PathLike, tag: str | None,
                 save_expert_stage(stage, model, stage_dir(partial, stage))
             elif not stage.owns_engine:  # a shared engine's files go to its owner's folder, once
                 os.makedirs(stage_dir(partial, stage), exist_ok=True)
-            else:
-                stage.engine.save_checkpoint(stage_dir(partial, stage), tag=tag, save_latest=False,
-                                             client_state={"ds_hetero_global_steps": step})
+            else:  # DeepSpeed's world collectives on this stage's ranks (stage_collectives.py)
+                with collectives_on(stage.groups.stage):
+                    stage.engine.save_checkpoint(stage_dir(partial, stage), tag=tag, save_latest=False,
+                                                 client_state={"ds_hetero_global_steps": step})
         if i == 0 and len(held) > 1:
             publish.kill_point("stage_written", rank)
     problem = None
@@ -96,19 +98,18 @@ def save_checkpoint(stages, model, save_dir: str | os.PathLike, tag: str | None,
 def _refuse_expert_parallel(stages) -> None:
     """What ep checkpoints (expert_state.py) do not cover yet, refused on every rank alike (the
     layout is the config's) before anything is written or read: ZeRO 3 (its partitions are not
-    gathered or set by name here), a pipeline, and disaggregated placement (DeepSpeed's save of
-    the other stages' engines makes world collectives that the ep stage's ranks, not calling it,
-    would not pair)."""
+    gathered or set by name here) and a pipeline (a chunk's experts are not saved by chunk).
+    Disaggregated placement is covered: the other stages' DeepSpeed saves keep their collectives
+    to their own ranks (stage_collectives.py)."""
     cfg = stages.config
     for name, layout in cfg.stages.items():
         if layout.ep == 1:
             continue
-        reason = ("ZeRO stage 3" if cfg.zero_stage_of(name) == 3 else f"pp = {layout.pp}" if layout.pp > 1
-                  else f"placement {cfg.placement!r}" if cfg.placement == "disaggregated" else None)
+        reason = "ZeRO stage 3" if cfg.zero_stage_of(name) == 3 else f"pp = {layout.pp}" if layout.pp > 1 else None
         if reason:
             raise CheckpointError(
-                f"checkpoints of stages.{name}.ep = {layout.ep} with {reason} are not built yet (ZeRO 0-2, "
-                "colocated, without a pipeline are); save the weights with save_pretrained(DIR) and start from "
+                f"checkpoints of stages.{name}.ep = {layout.ep} with {reason} are not built yet (ZeRO 0-2 "
+                "without a pipeline are, in any placement); save the weights with save_pretrained(DIR) and start from "
                 "them with initialize(meta_model(DIR), cfg, weights=DIR) (any ep; the optimizer state is not kept)")
 
 

@@ -71,8 +71,9 @@ def _moe_config(language, zero):
 
 
 def test_ep_checkpoints_refuse_what_is_not_built():
-    """ZeRO 3, a pipeline or disaggregated placement with ep > 1: a CheckpointError naming them
-    (the layout is the config's: every rank raises alike, before anything is written or read)."""
+    """ZeRO 3 or a pipeline with ep > 1: a CheckpointError naming them (the layout is the config's:
+    every rank raises alike, before anything is written or read). Disaggregated placement is built
+    (tests/helpers/moe_checkpoints.py `disaggregated_chain`)."""
     from types import SimpleNamespace
 
     from ds_hetero.checkpoint import CheckpointError

@@ -27,6 +27,9 @@ V = {"tp": 1, "dp": 4}
 EP2 = dict(layout={"vision": V, "language": {"tp": 2, "dp": 2, "ep": 2}}, zero=1)
 EP1 = dict(layout={"vision": V, "language": {"tp": 1, "dp": 4}}, zero=2)
 EP4 = dict(layout={"vision": {"tp": 2, "dp": 2}, "language": {"tp": 1, "dp": 4, "ep": 4}}, zero=0)
+# disaggregated: vision on ranks 0-1, the ep2 language stage on 2-3 (whose ranks call no DeepSpeed save)
+EPD = dict(layout={"vision": {"dp": 2, "ranks": [0, 1]}, "language": {"tp": 1, "dp": 2, "ep": 2, "ranks": [2, 3]}},
+           zero=1, placement="disaggregated")
 WARMUP = {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-3, "warmup_num_steps": 10, "warmup_type": "linear"}
 
 
@@ -38,7 +41,8 @@ def _config(spec):
     return {"train_batch_size": 8, "zero_optimization": {"stage": spec["zero"]}, "zero_allow_untested_optimizer": True,
             "gradient_clipping": CLIP, "steps_per_print": 10**6,
             "scheduler": {"type": "WarmupLR", "params": dict(WARMUP)},
-            "hetero_parallel": {"placement": "colocated", "micro_batches": 1, "stages": spec["layout"]}}
+            "hetero_parallel": {"placement": spec.get("placement", "colocated"), "micro_batches": 1,
+                                "stages": spec["layout"]}}
 
 
 def _engine(spec, seed):
@@ -157,6 +161,30 @@ def checkpoint_chain(rank, world_size, tmp):
     return out
 
 
+
+def disaggregated_chain(rank, world_size, tmp):
+    """K steps disaggregated (vision ranks 0-1, language ep2 on 2-3), save; load colocated ep2, K steps,
+    save; load disaggregated again, K steps: every loss of the 3K steps and the last engine's weights,
+    for `judge` against the uninterrupted single-process run."""
+    from ds_hetero.families.qwen3_vl_moe import tiny_qwen3_vl_moe
+
+    batches = make_batches(tiny_qwen3_vl_moe(seed=7), 3 * K, 8)
+    out = {"losses": [], "aux": [], "norms": []}
+    source = None
+    for i, spec in enumerate((EPD, EP2, EPD)):
+        engine = _engine(spec, 7 if i == 0 else 99)
+        if source is not None:
+            engine.load_checkpoint(source)
+        for key, values in zip(("losses", "aux", "norms"), _train(engine, batches[i * K:(i + 1) * K])):
+            out[key] += values
+        if i < 2:
+            source = os.path.join(tmp, f"disaggregated_{i}")
+            engine.save_checkpoint(source)
+        else:
+            out["final"] = {n: t.numpy() for n, t in full_named_parameters(engine).items()}
+        engine.groups.destroy()
+    return out
+
 def judge(r, reference, rtol=1e-5):
     """(worst loss, aux, norm relative error over the steps, the weights' max_rel_err) of a run."""
     losses, auxes, norms, weights = reference
@@ -185,6 +213,16 @@ def check_chain(results, rtol, atol):
     assert "experts in the wrong ep slot" in results[0]["swapped_refused"]
     err, where, _, compared = results[0]["converted"]  # convert --to-hf from the ep2 files
     assert compared == 93 and err == 0.0, (err, where)
+
+
+def check_disaggregated_chain(results, rtol, atol):
+    """disaggregated -> colocated -> disaggregated at ep2: the single-process run's every loss, aux loss
+    and norm, and the final weights of the stages each rank holds (colocated then: all of them)."""
+    reference = reference_run(make_batches(_tiny(), 3 * K, 8))
+    for r in results:
+        losses, aux, norms, (err, where, abs_err, compared) = judge(r, reference)
+        assert losses <= rtol and aux <= rtol and norms <= 1e-4, (losses, aux, norms)
+        assert compared > 0 and err <= rtol and abs_err <= atol, (err, where, abs_err)
 
 
 def _tiny():

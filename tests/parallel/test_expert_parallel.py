@@ -88,7 +88,7 @@ CONTROLS = ("drop", "wrong_rank", "per_rank_aux", "global_aux_over_micro_batches
 
 
 def _cases(tmp):
-    from tests.helpers.moe_checkpoints import checkpoint_chain
+    from tests.helpers.moe_checkpoints import checkpoint_chain, disaggregated_chain
     from tests.helpers.moe_lora import LORA, train_moe_lora
     from tests.helpers.moe_parity import dispatch_adjoint, save_and_load, train_moe
 
@@ -104,6 +104,7 @@ def _cases(tmp):
     cases[CONTROLS[5]] = (train_moe, dict(LAYOUTS["qwen3.5-moe vision dp4 + language tp2 dp2 ep2 zero1"], steps=2,
                                           control="wrong_rank"))
     cases["checkpoint chain"] = (checkpoint_chain, dict(tmp=tmp))
+    cases["disaggregated checkpoint chain"] = (disaggregated_chain, dict(tmp=tmp))
     control = dict(LORA["lora tp2 dp2 ep2 zero1"], steps=2, control="contiguous_b", reload=None)
     for name, kw in {**LORA, "lora contiguous_b": control}.items():  # PEFT LoRA on attention and experts
         cases[name] = (train_moe_lora, dict(kw, tmp=f"{tmp}/{name.replace(' ', '_')}"))
@@ -229,6 +230,11 @@ def test_save_pretrained_and_per_shard_load_across_ep(runs, case):
 def test_training_checkpoint_reshards_across_ep(runs):  # ep2 -> ep1 -> ep4, its controls (moe_checkpoints.py)
     from tests.helpers.moe_checkpoints import check_chain
     check_chain(runs["checkpoint chain"], RTOL, ATOL)
+
+
+def test_ep_checkpoint_moves_between_disaggregated_and_colocated(runs):  # moe_checkpoints.py
+    from tests.helpers.moe_checkpoints import check_disaggregated_chain
+    check_disaggregated_chain(runs["disaggregated checkpoint chain"], RTOL, ATOL)
 
 
 @pytest.mark.parametrize("name", ["lora tp2 dp2 ep2 zero1", "lora dp4 ep4 zero2"])
