@@ -173,6 +173,7 @@ def test_the_cpu_accelerator_message_is_hidden_and_nothing_else():
     saved = logger.filters[:], logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    logger.filters = []  # as before any recipe ran in this process
     cpu = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
     try:
         logger.warning(cpu)  # negative control: before the filter it is shown
