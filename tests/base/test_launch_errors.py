@@ -90,7 +90,8 @@ def test_accelerate_recipe_prints_a_config_error_once(monkeypatch, capsys, rank)
     deepspeed_logger = logging.getLogger("DeepSpeed")
     monkeypatch.setattr(deepspeed_logger, "filters", list(deepspeed_logger.filters))  # the script adds its filter
     for name, value in {"RANK": rank, "WORLD_SIZE": "2", "ACCELERATE_DEEPSPEED_CONFIG_FILE": "ds_configs/llava_colocated.json",
-                        "ACCELERATE_CONFIG_DS_FIELDS": "gradient_clipping", "ACCELERATE_GRADIENT_CLIPPING": "1.0"}.items():
+                        "ACCELERATE_CONFIG_DS_FIELDS": "gradient_clipping", "ACCELERATE_GRADIENT_CLIPPING": "1.0",
+                        "HF_HUB_OFFLINE": "1"}.items():  # the last one the script sets: undone after the test
         monkeypatch.setenv(name, value)
     for module in ("ds_hetero.accelerate", "ds_hetero.integrations.accelerate_prepare"):
         monkeypatch.delitem(sys.modules, module, raising=False)  # its check runs on import: import it afresh
