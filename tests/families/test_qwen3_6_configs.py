@@ -152,19 +152,31 @@ def test_qwen3_6_27b_config_as_shipped_plans_and_validates_by_its_heads(tmp_path
     assert "hetero_parallel.stages.language.tp" in err.out + err.err, err
 
 
-def test_qwen3_6_split_equals_fused_with_three_value_heads_per_key_head():
+# the YaRN block the Qwen3.8 model card gives for contexts past 262,144 tokens (factor 4 over the native
+# length), here over a tiny native length: the same fields in Qwen3.5's classes
+YARN = {"mrope_interleaved": True, "mrope_section": [2, 1, 1], "rope_type": "yarn", "rope_theta": 10000000,
+        "partial_rotary_factor": 0.25, "factor": 4.0, "original_max_position_embeddings": 1024}
+
+
+@pytest.mark.parametrize("rope", ["as shipped", "yarn"])
+def test_qwen3_6_split_equals_fused_with_three_value_heads_per_key_head(rope):
     """The tiny Qwen3.6 built from its config (float64, seeded): the stages give the fused model's logits and
     every parameter gradient, with images and without (0.25 partial rotary, interleaved M-RoPE, 3 value heads
-    per key head)."""
+    per key head); also with the YaRN rope parameters of the Qwen3.8 card's long-context setting."""
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     from ds_hetero.families.qwen3_5.adapter import Qwen3_5Adapter
     from ds_hetero.testing.batches import qwen_samples, token_loss_sum
 
-    config = AutoConfig.for_model(**tiny_qwen3_6())
+    cfg = tiny_qwen3_6()
+    if rope == "yarn":
+        cfg["text_config"]["rope_parameters"] = dict(YARN)
+    config = AutoConfig.for_model(**cfg)
+    assert config.text_config.rope_parameters["rope_type"] == ("yarn" if rope == "yarn" else "default")
     with torch.random.fork_rng():
         torch.manual_seed(3)
         model = AutoModelForImageTextToText.from_config(config).double()
+    assert model.model.language_model.rotary_emb.rope_type == config.text_config.rope_parameters["rope_type"]
     adapter = adapter_for(model)
     assert isinstance(adapter, Qwen3_5Adapter)
     samples = qwen_samples(model, [(1, 8, 8), None, (1, 4, 8)])
