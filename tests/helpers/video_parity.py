@@ -36,7 +36,8 @@ VIDEO_ITEMS = [
 
 RUNS = {
     "colocated vision dp4 + language tp2dp2 zero1 adamw": dict(
-        layout={"vision": V4, "language": L22}, zero_stage=1, optimizer="adamw"),
+        layout={"vision": V4, "language": L22}, zero_stage=1, optimizer="adamw",
+        inspect=lambda engine, batches: _split_samples(engine, batches)),
     "disaggregated vision dp2 (0-1) + language dp2 (2-3) zero1 sgd": dict(
         layout={"vision": {"dp": 2}, "language": {"dp": 2}}, zero_stage=1, placement="disaggregated"),
     "packed vision dp4 + language tp2dp2 zero2 sgd": dict(
@@ -61,6 +62,21 @@ def video_batches(family, model, steps, batch_size):
     return [video_samples(model, (VIDEO_ITEMS * 2)[step % 3: step % 3 + batch_size], text_len=3 + step % 3,
                           seed=700 + step, frame_runs=adapter.FRAME_RUNS, seconds=adapter.SECONDS_FIELD is not None)
             for step in range(steps)]
+
+
+def _split_samples(engine, batches):
+    """How many samples had their vision items (images, clips, frames) encoded on several ranks."""
+    from ds_hetero.step.balance import encoder_assignment
+
+    split = 0
+    for b in batches:
+        for m in range(engine.config.micro_batches_of("vision")):
+            plan = encoder_assignment(engine.config, engine.adapter, b, "vision", m)
+            ranks = {}
+            for image, rank in zip(plan.images, plan.rank):
+                ranks.setdefault(image.sample, set()).add(rank)
+            split += sum(len(r) > 1 for r in ranks.values())
+    return {"split_samples": split}
 
 
 def _most_in_a_row(engine, batches):
@@ -134,7 +150,7 @@ def video_suite(rank, world_size, family, controls=(), runs=tuple(RUNS)):
                                **RUNS[name])
     for name in controls:
         out["control: " + name] = train_both(rank, world_size, "video:" + family, steps=3, clip=CLIP,
-                                             make_data=video_batches, inspect=CONTROLS[name], **RUNS[runs[0]])
+                                             make_data=video_batches, **{**RUNS[runs[0]], "inspect": CONTROLS[name]})
     return out
 
 
@@ -145,6 +161,8 @@ def check_video(results):
     check_parity(runs)
     for name, r in runs[0].items():
         assert r["stages_held"], name
+        if "split_samples" in r:  # balancing placed one sample's items (a clip, its frames) on several ranks
+            assert r["split_samples"] > 0, name
         if "packed" in name:  # packing happened: some row held several samples, clips among them
             assert max(r["most_in_a_row"]) > 1, (name, r["most_in_a_row"])
     distances = {}
