@@ -24,7 +24,6 @@ cp 8 (tp x cp not dividing the 4 linear-attention value heads: refused by both, 
 """
 
 import json
-
 from contextlib import contextmanager, nullcontext
 
 import pytest
