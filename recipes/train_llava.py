@@ -9,12 +9,17 @@
     .venv/bin/deepspeed --num_gpus 4 recipes/train_llava.py --model-family gemma3      # or qwen2-vl, qwen2.5-vl, qwen3-vl, internvl, llava-onevision
     .venv/bin/deepspeed --num_gpus 4 recipes/train_llava.py --model-family qwen3.5-moe --deepspeed_config ds_configs/qwen3_vl_moe_ep.json
     .venv/bin/deepspeed --num_gpus 4 recipes/train_llava.py --data recipes/data/shapes_messages.jsonl --steps 20   # your data
+    .venv/bin/deepspeed --num_gpus 4 recipes/train_llava.py --model-family qwen2.5-vl --videos --deepspeed_config ds_configs/qwen_video.json
 
 `--model-family` picks the built-in tiny model (llava, the default; qwen2-vl, qwen2.5-vl, qwen3-vl, internvl,
 llava-onevision, gemma3, qwen3.5, gemma4 (vision, audio and language stages; the shapes data has images
 only); qwen3-vl-moe and qwen3.5-moe, with experts over ep in ds_configs/qwen3_vl_moe_ep.json; omni: a Qwen2.5-Omni thinker with vision, audio and language stages, on the same
 captions shown as an image, described by a synthetic clip, both, or neither: ds_hetero/toy/omni_shapes.py);
 with `--model PATH` the family is the checkpoint's own (its config's model_type).
+
+`--videos` trains a Qwen-VL family (qwen2-vl, qwen2.5-vl, qwen3-vl, qwen3.5) on synthetic clips in place of
+images: a shape that moves between two cells, captioned in time order (ds_hetero/toy/shape_clips.py,
+docs/video.md).
 
 `--data FILE` trains on a conversation file in place of the synthetic task: LLaVA JSON or the messages
 format (LLaMA-Factory / TRL), images from `--image-folder` (default: the file's folder), encoded with
@@ -83,6 +88,8 @@ def parse_args(argv=None):
                         "Qwen3-VL, InternVL, LLaVA-OneVision, Gemma 3), loaded per stage and tp shard")
     p.add_argument("--model-family", default="llava", choices=list(FAMILIES),
                    help="the built-in tiny model to train (ignored with --model, whose config names its family)")
+    p.add_argument("--videos", action="store_true",
+                   help="synthetic moving-shape clips in place of images (qwen2-vl, qwen2.5-vl, qwen3-vl, qwen3.5)")
     p.add_argument("--vision", default="clip", choices=["clip", "siglip"], help="tower of the built-in tiny LLaVA")
     p.add_argument("--save", default=None, help="save a checkpoint here at the end")
     p.add_argument("--load", default=None,
@@ -133,6 +140,15 @@ def data_processor(args, model):
 
 
 def build_dataset(args, model):
+    if args.videos:
+        from ds_hetero.families import adapter_for
+
+        if args.data or not hasattr(adapter_for(model), "FRAME_RUNS"):
+            sys.exit("--videos: the synthetic clips are for the Qwen-VL families (--model-family qwen2-vl, "
+                     "qwen2.5-vl, qwen3-vl, qwen3.5) and take no --data (which reads images only: docs/video.md)")
+        from ds_hetero.toy.shape_clips import ShapeClipsDataset
+
+        return ShapeClipsDataset(model, args.samples, seed=args.seed)
     if args.data:
         from ds_hetero.sft_data import SFTDataset
 

@@ -119,3 +119,24 @@ def test_a_collated_video_batch_splits_into_its_samples(family):
     bad = {**kwargs, "video_grid_thw": kwargs["video_grid_thw"][:-1]}
     with pytest.raises(ValueError, match="video_grid_thw"):
         split_collated(bad, adapter)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_shape_clips_are_samples_whose_caption_follows_time(family):
+    from ds_hetero.families.qwen2_vl.sample_format import Qwen2VLFormat
+    from ds_hetero.toy.shape_clips import ShapeClipsDataset, patchify_clip
+
+    model, adapter = _model(family)
+    data = ShapeClipsDataset(model, 16, seed=1)
+    for i in range(len(data)):
+        s = data[i]
+        adapter.check_sample(s, i)
+        assert torch.equal(s["input_ids"], data.input_ids(i))  # the loader's light read: no rendering
+    words = data.vocab.decode(data[1]["input_ids"])
+    assert " and at the " in words  # clip 1 moves: both places, first one first
+    # a clip of one still image repeated is that image patchified as the image processor does
+    v = model.config.vision_config
+    image = torch.randn(3, 16, 16)
+    still = patchify_clip(image.expand(2, -1, -1, -1), v.patch_size, v.spatial_merge_size, v.temporal_patch_size)
+    fmt = Qwen2VLFormat(v.patch_size, v.spatial_merge_size, v.temporal_patch_size, 0, 0)
+    assert torch.equal(still, fmt.patches(image))
