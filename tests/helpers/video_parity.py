@@ -37,7 +37,7 @@ VIDEO_ITEMS = [
 RUNS = {
     "colocated vision dp4 + language tp2dp2 zero1 adamw": dict(
         layout={"vision": V4, "language": L22}, zero_stage=1, optimizer="adamw",
-        inspect=lambda engine, batches: _split_samples(engine, batches)),
+        inspect=lambda engine, batches: {**_split_samples(engine, batches), **_evaluated(engine, batches)}),
     "disaggregated vision dp2 (0-1) + language dp2 (2-3) zero1 sgd": dict(
         layout={"vision": {"dp": 2}, "language": {"dp": 2}}, zero_stage=1, placement="disaggregated"),
     "packed vision dp4 + language tp2dp2 zero2 sgd": dict(
@@ -77,6 +77,17 @@ def _split_samples(engine, batches):
                 ranks.setdefault(image.sample, set()).add(rank)
             split += sum(len(r) > 1 for r in ranks.values())
     return {"split_samples": split}
+
+
+def _evaluated(engine, batches):
+    """eval_batch on the first batch before training, and the untrained HF model's own loss on it."""
+    from ds_hetero.families import adapter_for
+    from ds_hetero.testing.parity import VIDEO, build_model, reference_forward
+
+    family = VIDEO + {"Qwen2VL": "qwen2_vl", "Qwen2_5_VL": "qwen2_5_vl", "Qwen3VL": "qwen3_vl",
+                      "Qwen3_5": "qwen3_5"}[type(engine.model).__name__.replace("ForConditionalGeneration", "")]
+    model = build_model(family, seed=7)
+    return {"eval": (engine.eval_batch(batches[0]), reference_forward(family, model, adapter_for(model), batches[0])[2])}
 
 
 def _most_in_a_row(engine, batches):
@@ -163,6 +174,9 @@ def check_video(results):
         assert r["stages_held"], name
         if "split_samples" in r:  # balancing placed one sample's items (a clip, its frames) on several ranks
             assert r["split_samples"] > 0, name
+        if "eval" in r:  # eval_batch with clips: the untrained model's own loss
+            got, want = r["eval"]
+            assert abs(got - want) <= RTOL * abs(want), (name, r["eval"])
         if "packed" in name:  # packing happened: some row held several samples, clips among them
             assert max(r["most_in_a_row"]) > 1, (name, r["most_in_a_row"])
     distances = {}
