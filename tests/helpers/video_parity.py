@@ -45,7 +45,7 @@ RUNS = {
         inspect=lambda engine, batches: _most_in_a_row(engine, batches)),
     "vision dp4 + language pp2dp2 zero1 sgd": dict(
         layout={"vision": V4, "language": {"dp": 2, "pp": 2}}, zero_stage=1),
-    "vision tp2dp2 + language tp2 cp2 sp zero1 sgd": dict(  # sequence shards: not Qwen3.5 (refused)
+    "vision tp2dp2 + language tp2 cp2 sp zero1 sgd": dict(
         layout={"vision": {"tp": 2, "dp": 2}, "language": {"tp": 2, "cp": 2, "dp": 1, "sequence_parallel": True}},
         zero_stage=1),
     "first_stage vision tp2 + language tp2pp2 zero1 sgd": dict(
@@ -147,9 +147,6 @@ def _frames_reversed(engine, batches):
 
 CONTROLS = {"temporal positions flattened": _temporal_flattened, "frames reversed": _frames_reversed,
             "seconds ignored": _seconds_ignored}
-
-
-SHARDED = "vision tp2dp2 + language tp2 cp2 sp zero1 sgd"
 
 
 def video_suite(rank, world_size, family, controls=(), runs=tuple(RUNS)):
