@@ -3,8 +3,8 @@ data, five runs in one launch (the folder OUT holds the test's data; each rank r
 
     counted    4 steps, no workers, recording every row this rank encodes (SFTDataset.__getitem__) and the
                dataset indices at the positions its plan names (PlannedReader.positions_of)
-    workers    4 steps, --data-workers 2 (worker processes of the rank: the real launcher's ranks may have them)
-    saved      2 steps, --data-workers 2, --save OUT/ckpt
+    saved      2 steps, --data-workers 2 (worker processes of the rank: the real launcher's ranks may have
+               them), --save OUT/ckpt
     resumed    --load OUT/ckpt, 2 more steps, --data-workers 2
     late_bad   --data-workers 2 on OUT/late_bad.json, whose row 5 has an image broken past its header
     main_llava / trainer   tiny LLaVA on shapes_messages.jsonl, 2 steps: the main job, then the HF Trainer recipe
@@ -77,7 +77,6 @@ def main(out):
     try:
         losses, reads, planned = counting(lambda: run("counted", "--data", DATA, "--steps", "4"))
         report["counted"] = {"losses": losses, "reads": reads, "planned": planned}
-        report["workers"] = run("workers", "--data", DATA, "--steps", "4", "--data-workers", "2")
         ckpt = os.path.join(out, "ckpt")
         report["saved"] = run("saved", "--data", DATA, "--steps", "2", "--data-workers", "2", "--save", ckpt)
         report["resumed"] = run("resumed", "--data", DATA, "--steps", "2", "--data-workers", "2", "--load", ckpt)
