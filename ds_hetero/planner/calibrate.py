@@ -22,6 +22,7 @@ host name, backend, device count and torch version; `refresh=True` measures agai
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -29,6 +30,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import asdict
+from typing import Iterator
 
 from .machine import PROFILES, MachineProfile, named_profile
 
@@ -75,60 +77,57 @@ def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     return max(0.0, my - b * mx), b
 
 
-def measure_gemms(shapes, device: str = "cpu") -> tuple[float, float]:
-    """(overhead s, FLOP/s) fitted over the shapes."""
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """torch on one thread for the block (a GEMM rate per core, as the cost model prices a rank)."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        dtype = torch.float32 if device == "cpu" else torch.bfloat16
-        points = []
-        for m, k, n in shapes:
-            a = torch.randn(m, k, device=device, dtype=dtype)
-            b = torch.randn(k, n, device=device, dtype=dtype)
-
-            def run():
-                torch.mm(a, b)
-                if device != "cpu":
-                    torch.cuda.synchronize()
-
-            points.append((2.0 * m * k * n, _timed(run)))
-        overhead, per_flop = _fit(points)
-        return overhead, 1.0 / per_flop if per_flop else max(f / t for f, t in points)
+        yield
     finally:
         torch.set_num_threads(threads)
+
+
+def gemm_seconds(m: int, k: int, n: int, device: str = "cpu", dtype=None) -> float:
+    """Median seconds of one [m, k] x [k, n] GEMM on `device` in `dtype` (default fp32 on the CPU,
+    bf16 elsewhere), on the calling threads."""
+    import torch
+
+    dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
+    a = torch.randn(m, k, device=device, dtype=dtype)
+    b = torch.randn(k, n, device=device, dtype=dtype)
+
+    def run():
+        torch.mm(a, b)
+        if device != "cpu":
+            torch.cuda.synchronize()
+
+    return _timed(run)
+
+
+def measure_gemms(shapes, device: str = "cpu") -> tuple[float, float]:
+    """(overhead s, FLOP/s) fitted over the shapes."""
+    with _one_thread():
+        points = [(2.0 * m * k * n, gemm_seconds(m, k, n, device)) for m, k, n in shapes]
+    overhead, per_flop = _fit(points)
+    return overhead, 1.0 / per_flop if per_flop else max(f / t for f, t in points)
 
 
 def measure_gemm_curve(device: str = "cpu", dims=CURVE_DIMS) -> tuple[tuple[int, float], ...]:
     """((d, FLOP/s), ...): one thread's rate on [512, d] x [d, 512], [d, 512] x [512, 512] and
     [512, 512] x [512, d] (the median of the three), ascending in d, never above a larger d's."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        dtype = torch.float32 if device == "cpu" else torch.bfloat16
-        big, curve = CURVE_OTHER, []
+    big, curve = CURVE_OTHER, []
+    with _one_thread():
         for d in dims:
-            rates = []
-            for m, k, n in ((big, d, big), (d, big, big), (big, big, d)):
-                a = torch.randn(m, k, device=device, dtype=dtype)
-                b = torch.randn(k, n, device=device, dtype=dtype)
-
-                def run():
-                    torch.mm(a, b)
-                    if device != "cpu":
-                        torch.cuda.synchronize()
-
-                rates.append(2.0 * m * k * n / _timed(run))
+            rates = [2.0 * m * k * n / gemm_seconds(m, k, n, device)
+                     for m, k, n in ((big, d, big), (d, big, big), (big, big, d))]
             curve.append((d, statistics.median(rates)))
-        # noise on a shared machine can make a narrow GEMM measure faster than a wider one: keep it monotone
-        for i in range(len(curve) - 2, -1, -1):
-            curve[i] = (curve[i][0], min(curve[i][1], curve[i + 1][1]))
-        return tuple(curve)
-    finally:
-        torch.set_num_threads(threads)
+    # noise on a shared machine can make a narrow GEMM measure faster than a wider one: keep it monotone
+    for i in range(len(curve) - 2, -1, -1):
+        curve[i] = (curve[i][0], min(curve[i][1], curve[i + 1][1]))
+    return tuple(curve)
 
 
 def measure_op_overhead(device: str = "cpu", ops: int = 200) -> float:

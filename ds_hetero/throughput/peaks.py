@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 
 # TFLOP/s, dense. Sources (NVIDIA datasheets): H100 SXM5 989.4 BF16, 66.9 FP32 (PCIe 756 / 51.2);
 # H200 SXM 989.4 / 66.9 (NVL 835 / 60); A100 SXM4 and PCIe 312 / 19.5; HGX B200 18 PF dense BF16 and
@@ -50,9 +49,12 @@ def _cache_path(dtype, threads: int) -> str:
     return os.path.join(root, f"gemm-peak-{socket.gethostname()}-{dtype_key(dtype)}-{threads}threads.json")
 
 
-def measured_cpu_peak(dtype, size: int = 1024, reps: int = 5) -> float:
-    """FLOP/s of a size^3 GEMM on this process's threads (the best of `reps`), measured once and cached."""
+def measured_cpu_peak(dtype, size: int = 1024) -> float:
+    """FLOP/s of a size^3 GEMM on this process's threads (planner/calibrate.py's timing: the median of
+    5 after a warm-up), measured once and cached."""
     import torch
+
+    from ..planner.calibrate import gemm_seconds
 
     threads = torch.get_num_threads()
     path = _cache_path(dtype, threads)
@@ -62,14 +64,7 @@ def measured_cpu_peak(dtype, size: int = 1024, reps: int = 5) -> float:
     except (OSError, ValueError, KeyError):
         pass
     work = torch.float32 if dtype_key(dtype) == "fp32" else torch.bfloat16
-    a, b = torch.randn(size, size, dtype=work), torch.randn(size, size, dtype=work)
-    torch.mm(a, b)  # warm-up
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
-    peak = 2.0 * size**3 / best
+    peak = 2.0 * size**3 / gemm_seconds(size, size, size, "cpu", work)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
