@@ -106,22 +106,33 @@ def segmented_forward(module: nn.Module, hidden_states: torch.Tensor, cache_para
     return out[mask.bool()].reshape(rows, length, -1)
 
 
-def apply_segmented_deltanet(decoder: nn.Module) -> int:
-    """Give every Gated DeltaNet module of `decoder` the segmented forward (in place, per instance:
-    the class and every other model are untouched; idempotent); returns how many there are."""
-    count, installed = 0, has_varlen_kernels()  # an import attempt per call would cost every layer's forward
+def install_forward(decoder: nn.Module, forward, **keywords) -> int:
+    """Every Gated DeltaNet module of `decoder` runs `forward(module, ..., **keywords)` (in place, per
+    instance: the class and every other model are untouched; installing again replaces it); how many."""
+    count = 0
     for module in filter(is_gated_deltanet, decoder.modules()):
-        if not restarts_per_sample(module):
-            module.forward = functools.partial(segmented_forward, module, kernels_installed=installed)
+        module.forward = functools.partial(forward, module, **keywords)
         count += 1
     return count
 
 
+def runs_forward(module: nn.Module, forward) -> bool:
+    """Whether `module` is a Gated DeltaNet layer given `forward` by `install_forward`."""
+    own = module.__dict__.get("forward")
+    return is_gated_deltanet(module) and isinstance(own, functools.partial) and own.func is forward
+
+
+def apply_segmented_deltanet(decoder: nn.Module) -> int:
+    """Give every Gated DeltaNet module of `decoder` the segmented forward (idempotent); how many."""
+    # whether the kernels import, looked up once: an import attempt per call would cost every layer's forward
+    return install_forward(decoder, segmented_forward, kernels_installed=has_varlen_kernels())
+
+
 def restarts_per_sample(module: nn.Module) -> bool:
     """Whether `module` is a Gated DeltaNet layer that restarts at every packed sample."""
-    forward = module.__dict__.get("forward")
-    return is_gated_deltanet(module) and isinstance(forward, functools.partial) and forward.func is segmented_forward
+    return runs_forward(module, segmented_forward)
 
 
-__all__ = ["apply_segmented_deltanet", "has_varlen_kernels", "is_gated_deltanet", "restarts_per_sample",
+__all__ = ["apply_segmented_deltanet", "has_varlen_kernels", "install_forward", "is_gated_deltanet",
+           "restarts_per_sample", "runs_forward",
            "segmented_forward", "segments_as_batch", "varlen_arguments"]

@@ -44,7 +44,6 @@ forward (tested bit for bit).
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 from typing import Sequence
@@ -56,7 +55,7 @@ from torch import nn
 
 from ...comm import all_to_all
 from ...errors import HeteroConfigError
-from .packed_deltanet import check_segments, is_gated_deltanet, segments_as_batch
+from .packed_deltanet import check_segments, install_forward, runs_forward, segments_as_batch
 
 
 def check_heads(text_config, tp: int, cp: int, stage: str = "language") -> None:
@@ -182,17 +181,12 @@ def sharded_forward(module: nn.Module, hidden_states: torch.Tensor, cache_params
 def apply_sequence_sharded_deltanet(decoder: nn.Module, cp_group) -> int:
     """Give every Gated DeltaNet module of `decoder` the forward on sequence shards over `cp_group` (in
     place, per instance, replacing a packed forward: this one restarts packed samples itself); how many."""
-    count = 0
-    for module in filter(is_gated_deltanet, decoder.modules()):
-        module.forward = functools.partial(sharded_forward, module, cp_group=cp_group)
-        count += 1
-    return count
+    return install_forward(decoder, sharded_forward, cp_group=cp_group)
 
 
 def on_sequence_shards(module: nn.Module) -> bool:
     """Whether `module` is a Gated DeltaNet layer running `sharded_forward`."""
-    forward = module.__dict__.get("forward")
-    return is_gated_deltanet(module) and isinstance(forward, functools.partial) and forward.func is sharded_forward
+    return runs_forward(module, sharded_forward)
 
 
 __all__ = ["apply_sequence_sharded_deltanet", "check_heads", "heads_to_sequence", "key_repeat",
