@@ -62,18 +62,11 @@ def test_packed_qwen3_5_matches_the_single_process_reference(runs):
 
 
 def test_packed_qwen3_5_moe_matches_the_single_process_reference(runs):
-    from tests.helpers.moe_parity import CLIP as MOE_CLIP
+    from tests.helpers.qwen3_5_packing_parity import check_moe_run
 
     for rank, r in enumerate(runs[MOE]):
         _packed(r, restarting=True)
-        assert len(r["losses"]) == 5
-        for key, tol in (("losses", RTOL), ("norms", 1e-4), ("aux", RTOL)):
-            for got, want in zip(r[key], r[f"ref_{key}"], strict=True):
-                assert abs(got - want) <= tol * abs(want), (rank, key, r[key], r[f"ref_{key}"])
-        assert min(r["ref_norms"]) > MOE_CLIP, r["ref_norms"]  # clipping was active
-        err, where, abs_err, compared = r["weight_err"]
-        assert compared == r["n_params"], (compared, r["n_params"])  # every weight, experts gathered
-        assert err <= RTOL and abs_err <= ATOL, (rank, err, where, abs_err)
+        check_moe_run(rank, r, RTOL, ATOL)
 
 
 def distance(r) -> dict:

@@ -64,23 +64,11 @@ LAYERS = {
 
 
 def _observe(engine):
-    """What the run did, seen by a hook on the first Gated DeltaNet layer: {"on_shards": layers that
-    split their heads over cp, "layers", "most_in_a_row": the most samples a packed row held}."""
-    from ds_hetero.families.qwen3_5.packed_deltanet import is_gated_deltanet
+    """{"on_shards": layers that split their heads over cp, "layers", "most_in_a_row"}."""
     from ds_hetero.families.qwen3_5.sequence_shards import on_sequence_shards
+    from tests.helpers.qwen3_5_packing_parity import observe_deltanet
 
-    language = engine.stages.language
-    layers = [m for m in language.module.modules() if is_gated_deltanet(m)] if language.held else []
-    seen = {"on_shards": sum(map(on_sequence_shards, layers)), "layers": len(layers), "most_in_a_row": []}
-
-    def record(_, args, kwargs):
-        segments = kwargs.get("packed_segments")
-        if segments is not None:
-            seen["most_in_a_row"].append(max(sum(1 for n in row if n) for row in segments))
-
-    if layers:
-        layers[0].register_forward_pre_hook(record, with_kwargs=True)
-    return seen
+    return observe_deltanet(engine, on_shards=on_sequence_shards)
 
 
 @contextmanager
@@ -160,19 +148,12 @@ def test_qwen3_5_on_sequence_shards_matches_the_single_process_reference(runs):
 
 @pytest.mark.distributed
 def test_qwen3_5_moe_on_sequence_shards_matches_the_single_process_reference(runs):
-    from tests.helpers.moe_parity import CLIP as MOE_CLIP
+    from tests.helpers.qwen3_5_packing_parity import check_moe_run
 
     print(MOE, distance(runs[MOE][0]))
     for rank, r in enumerate(runs[MOE]):
         assert r["layers"] == 3 and r["on_shards"] == 3, r
-        assert len(r["losses"]) == 5
-        for key, tol in (("losses", RTOL), ("norms", 1e-4), ("aux", RTOL)):
-            for got, want in zip(r[key], r[f"ref_{key}"], strict=True):
-                assert abs(got - want) <= tol * abs(want), (rank, key, r[key], r[f"ref_{key}"])
-        assert min(r["ref_norms"]) > MOE_CLIP, r["ref_norms"]  # clipping was active
-        err, where, abs_err, compared = r["weight_err"]
-        assert compared == r["n_params"], (compared, r["n_params"])  # every weight, experts gathered
-        assert err <= RTOL and abs_err <= ATOL, (rank, err, where, abs_err)
+        check_moe_run(rank, r, RTOL, ATOL)
 
 
 def distance(r) -> dict:

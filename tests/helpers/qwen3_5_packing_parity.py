@@ -29,13 +29,15 @@ def stock_gated_deltanet():
         Qwen3_5Adapter.separate_packed_samples = own
 
 
-def _observe(engine):
-    """{"most_in_a_row": [per call], "restarting": layers}: filled by a hook while the engine trains."""
-    from ds_hetero.families.qwen3_5.packed_deltanet import is_gated_deltanet, restarts_per_sample
+def observe_deltanet(engine, **counted):
+    """What a run did, seen by a hook on the first Gated DeltaNet layer: {"layers", "most_in_a_row": the
+    most samples a packed row held, per call, and per `counted` name the layers its predicate holds for}."""
+    from ds_hetero.families.qwen3_5.packed_deltanet import is_gated_deltanet
 
     language = engine.stages.language
     layers = [m for m in language.module.modules() if is_gated_deltanet(m)] if language.held else []
-    seen = {"most_in_a_row": [], "restarting": sum(map(restarts_per_sample, layers)), "layers": len(layers)}
+    seen = {"most_in_a_row": [], "layers": len(layers),
+            **{name: sum(map(predicate, layers)) for name, predicate in counted.items()}}
 
     def record(_, args, kwargs):
         segments = kwargs.get("packed_segments")
@@ -45,6 +47,28 @@ def _observe(engine):
     if layers:
         layers[0].register_forward_pre_hook(record, with_kwargs=True)
     return seen
+
+
+def _observe(engine):
+    """{"most_in_a_row", "restarting": layers restarting per packed sample, "layers"}."""
+    from ds_hetero.families.qwen3_5.packed_deltanet import restarts_per_sample
+
+    return observe_deltanet(engine, restarting=restarts_per_sample)
+
+
+def check_moe_run(rank, r, rtol, atol):
+    """A Qwen3.5-MoE run (tests/helpers/moe_parity.py train_moe) at the bar: 5 steps, losses, norms and
+    aux losses against the reference, clipping active, every weight (experts gathered) compared."""
+    from tests.helpers.moe_parity import CLIP
+
+    assert len(r["losses"]) == 5
+    for key, tol in (("losses", rtol), ("norms", 1e-4), ("aux", rtol)):
+        for got, want in zip(r[key], r[f"ref_{key}"], strict=True):
+            assert abs(got - want) <= tol * abs(want), (rank, key, r[key], r[f"ref_{key}"])
+    assert min(r["ref_norms"]) > CLIP, r["ref_norms"]  # clipping was active
+    err, where, abs_err, compared = r["weight_err"]
+    assert compared == r["n_params"], (compared, r["n_params"])  # every weight, experts gathered
+    assert err <= rtol and abs_err <= atol, (rank, err, where, abs_err)
 
 
 def train_packed_qwen3_5(rank, world_size, family, layout, stock=False, **kw):
