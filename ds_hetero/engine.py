@@ -223,8 +223,7 @@ class HeteroEngine:
             plan = plan or StepPlan(self.config, self.adapter.encoders(), samples,
                                     language_cost=self.adapter.language_cost,
                                     dense_attention=self.adapter.dense_rows(self.config.packed_attention))
-            self.schedule.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0, "backward_lower_bound": 0}
-            self.schedule.aux_sum = 0.0  # a MoE language stage's aux-loss shares (stage_work.py)
+            self.schedule.start_counts()  # boundary bytes, a MoE language stage's aux-loss shares
             self.stages.start_step(step)  # the dropout streams restart from (seed, step): resumes draw the same
             with self.stages.reduce_once():  # a shared stage engine: one gradient reduction after every pass
                 loss_sum = self.schedule.run(samples, plan, n_labels, step)

@@ -41,7 +41,8 @@ def is_collective_failure(exc: BaseException) -> bool:
     return f"torch{os.sep}distributed{os.sep}" in tb.tb_frame.f_code.co_filename
 
 
-def _store():
+def default_store():
+    """The default process group's store (torch's own rendezvous), or None where it cannot be reached."""
     try:
         return dist.distributed_c10d._get_default_store()
     except (RuntimeError, ValueError, AttributeError):
@@ -55,7 +56,7 @@ def _key(group, rank: int) -> str:
 
 
 def _write(group, rank: int, text: str) -> None:
-    store = _store()
+    store = default_store()
     if store is None:
         return
     try:
@@ -65,7 +66,7 @@ def _write(group, rank: int, text: str) -> None:
 
 
 def _read(group, ranks) -> dict[int, str] | None:
-    store = _store()
+    store = default_store()
     if store is None:
         return None
     out = {}

@@ -25,15 +25,10 @@ import weakref
 
 import torch.distributed as dist
 
+from .failures import default_store
+
 INTERVAL_S = 1.0
 _PREFIX = "ds_hetero/alive"
-
-
-def _store():
-    try:
-        return dist.distributed_c10d._get_default_store()
-    except (RuntimeError, ValueError, AttributeError):
-        return None
 
 
 class Liveness:
@@ -44,7 +39,7 @@ class Liveness:
         self._key = f"{_PREFIX}/{group_name}"
         self._verdict: str | None = None  # the last published verdict this rank's thread read
         self._stop = threading.Event()
-        store = _store()
+        store = default_store()
         if store is None:
             return
         owner_ref = weakref.ref(owner)  # the thread must not keep the engine alive
@@ -78,7 +73,7 @@ class Liveness:
     def dead_ranks(self, ranks) -> list[int] | None:
         """The ranks of `ranks` whose heartbeat did not move over `2 * interval` (None: the store
         cannot be read). Blocks for that long."""
-        store = _store()
+        store = default_store()
         if store is None:
             return None
         try:
@@ -91,7 +86,7 @@ class Liveness:
 
     def publish(self, text: str) -> None:
         """Tell the ranks that fail later which rank died (read by their threads)."""
-        store = _store()
+        store = default_store()
         try:
             if store is not None:
                 store.set(f"{self._key}/verdict", text)

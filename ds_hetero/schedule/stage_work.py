@@ -47,11 +47,16 @@ class StageWork:
         self.ports = adapter.encoders()
         head = stages.language.module.lm_head
         self.lm_head = head if isinstance(head, VocabParallelLMHead) else None
-        self.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0, "backward_lower_bound": 0}
         self.loss_observer = None  # (logits, labels, shifted) -> None, called after each language loss
-        self.aux_sum = 0.0  # this step's aux-loss shares of a MoE language stage (reset by the engine)
+        self.start_counts()
         # packed rows attended per sample (models/per_sample_attention.py): the batch carries their segments
         self.per_sample = stages.config.packed and adapter.packed_attention(stages.config.packed_attention) == PER_SAMPLE
+
+    def start_counts(self) -> None:
+        """A step's counts from zero (the engine, before each step): boundary bytes, and the aux-loss
+        shares of a MoE language stage."""
+        self.bytes = {"sent": 0, "total": 0, "lower_bound": 0, "backward": 0, "backward_lower_bound": 0}
+        self.aux_sum = 0.0
 
     def _span(self, name: str, category: str, step: int | None):
         """A timeline span of a training step; evaluation (step None) records none."""
