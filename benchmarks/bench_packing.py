@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_packing.py            # 2 ranks, one per core; global batch 16 (~5 min loaded)
     .venv/bin/python benchmarks/bench_packing.py --quick    # fewer rounds
     .venv/bin/python benchmarks/bench_packing.py --world 4  # the same rows on 4 ranks (two per core on a 2-core machine)
+    .venv/bin/python benchmarks/bench_packing.py --family qwen3.5   # the mix on Qwen3.5 (Gated DeltaNet) or gemma3
 
 The mix (a seeded generator, `ds_hetero/toy/length_mix.py` `sft_mix`, which `ds-hetero plan --lengths sft`
 prices too), shaped like the public VLM SFT mixes (LLaVA mix665k, ShareGPT4V) and scaled down by
@@ -25,6 +26,10 @@ model under sdpa, transformers' default):
               that cost sdpa least when it scores every row whole under the block-diagonal mask
               (step/rows.py), padded to the longest
 
+`--family qwen3.5|gemma3` runs the rows "samples" and "packed" on the mix in that family's format
+(benchmarks/packing_families.py: Qwen3.5's Gated DeltaNet layers restart at every sample of a packed
+row, Gemma 3's sliding windows stay inside each sample); the shipped rows and "row_mask" are LLaVA's.
+
 Every row's engine lives in ONE set of processes and they step in turn on the same batches (A B C,
 C B A, ...), so the drift of a shared machine hits all alike. Per row: the step time (slowest rank,
 median of rounds), the ratio to "samples", real / computed language tokens (computed: every rank's
@@ -46,6 +51,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from cpu_ranks import launch  # noqa: E402
 
+from packing_families import FAMILIES, make_model as family_model, mix_sample  # noqa: E402
+
 from ds_hetero.toy.length_mix import sft_mix  # noqa: E402  (the mix `ds-hetero plan --lengths sft` prices)
 
 ROWS = ("samples", "packed", "row_mask")
@@ -54,34 +61,17 @@ SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "recipe
 
 
 def make_model(a):
-    from ds_hetero.toy import tiny_llava
-
-    side = int(math.isqrt(576 // a.scale))  # patches per image side: (576 / scale) tokens per image
-    return tiny_llava("clip", seed=0, text_hidden=a.text_hidden, text_layers=a.text_layers, vision_hidden=32,
-                      image_size=side * 4, patch_size=4)
+    return family_model(a.family, a.scale, a.text_hidden, a.text_layers)
 
 
 def batches(model, a, n: int):
     import torch
 
-    from ds_hetero.toy import llava_tokens_per_image
-
-    cfg = model.config
-    t = llava_tokens_per_image(model)
-    size = cfg.vision_config.image_size
     out = []
     for step in range(n):
         gen = torch.Generator().manual_seed(step)
-        samples = []
-        for images, text_len in sft_mix(a.batch, a.scale, seed=1000 + step):
-            text = torch.randint(0, cfg.image_token_id - 1, (text_len,), generator=gen)
-            ids = torch.cat([torch.full((images * t,), cfg.image_token_id), text])
-            labels = torch.cat([torch.full((images * t,), -100), text])
-            sample = {"input_ids": ids, "labels": labels}
-            if images:
-                sample["pixel_values"] = torch.randn(images, 3, size, size, generator=gen)
-            samples.append(sample)
-        out.append(samples)
+        out.append([mix_sample(model, a.family, images, text_len, a.scale, gen)
+                    for images, text_len in sft_mix(a.batch, a.scale, seed=1000 + step)])
     return out
 
 
@@ -130,15 +120,15 @@ def run(rank, world, a):
     cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cores[rank % len(cores)]})  # one rank per core at 2 ranks: waiting is real
     torch.set_num_threads(1)
-    engines = {row: ds_hetero.initialize(make_model(a), config(row, a, world)) for row in ROWS}
+    engines = {row: ds_hetero.initialize(make_model(a), config(row, a, world)) for row in a.rows}
     model, n = engines["samples"].model, a.warmup + a.rounds
     make = {"mix": batches, "shipped": shipped_batches}
     data = {ds: make[ds](model, a, n) for ds in a.datasets}
-    rec = {(ds, row): [] for ds in a.datasets for row in ROWS}
+    rec = {(ds, row): [] for ds in a.datasets for row in a.rows}
     for i in range(n):
         for ds in a.datasets:  # interleaved: every round both datasets, every row, the order alternating
             samples = data[ds][i]
-            for row in (ROWS if i % 2 == 0 else ROWS[::-1]):
+            for row in (a.rows if i % 2 == 0 else a.rows[::-1]):
                 engine = engines[row]
                 dist.barrier()
                 t0 = time.perf_counter()
@@ -169,8 +159,9 @@ def summarize(per_rank):
 
 def print_table(table, a, world):
     binding = "one per core" if world <= len(os.sched_getaffinity(0)) else f"on {len(os.sched_getaffinity(0))} cores"
-    print(f"\nLLaVA (text {a.text_hidden} x {a.text_layers} layers), {world} ranks {binding}, global batch "
-          f"{a.batch}, 2 micro-batches; mix: SFT mix / {a.scale}, shipped: {os.path.basename(SHIPPED)}; medians of "
+    print(f"\n{a.family} (text {a.text_hidden} x {a.text_layers} layers), {world} ranks {binding}, global batch "
+          f"{a.batch}, 2 micro-batches; mix: SFT mix / {a.scale}"
+          f"{', shipped: ' + os.path.basename(SHIPPED) if 'shipped' in a.datasets else ''}; medians of "
           f"{a.rounds} rounds (machine shared: ratios only; load {os.getloadavg()[0]:.1f})")
     print(f"{'data':8}  {'row':8}  {'step s':>7}  {'vs samples':>10}  {'real/computed':>13}  "
           f"{'max/mean (worst mb)':>19}  {'max/mean (step)':>15}")
@@ -190,9 +181,14 @@ def parse_args(argv=None):
     p.add_argument("--text-layers", type=int, default=4)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--rounds", type=int, default=None)
-    p.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated: mix, shipped")
+    p.add_argument("--datasets", default=None, help="comma-separated: mix, shipped (LLaVA; the others: mix)")
+    p.add_argument("--family", default="llava", choices=FAMILIES)
     a = p.parse_args(argv)
-    a.datasets = tuple(d for d in a.datasets.split(",") if d)
+    llava = a.family == "llava"
+    a.datasets = tuple(d for d in (a.datasets or ",".join(DATASETS if llava else ("mix",))).split(",") if d)
+    a.rows = ROWS if llava else ROWS[:2]
+    if not llava and "shipped" in a.datasets:
+        p.error("--datasets shipped: the shipped rows are LLaVA's (--family llava)")
     if not a.datasets or set(a.datasets) - set(DATASETS):
         p.error(f"--datasets: a comma-separated choice of {DATASETS}")
     a.rounds = a.rounds if a.rounds is not None else (3 if a.quick else 8)
