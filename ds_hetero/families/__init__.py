@@ -3,8 +3,9 @@
 Adding a family is its home plus one line in FAMILIES. Everything outside the homes reaches a family
 through this registry: the adapter of a model instance (`adapter_for`), the merged tensor-parallel plans
 (`tp_plans`), the encoder stages a config may name (`known_encoder_stages`), the built-in tiny models
-(`tiny_model`, meta.py), the shapes data in a family's format (`family_of_config`) and an image's token count
-by a processor's resize rule (`image_token_rule`).
+(`tiny_model`, meta.py), the shapes data in a family's format (`family_of_config`), an image's token count
+by a processor's resize rule (`image_token_rule`) and the settings a processor's video clips are read by
+(`video_settings_of`).
 """
 
 from __future__ import annotations
@@ -112,4 +113,17 @@ def image_token_rule(processor, families: Sequence[Family] = FAMILIES):
             data = processor._get_num_multimodal_tokens(image_sizes=[(height, width)])
             return int(data["num_image_tokens"][0])
         return generic
+    return None
+
+
+def video_settings_of(processor, families: Sequence[Family] = FAMILIES):
+    """The VideoSettings (qwen2_vl/video_frames.py) `processor`'s clips are sampled, resized and patchified by: the
+    rule of the family that lists the processor's class (along its MRO), read from its video processor; None when
+    no family reads videos for it."""
+    from .qwen2_vl.video_frames import video_settings
+
+    by_class = {name: rule for family in families for name, rule in family.video_rules.items()}
+    for cls in type(processor).__mro__:
+        if cls.__name__ in by_class:
+            return video_settings(processor, by_class[cls.__name__])
     return None

@@ -8,6 +8,8 @@ A family's home is its folder, ds_hetero/families/<family>/:
     sample_format.py  the shapes-captioning data in its sample format (toy/shapes.py), where it has one
     media_tokens.py  an image's token count from its size by the family's processors' resize rule (the
                  real-data length index), where the family has processors it knows
+    video_frames.py  (qwen2_vl, shared by the Qwen-VL homes) a video file's frames sampled, resized and
+                 patchified as the family's video processors do (the real-data path's clips)
     shapes.py    the planner's shapes of the model (models/shapes.py's records) read from its Hugging Face
                  config, one reader per HF `model_type` (`SHAPES`; planner/model_spec.py looks them up)
     __init__.py  the `FAMILY` record below, which the registry (families/__init__.py) lists in one line
@@ -42,6 +44,9 @@ class Family:
     media_tokens   HF processor class -> (processor, height, width) -> the image's placeholder-token count,
                    by the processor's own resize rule and without its pixels (media_tokens.py; the real-data
                    length index reads sizes from image headers; sft_data/length_index.py)
+    video_rules    HF processor class -> the name of the video rule its clips are sampled, resized and
+                   patchified by (qwen2_vl/video_frames.py: "qwen2" or "qwen3"); empty: the family reads no
+                   video files (the real-data path refuses a row with videos for its processors)
     """
 
     name: str
@@ -53,6 +58,7 @@ class Family:
     shapes_samples: Callable[..., dict] | None = None
     shapes: Mapping[str, Callable[[Any], Any]] = field(default_factory=lambda: MappingProxyType({}))
     media_tokens: Mapping[str, Callable[[Any, int, int], int]] = field(default_factory=lambda: MappingProxyType({}))
+    video_rules: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def tiny_name(self) -> str:

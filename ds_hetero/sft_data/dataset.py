@@ -27,8 +27,8 @@ from .length_index import LengthIndex
 from .rows import BadRowError, Row, default_image_folder
 from .sources import RawRow, Undecodable, open_source
 
-LATE_ADVICE = ("fix or remove the row: its image was found broken only when decoded, after the step's plan "
-               "counted it, so it cannot be skipped")
+LATE_ADVICE = ("fix or remove the row: its image or video was found broken only when decoded, after the step's "
+               "plan counted it, so it cannot be skipped")
 
 
 class SFTDataset(Dataset):
@@ -105,17 +105,18 @@ class SFTDataset(Dataset):
         row = self.row(index)
         try:
             sample = encode_row(row, self.processor)
-        except BadRowError as exc:  # found only now (an image broken past its header, or changed since the
-            # index): skip_bad_rows could not have left it out, so the advice never names it
+        except BadRowError as exc:  # found only now (an image or clip broken past its header, or changed since
+            # the index): skip_bad_rows could not have left it out, so the advice never names it
             raise BadRowError(exc.file, exc.row, exc.reason, exc.line, advice=LATE_ADVICE) from None
         expected = self._index().input_ids(index)
         if not torch.equal(sample["input_ids"], expected):
             raise row.error(
                 f"its encoding ({sample['input_ids'].numel()} tokens) differs from its length index entry "
-                f"({expected.numel()} tokens, from the text and the image headers): an image changed after the "
-                f"index was built, or the processor expands images differently from its family's token rule; " +
+                f"({expected.numel()} tokens, from the text and the image and video headers): an image or video "
+                f"changed after the index was built, or the processor expands them differently from its family's "
+                f"token rule; " +
                 (f"delete the index folder ({self.index_folder}) to rebuild it" if self.index_folder else
-                 "check the image files and the processor"))
+                 "check the image and video files and the processor"))
         return sample
 
     def light(self, index: int) -> dict[str, Any]:

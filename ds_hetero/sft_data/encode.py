@@ -1,15 +1,20 @@
 """A checked row -> one training sample, through the model's own processor and chat template.
 
-    sample = encode_row(row, processor)   # input_ids, labels, and the processor's image fields
+    sample = encode_row(row, processor)   # input_ids, labels, and the processor's image and video fields
 
 The conversation is rendered with `processor.apply_chat_template` and tokenized by the processor
-with the row's images (which expands each image placeholder into the image's token count), without
+with the row's images and video clips (which expands each placeholder into its token count), without
 adding special tokens again (the template has them, as TRL's collator does). Labels are the token
 ids on assistant turns and -100 elsewhere: assistant turn k covers the tokens between the rendering
 of turns < k with the generation prompt (so the "assistant:" header is not learned) and the
 rendering of turns <= k (its end-of-turn token is). Those prefixes are found on the unexpanded
 text and carried onto the expanded ids by aligning the two token sequences; a template that does not
 render a conversation prefix by prefix is refused with the row named.
+
+A row's videos (clips.py) are decoded with PyAV, their frames sampled, resized and patchified by the family's
+video rule (families/qwen2_vl/video_frames.py), and handed to the processor through a FramesVideoProcessor in
+place of its own: the processor itself writes each clip's placeholders (Qwen3-VL's timestamps included) and
+Qwen2.5-VL's `second_per_grid_ts`.
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ from typing import Any
 
 import torch
 
+from .clips import load_clips, with_clips
 from .image_headers import open_target
 from .rows import Row
 
 # what a sample keeps of the processor's output (the engine rebuilds masks and positions per stage)
 IMAGE_FIELDS = ("pixel_values", "image_grid_thw", "image_sizes")
+VIDEO_FIELDS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 
 
 def _render(processor, messages, generation_prompt: bool = False) -> str:
@@ -86,13 +93,19 @@ def load_images(row: Row) -> list[Any]:
 
 
 def encode_row(row: Row, processor) -> dict[str, torch.Tensor]:
-    """The row as the engine takes a sample: input_ids and labels (1-D) and the processor's image fields."""
+    """The row as the engine takes a sample: input_ids and labels (1-D) and the processor's image and video fields."""
     text, unexpanded, mask = assistant_mask(row, processor)
     images = load_images(row)
-    out = processor(text=[text], images=images or None, add_special_tokens=False, return_tensors="pt")
+    videos = None
+    if row.videos:
+        videos, settings, metadata = load_clips(row, processor)
+        processor = with_clips(processor, settings, metadata)
+    out = processor(text=[text], images=images or None, videos=videos, add_special_tokens=False, return_tensors="pt")
     ids = out["input_ids"][0]
     labels = expand_labels(unexpanded, mask, ids.tolist(), row)
     sample = {"input_ids": ids, "labels": torch.tensor(labels, dtype=torch.long)}
     if images:
         sample.update({k: out[k] for k in IMAGE_FIELDS if k in out})
+    if videos:
+        sample.update({k: torch.as_tensor(out[k]) for k in VIDEO_FIELDS if k in out})
     return sample

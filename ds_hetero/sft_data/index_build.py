@@ -2,12 +2,14 @@
 
     index = build_index(source, processor, image_folder, group)   # collective over `group` (None: this process)
 
-Per row, without decoding an image: the row is parsed and checked (rows.py), each image's header gives
-its size and the cheap integrity checks (image_headers.py), the family's resize rule gives its token
-count (families/<family>/media_tokens.py), and the tokenizer runs on the rendered conversation with each
-placeholder expanded to that count, exactly as the processor expands it. A processor with no known rule,
-or whose expansion the first image row of a part shows to differ, is measured by encoding the row
-instead (slow, but once: the index is cached).
+Per row, without decoding an image or a frame: the row is parsed and checked (rows.py), each image's header
+gives its size and the cheap integrity checks (image_headers.py), the family's resize rule gives its token
+count (families/<family>/media_tokens.py); each video's header and packets give its frame count, frame rate
+and size (video_files.py), the family's video rule its kept frames and grid, the processor its placeholder
+text (clips.py); the tokenizer runs on the rendered conversation with each placeholder expanded, exactly as
+the processor expands it. A processor with no known rule, or whose expansion the first image row (and the
+first video row) of a part shows to differ, is measured by encoding the row instead (slow, but once: the
+index is cached).
 
 Every rank measures a contiguous 1/world of the rows into flat arrays (length_index.RunsBuilder), then
 an all_gather of those arrays' bytes over `group` (in bounded chunks, _gather_parts) gives every rank all
@@ -30,10 +32,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .clips import clip_texts, measure_clips
 from .encode import _render, encode_row
 from .image_headers import EmbeddedImage, image_size
 from .length_index import FORMAT, PART_DTYPES, LengthIndex, RunsBuilder, run_length
-from .rows import IMAGE_MARKER, BadRowError, Row, _turns, parse_row
+from .rows import IMAGE_MARKER, BadRowError, Row, _turns, parse_row, row_videos
 from .sources import Undecodable
 
 INDEX_DIR_NAME = ".ds_hetero_index"
@@ -41,7 +44,9 @@ INDEX_DIR_NAME = ".ds_hetero_index"
 
 def processor_fingerprint(processor) -> str:
     """A digest of what decides the expanded ids: the tokenizer's vocabulary and rules, the chat template
-    and the processor's settings (its image processor's resize options among them)."""
+    and the processor's settings (its image processor's resize options, its video rule's settings)."""
+    from ..families import video_settings_of
+
     h = hashlib.blake2b(digest_size=16)
     tokenizer = getattr(processor, "tokenizer", processor)
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -53,6 +58,7 @@ def processor_fingerprint(processor) -> str:
         settings = repr(getattr(processor, "image_processor", None))
     h.update(settings.encode())
     h.update(type(processor).__name__.encode())
+    h.update(repr(video_settings_of(processor)).encode())
     return h.hexdigest()
 
 
@@ -77,7 +83,9 @@ class RowMeasure:
     def __init__(self, processor, image_folder: str, rule: Callable[[int, int], int] | None):
         self.processor, self.image_folder, self.rule = processor, image_folder, rule
         self.token = getattr(processor, "image_token", None)
-        self.verified = rule is None  # the rule is checked against one real encoding per part
+        self.video_token = getattr(processor, "video_token", None)
+        # the rule is checked against one real encoding per part, for images and for videos
+        self.verified = {"images": rule is None, "videos": rule is None}
 
     def row(self, raw) -> Row:
         if isinstance(raw.obj, Undecodable):
@@ -94,23 +102,30 @@ class RowMeasure:
                 sizes.append(image_size(path))
             except ValueError as exc:
                 raise row.error(str(exc)) from exc
-        ids = self._from_sizes(row, sizes) if self.rule is not None else None
-        if ids is None or not self.verified:
+        clips = measure_clips(row, self.processor) if row.videos else []
+        ids = self._from_sizes(row, sizes, clips) if self.rule is not None else None
+        unchecked = [kind for kind in ("images", "videos") if getattr(row, kind) and not self.verified[kind]]
+        if ids is None or unchecked:
             real = encode_row(row, self.processor)["input_ids"].tolist()
-            if ids is not None and row.images:
-                self.verified = True
+            if ids is not None:
+                self.verified.update({kind: True for kind in unchecked})
                 if ids != real:  # the processor expands differently: measure every row by encoding it
                     self.rule = None
             ids = real
         return run_length(ids)
 
-    def _from_sizes(self, row: Row, sizes: list[tuple[int, int]]) -> list[int] | None:
+    def _from_sizes(self, row: Row, sizes: list[tuple[int, int]], clips: list) -> list[int] | None:
         text = _render(self.processor, row.messages())
         if sizes and (self.token is None or text.count(self.token) != len(sizes)):
             return None
-        counts = iter([self.rule(h, w) for h, w in sizes])
-        if sizes:
-            text = re.sub(re.escape(self.token), lambda _: self.token * next(counts), text)
+        if clips and (self.video_token is None or text.count(self.video_token) != len(clips)):
+            return None
+        expanded = {self.token: iter([self.token * self.rule(h, w) for h, w in sizes]),
+                    self.video_token: iter(clip_texts(self.processor, clips) if clips else [])}
+        tokens = [t for t, n in ((self.token, sizes), (self.video_token, clips)) if n]
+        if tokens:  # one pass, so a clip's text (which may hold other placeholders' markers) is never rescanned
+            pattern = "|".join(re.escape(t) for t in tokens)
+            text = re.sub(pattern, lambda m: next(expanded[m.group(0)]), text)
         return self.processor.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -146,7 +161,8 @@ def _row_with_held_images(raw, image_folder: str) -> Row:
         elif not isinstance(image, EmbeddedImage):
             raise fail(f"image {k} is neither bytes held in the dataset nor a path (got {image!r})")
         resolved.append(image)
-    return Row(raw.file, raw.row, tuple(turns), tuple(resolved), raw.line)
+    return Row(raw.file, raw.row, tuple(turns), tuple(resolved), raw.line,
+               row_videos(raw.obj, turns, image_folder, fail))
 
 
 def _measure(source, measure: RowMeasure, rows: range) -> tuple[dict[str, np.ndarray], list[dict]]:

@@ -9,21 +9,26 @@ Two formats, one row per JSON object, in a JSON list or a JSONL file (one object
                              {"role": "assistant", "content": "a red circle"}],
                 "images": ["a.png"]}
                content may also be TRL's list of parts: [{"type": "image"}, {"type": "text", "text": ...}]
+    videos     either format with "videos": ["clip.mp4", ...] and `<video>` markers or {"type": "video"} parts
+               (read for the Qwen-VL families' processors: docs/video.md)
 
-`<image>` in a string marks where an image goes; the k-th marker of a row is its k-th image. Image
-paths are relative to `image_folder` (default: the data file's folder). A bad row (no conversation,
-an unknown role, an empty assistant turn, no assistant turn, markers not matching the images, an
-image file missing) raises BadRowError naming the file and the row, or, with skip_bad_rows, is left
-out and reported in the skipped list, so a caller can print the count.
+`<image>` in a string marks where an image goes; the k-th marker of a row is its k-th image (`<video>` and
+its videos alike). Image and video paths are relative to `image_folder` (default: the data file's folder).
+A bad row (no conversation, an unknown role, an empty assistant turn, no assistant turn, markers not
+matching the images or videos, a file missing) raises BadRowError naming the file and the row, or, with
+skip_bad_rows, is left out and reported in the skipped list, so a caller can print the count.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
 IMAGE_MARKER = "<image>"
+VIDEO_MARKER = "<video>"
+MARKERS = {IMAGE_MARKER: "image", VIDEO_MARKER: "video"}
 # role spellings of both formats -> the chat-template roles
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 
@@ -52,11 +57,11 @@ class BadRowError(ValueError):
 @dataclass(frozen=True)
 class Turn:
     role: str  # user, assistant or system
-    parts: tuple[tuple[str, str], ...]  # ("text", words) or ("image", "")
+    parts: tuple[tuple[str, str], ...]  # ("text", words), ("image", "") or ("video", "")
 
     def message(self) -> dict[str, Any]:
         """The turn as a chat template takes it (a list of typed parts, as TRL and the HF processors do)."""
-        return {"role": self.role, "content": [{"type": "image"} if kind == "image" else {"type": "text", "text": t}
+        return {"role": self.role, "content": [{"type": "text", "text": t} if kind == "text" else {"type": kind}
                                                for kind, t in self.parts]}
 
 
@@ -67,6 +72,7 @@ class Row:
     turns: tuple[Turn, ...]
     images: tuple[str, ...]  # resolved paths, in marker order
     line: int | None = None  # JSONL: the 1-based line
+    videos: tuple[str, ...] = ()  # resolved paths of the video files, in marker order
 
     def messages(self) -> list[dict[str, Any]]:
         return [t.message() for t in self.turns]
@@ -77,10 +83,10 @@ class Row:
 
 def _split_markers(text: str) -> list[tuple[str, str]]:
     parts: list[tuple[str, str]] = []
-    for k, piece in enumerate(text.split(IMAGE_MARKER)):
-        if k:
-            parts.append(("image", ""))
-        if piece.strip():
+    for piece in re.split(f"({re.escape(IMAGE_MARKER)}|{re.escape(VIDEO_MARKER)})", text):
+        if piece in MARKERS:
+            parts.append((MARKERS[piece], ""))
+        elif piece.strip():
             parts.append(("text", piece.strip()))
     return parts
 
@@ -95,13 +101,13 @@ def _content_parts(content: Any, fail) -> list[tuple[str, str]]:
     parts: list[tuple[str, str]] = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "image":
-            parts.append(("image", ""))
+        if kind in ("image", "video"):
+            parts.append((kind, ""))
         elif kind == "text":
             parts.extend(_split_markers(str(part.get("text", ""))))
         else:
-            raise fail(f"content part {part!r} is not {{'type': 'image'}} or {{'type': 'text', 'text': ...}}"
-                       + (" (video files are not read here yet: docs/video.md)" if kind == "video" else ""))
+            raise fail(f"content part {part!r} is not {{'type': 'image'}}, {{'type': 'video'}} or "
+                       "{'type': 'text', 'text': ...}")
     return parts
 
 
@@ -141,6 +147,24 @@ def _images(obj: dict, fmt: str, fail) -> list[str]:
     return images
 
 
+def row_videos(obj: dict, turns: list[Turn], image_folder: str, fail) -> tuple[str, ...]:
+    """The row's video files ("videos", or "video" as LLaVA's "image"), resolved and checked against the
+    `<video>` / {'type': 'video'} placeholders."""
+    videos = obj.get("videos", obj.get("video"))
+    videos = [] if videos is None else [videos] if isinstance(videos, str) else videos
+    if not isinstance(videos, list) or not all(isinstance(p, str) for p in videos):
+        raise fail(f"'videos' must be a path or a list of paths, got {videos!r}")
+    markers = sum(kind == "video" for t in turns for kind, _ in t.parts)
+    if markers != len(videos):
+        raise fail(f"{markers} video placeholder(s) ({VIDEO_MARKER} or {{'type': 'video'}}) but {len(videos)} "
+                   f"video(s) listed: each video needs exactly one placeholder")
+    paths = tuple(p if os.path.isabs(p) else os.path.join(image_folder, p) for p in videos)
+    for p in paths:
+        if not os.path.isfile(p):
+            raise fail(f"video {p} does not exist (paths are relative to the image folder {image_folder})")
+    return paths
+
+
 def parse_row(obj: Any, file: str, index: int, image_folder: str, line: int | None = None) -> Row:
     """One JSON object -> a checked Row (BadRowError naming file and row if it cannot be trained on)."""
     def fail(reason: str) -> BadRowError:
@@ -148,10 +172,6 @@ def parse_row(obj: Any, file: str, index: int, image_folder: str, line: int | No
 
     if not isinstance(obj, dict):
         raise fail(f"is a {type(obj).__name__}, not an object")
-    for key in ("videos", "video"):  # never trained as literal "<video>" text with the clips dropped
-        if obj.get(key):
-            raise fail(f"'{key}': video files are not read here yet (images only; docs/video.md); give the clips "
-                       "as samples with pixel_values_videos / video_grid_thw to train_batch or a collator")
     turns, fmt = _turns(obj, fail)
     images = _images(obj, fmt, fail)
     markers = sum(kind == "image" for t in turns for kind, _ in t.parts)
@@ -162,7 +182,7 @@ def parse_row(obj: Any, file: str, index: int, image_folder: str, line: int | No
     for p in paths:
         if not os.path.isfile(p):
             raise fail(f"image {p} does not exist (paths are relative to the image folder {image_folder})")
-    return Row(file, index, tuple(turns), tuple(paths), line)
+    return Row(file, index, tuple(turns), tuple(paths), line, row_videos(obj, turns, image_folder, fail))
 
 
 def read_rows(path: str, image_folder: str | None = None, skip_bad_rows: bool = False

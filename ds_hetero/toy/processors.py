@@ -1,10 +1,12 @@
 """Processors for the tiny models (families/<family>/tiny.py), built locally: a word-level tokenizer over the shapes
 captions, a chat template and the family's image processor, so TRL-style scripts run with no download.
 
-    processor = tiny_processor(model)      # LlavaProcessor, Qwen2VLProcessor or Qwen3VLProcessor
+    processor = tiny_processor(model)      # LlavaProcessor, Qwen2VLProcessor, Qwen2_5_VLProcessor or Qwen3VLProcessor
 
 The tokenizer maps the model's image placeholder (and Qwen2-VL's vision start / end) to the model's
 ids; the processors expand one placeholder per image into the image's token count, as the real ones do.
+The Qwen-VL ones read video clips too: their video processor is a FramesVideoProcessor (transformers' own
+needs torchvision) at the tiny towers' patch sizes, with the images' small pixel bounds.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from .shapes import WORDS
 
 TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }} : {% if m['content'] is string %}{{ m['content'] }} {% else %}"
-    "{% for c in m['content'] %}{% if c['type'] == 'image' %}IMAGE {% else %}{{ c['text'] }} {% endif %}"
+    "{% for c in m['content'] %}{% if c['type'] == 'image' %}IMAGE {% elif c['type'] == 'video' %}VIDEO "
+    "{% else %}{{ c['text'] }} {% endif %}"
     "{% endfor %}{% endif %}</s> {% endfor %}{% if add_generation_prompt %}assistant : {% endif %}"
 )
 PROMPT_WORDS = ("user", "assistant", "what", "is", "here", "?", ":")
@@ -45,15 +48,30 @@ def tiny_llava_processor(model):
     return LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=v.patch_size,
                           vision_feature_select_strategy=strategy,
                           num_additional_image_tokens=1 if v.model_type.startswith("clip") else 0,
-                          chat_template=TEMPLATE.replace("IMAGE", "<image>"))
+                          chat_template=TEMPLATE.replace("IMAGE", "<image>").replace("VIDEO", "<video>"))
+
+
+def _with_clips(processor, min_pixels: int, max_pixels: int):
+    """The processor with a FramesVideoProcessor at its image processor's patch sizes and these pixel bounds."""
+    from dataclasses import replace
+
+    from ..families import video_settings_of
+    from ..families.qwen2_vl.video_frames import FramesVideoProcessor
+
+    settings = replace(video_settings_of(processor), min_pixels=min_pixels, max_pixels=max_pixels)
+    processor.video_processor = FramesVideoProcessor(settings)
+    return processor
 
 
 def tiny_qwen2_vl_processor(model, min_pixels: int = 64, max_pixels: int = 64 * 64):
-    """Qwen2VLProcessor for tiny_qwen2_vl (dynamic resolution: an image's token count follows its size)."""
-    from transformers import ProcessorMixin, Qwen2VLImageProcessorPil, Qwen2VLProcessor
+    """Qwen2VLProcessor for tiny_qwen2_vl (dynamic resolution: an image's token count follows its size);
+    Qwen2_5_VLProcessor for tiny_qwen2_5_vl (it adds a clip's `second_per_grid_ts`)."""
+    from transformers import ProcessorMixin, Qwen2_5_VLProcessor, Qwen2VLImageProcessorPil, Qwen2VLProcessor
 
-    class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
-        """Qwen2VLProcessor without its video processor (which needs torchvision): the attributes are
+    base = Qwen2_5_VLProcessor if model.config.model_type == "qwen2_5_vl" else Qwen2VLProcessor
+
+    class ImageOnlyQwen2VLProcessor(base):
+        """The processor without transformers' video processor (which needs torchvision): the attributes are
         read from this __init__'s signature, so saving and loading see images and tokenizer only."""
 
         def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
@@ -74,8 +92,10 @@ def tiny_qwen2_vl_processor(model, min_pixels: int = 64, max_pixels: int = 64 * 
     images = Qwen2VLImageProcessorPil(patch_size=v.patch_size, merge_size=v.spatial_merge_size,
                                       temporal_patch_size=v.temporal_patch_size, min_pixels=min_pixels,
                                       max_pixels=max_pixels)
-    template = TEMPLATE.replace("IMAGE", "<|vision_start|><|image_pad|><|vision_end|>")
-    return ImageOnlyQwen2VLProcessor(image_processor=images, tokenizer=tokenizer, chat_template=template)
+    template = TEMPLATE.replace("IMAGE", "<|vision_start|><|image_pad|><|vision_end|>").replace(
+        "VIDEO", "<|vision_start|><|video_pad|><|vision_end|>")
+    processor = ImageOnlyQwen2VLProcessor(image_processor=images, tokenizer=tokenizer, chat_template=template)
+    return _with_clips(processor, min_pixels, max_pixels)
 
 
 def tiny_qwen3_vl_processor(model, min_pixels: int = 64, max_pixels: int = 64 * 64):
@@ -96,13 +116,14 @@ def tiny_qwen3_vl_processor(model, min_pixels: int = 64, max_pixels: int = 64 * 
             ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
 
     qwen2 = tiny_qwen2_vl_processor(model, min_pixels=min_pixels, max_pixels=max_pixels)
-    return ImageOnlyQwen3VLProcessor(image_processor=qwen2.image_processor, tokenizer=qwen2.tokenizer,
-                                     chat_template=qwen2.chat_template)
+    processor = ImageOnlyQwen3VLProcessor(image_processor=qwen2.image_processor, tokenizer=qwen2.tokenizer,
+                                          chat_template=qwen2.chat_template)
+    return _with_clips(processor, min_pixels, max_pixels)
 
 
 def tiny_processor(model):
     kind = model.config.model_type
-    if kind.startswith("qwen3_vl"):
+    if kind.startswith(("qwen3_vl", "qwen3_5")):  # Qwen3.5 checkpoints use Qwen3-VL's processor
         return tiny_qwen3_vl_processor(model)
     return tiny_qwen2_vl_processor(model) if "qwen2" in kind else tiny_llava_processor(model)
 

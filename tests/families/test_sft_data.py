@@ -194,9 +194,12 @@ BAD = {
     "no assistant": ({**GOOD, "messages": GOOD["messages"][:1]}, "no assistant turn"),
     "no conversation": ({"text": "a red circle"}, "no 'conversations' (LLaVA format) or 'messages' key"),
     "not json": ("{not json", "not JSON"),
-    "videos": ({**GOOD, "videos": ["clip.mp4"]}, "'videos': video files are not read here yet"),
-    "video part": ({**GOOD, "messages": [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "a"}]},
-                                         GOOD["messages"][1]]}, "video files are not read here yet"),
+    "video without a placeholder": ({**GOOD, "videos": ["images/000.png"]}, "0 video placeholder(s)"),
+    "video part without a file": ({**GOOD, "messages": [
+        {"role": "user", "content": [{"type": "image"}, {"type": "video"}, {"type": "text", "text": "a"}]},
+        GOOD["messages"][1]]}, "1 video placeholder(s) (<video> or {'type': 'video'}) but 0 video(s)"),
+    "missing video": ({**GOOD, "messages": [{"role": "user", "content": "<image><video>what is here ?"},
+                                            GOOD["messages"][1]], "videos": ["nope.mp4"]}, "video /"),
 }
 
 

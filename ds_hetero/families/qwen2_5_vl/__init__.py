@@ -13,5 +13,5 @@ from .tiny import tiny_qwen2_5_vl
 FAMILY = Family(
     "qwen2.5-vl", model_classes=("Qwen2_5_VLForConditionalGeneration",), model_types=("qwen2_5_vl",),
     adapter=Qwen2_5_VLAdapter, tiny=tiny_qwen2_5_vl, tp_plans=TP_PLANS, shapes_samples=shapes_samples, shapes=SHAPES,
-    media_tokens={"Qwen2_5_VLProcessor": image_tokens},
+    media_tokens={"Qwen2_5_VLProcessor": image_tokens}, video_rules={"Qwen2_5_VLProcessor": "qwen2"},
 )

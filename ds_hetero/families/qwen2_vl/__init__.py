@@ -13,5 +13,5 @@ from .tiny import tiny_qwen2_vl
 FAMILY = Family(
     "qwen2-vl", model_classes=("Qwen2VLForConditionalGeneration",), model_types=("qwen2_vl",),
     adapter=Qwen2VLAdapter, tiny=tiny_qwen2_vl, tp_plans=TP_PLANS, shapes_samples=shapes_samples, shapes=SHAPES,
-    media_tokens=MEDIA_TOKENS,
+    media_tokens=MEDIA_TOKENS, video_rules={"Qwen2VLProcessor": "qwen2"},
 )

@@ -13,5 +13,5 @@ from .tiny import tiny_qwen3_5
 FAMILY = Family(
     "qwen3.5", model_classes=("Qwen3_5ForConditionalGeneration",), model_types=("qwen3_5",),
     adapter=Qwen3_5Adapter, tiny=tiny_qwen3_5, tp_plans=TP_PLANS, shapes_samples=shapes_samples,
-    shapes=SHAPES,
+    shapes=SHAPES, video_rules={"Qwen3VLProcessor": "qwen3"},  # Qwen3.5 checkpoints name Qwen3-VL's processor
 )

@@ -13,5 +13,5 @@ from .tiny import tiny_qwen3_vl
 FAMILY = Family(
     "qwen3-vl", model_classes=("Qwen3VLForConditionalGeneration",), model_types=("qwen3_vl",),
     adapter=Qwen3VLAdapter, tiny=tiny_qwen3_vl, tp_plans=TP_PLANS, shapes_samples=shapes_samples, shapes=SHAPES,
-    media_tokens={"Qwen3VLProcessor": image_tokens},
+    media_tokens={"Qwen3VLProcessor": image_tokens}, video_rules={"Qwen3VLProcessor": "qwen3"},
 )
