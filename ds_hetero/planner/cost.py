@@ -55,10 +55,11 @@ def _gemm_seconds(work: StageWork, machine: MachineProfile) -> tuple[float, floa
     for g in work.gemms:
         # the products of one layer run in one kernel (attention over heads and samples, a grouped GEMM
         # over experts), each layer's in its own: what the GPU's wave quantization sees (machine.py)
-        t = machine.gemm_time(g.m, g.k, g.n, g.count, max(1, g.count // layers))
+        t = machine.gemm_time(g.m, g.k, g.n, g.count, max(1, g.count // layers), g.kept)
         fwd += t * g.forward
         bwd += t * g.backward
-    ew = machine.memory_time(work.elementwise_bytes)
+    # the scores' softmax passes reach memory only without flash attention (machine.py, FlashAttention)
+    ew = machine.memory_time(work.elementwise_bytes + (0.0 if machine.flash_attention else work.score_bytes))
     calls = work.ops * machine.op_overhead
     return fwd + ew + calls, bwd + 2 * (ew + calls) * work.backward_share
 

@@ -15,7 +15,9 @@ head (scores q k^T, then probabilities x v):
 Tensor parallelism divides heads and MLP width by tp (Megatron's column/row split); context
 parallelism (Ulysses) divides the tokens of every linear by cp and the heads of attention by
 cp, each rank then attending over the full sequence. Element-wise work (norms, activations,
-softmax, residuals) is counted separately as bytes moved (`elementwise_bytes`), and every
+residuals) is counted separately as bytes moved (`elementwise_bytes`; the softmax over the scores
+apart, `score_bytes`, and the two attention products marked `kept`: a flash attention kernel keeps
+the scores on chip, so on a machine with flash attention they move no memory), and every
 operator call costs a fixed overhead (kernel launch on a GPU, dispatch on a CPU): the counts
 below are the top-level aten ops of one Hugging Face layer's forward, counted with
 torch.profiler on the tiny models (CLIP layer 23 + 11 for embeddings and head of the tower,
@@ -38,6 +40,9 @@ class Gemm:
     count: int = 1
     backward: int = 2  # GEMMs of the same size in the backward (1: weight gradient only)
     forward: int = 1  # in the forward (0: a product only the backward computes, a triangular solve's gradient)
+    # the operand a fused (flash) attention kernel keeps on chip: "output" for the scores q k^T, "left" for
+    # the probabilities of p v; it costs no memory traffic there (machine.gemm_time), nor changes the FLOPs
+    kept: str = ""
 
     @property
     def flops(self) -> int:
@@ -57,6 +62,8 @@ class StageWork:
     ops: int = 0  # operator calls of the forward (each costs the machine's op_overhead; the backward twice)
     backward_share: float = 1.0  # share of the element-wise bytes and op calls the backward revisits
     #                              (a frozen tower's are not: autograd recorded nothing there, frozen.py)
+    score_bytes: float = 0.0  # forward: the softmax's passes over the [s, s] scores, which a flash attention
+    #                           kernel keeps on chip (cost.py adds them only where the machine has no flash)
 
     @property
     def forward_flops(self) -> int:
@@ -112,11 +119,11 @@ def vision_work(spec: ModelSpec, wl: Workload, samples: int, tp: int) -> StageWo
     for n_layers, span in v.attention_spans(seq):
         calls = images * heads * -(-seq // span)  # windows per image (the last one may be partial)
         grad = min(n_layers, used) if n_layers == v.layers_forward else n_layers
-        gemms += [Gemm(span, hd, span, calls * grad, 2 * tower_bwd),
-                  Gemm(span, span, hd, calls * grad, 2 * tower_bwd)]  # scores, p x v
+        gemms += [Gemm(span, hd, span, calls * grad, 2 * tower_bwd, kept="output"),
+                  Gemm(span, span, hd, calls * grad, 2 * tower_bwd, kept="left")]  # scores, p x v
         if n_layers > grad:
-            gemms += [Gemm(span, hd, span, calls * (n_layers - grad), backward=0),
-                      Gemm(span, span, hd, calls * (n_layers - grad), backward=0)]
+            gemms += [Gemm(span, hd, span, calls * (n_layers - grad), backward=0, kept="output"),
+                      Gemm(span, span, hd, calls * (n_layers - grad), backward=0, kept="left")]
         score_elems += calls * span * span * n_layers
     # the projector's backward: weight gradients unless frozen, input gradients unless nothing before
     # them needs one (the first linear after a frozen tower; both linears when the stage does not train)
@@ -129,13 +136,13 @@ def vision_work(spec: ModelSpec, wl: Workload, samples: int, tp: int) -> StageWo
         (i1, o1), (i2, o2) = v.projector
         copies = v.boundary_levels  # Qwen3-VL: the merger and each DeepStack merger
         gemms += [Gemm(rows, i1, o1 // tp, copies, first), Gemm(rows, o1 // tp, o2, copies, second)]  # column, row
-    # norms (2), activation, residuals (2), softmax over the scores
-    ew = tower * v.hidden * 8 * wl.dtype_bytes * v.layers_forward + score_elems * 3 * wl.dtype_bytes
+    # norms (2), activation, residuals (2); the softmax over the scores apart (score_bytes)
+    ew = tower * v.hidden * 8 * wl.dtype_bytes * v.layers_forward
     ops = VISION_OPS_PER_LAYER * v.layers_forward + VISION_OPS_FIXED
     # a frozen tower: the backward runs the projector's few ops only (counted as none)
     share = 1.0 if tower_bwd else 0.0
     return StageWork(tuple(g for g in gemms if g.count), ew, v.layers_forward, used if tower_bwd else 0, tower, ops,
-                     share)
+                     share, score_elems * 3 * wl.dtype_bytes)
 
 
 def language_work(spec: ModelSpec, wl: Workload, samples: int, tp: int, cp: int, causal: float,
@@ -184,16 +191,16 @@ def language_work(spec: ModelSpec, wl: Workload, samples: int, tp: int, cp: int,
             Gemm(tokens, lm.hidden, q + 2 * kv, 1, linear),  # q, k, v (column)
             Gemm(tokens, q, lm.hidden, 1, linear),  # o (row)
             *mlp,
-            Gemm(s, lm.head_dim, attn, samples * heads),  # scores
-            Gemm(s, attn, lm.head_dim, samples * heads),  # probabilities x values
+            Gemm(s, lm.head_dim, attn, samples * heads, kept="output"),  # scores
+            Gemm(s, attn, lm.head_dim, samples * heads, kept="left"),  # probabilities x values
         )
-        gemms = [Gemm(g.m, g.k, g.n, g.count * n, g.backward) for g in layer]
+        gemms = [Gemm(g.m, g.k, g.n, g.count * n, g.backward, kept=g.kept) for g in layer]
     if head:
         gemms.append(Gemm(tokens, lm.hidden, lm.vocab // tp, 1, linear))  # vocabulary-parallel head
-    ew = ew + samples * heads * s * attn * 3 * wl.dtype_bytes
+    scores = samples * heads * s * attn * 3 * wl.dtype_bytes * n  # the softmax over the scores
     ew = ew * n + (tokens * lm.vocab // tp * 4 * 3 if head else 0)  # cross-entropy in fp32
     ops = (LANGUAGE_OPS_PER_LAYER + mlp_ops) * n + (LANGUAGE_OPS_FIXED if head else 0)
-    return StageWork(tuple(g for g in gemms if g.count), ew, n, n, tokens, ops)
+    return StageWork(tuple(g for g in gemms if g.count), ew, n, n, tokens, ops, score_bytes=scores)
 
 
 MOE_OPS_FIXED, MOE_OPS_PER_EXPERT = 30, 8  # routing, sort, split counts, two all-to-alls, combine; per local

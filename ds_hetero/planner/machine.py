@@ -30,7 +30,12 @@ GEMM time depends on the shape (`gemm_time`), not one flat efficiency:
   still pays for the whole last tile; *wave quantization*: the tiles run in waves of one per SM, so
   a GEMM of 133 tiles on 132 SMs takes two waves. The time is the best tile's number of waves times
   one tile's work at the large-GEMM rate per SM (`gemm_efficiency` x peak / sms), or the bytes
-  over memory bandwidth when that is longer (the guide's math / memory bound, section 2). The
+  over memory bandwidth when that is longer (the guide's math / memory bound, section 2). Attention
+  under flash attention (Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient Exact Attention
+  with IO-Awareness", section 3.1: the [s, s] scores and probabilities stay in on-chip SRAM, never
+  written to or read from HBM) moves only q, k, v and the output: its two products' memory traffic
+  leaves out the scores (`kept`), so a long image's attention is no longer priced memory-bound by
+  a score matrix the kernel never stores. The
   products of one layer that one kernel batches (attention over heads and samples, a grouped
   GEMM over experts: `batch`) share their waves; different layers are different kernels.
   Every tile size is taken at the large-GEMM rate per SM (the guide: smaller tiles are less
@@ -74,14 +79,19 @@ class MachineProfile:
     # calibrated: ((smallest GEMM dimension, FLOP/s), ...) measured on this machine, ascending
     gemm_curve: tuple[tuple[int, float], ...] = ()
 
-    def gemm_time(self, m: int, k: int, n: int, count: int = 1, batch: int = 1) -> float:
+    def gemm_time(self, m: int, k: int, n: int, count: int = 1, batch: int = 1, kept: str = "") -> float:
         """Seconds of `count` [m,k]x[k,n] products, `batch` of them per kernel (module docstring): the
         larger of compute (shape-aware) and memory traffic. The per-call launch overhead is charged per
-        operator call (flops.StageWork.ops x op_overhead)."""
+        operator call (flops.StageWork.ops x op_overhead). `kept`: the operand a fused attention kernel
+        keeps on chip ("output": the scores of q k^T, "left": the probabilities of p v), which moves no
+        memory traffic (flops.Gemm.kept; only where the machine runs flash attention)."""
         if count == 0:
             return 0.0
         batch = max(1, min(batch, count))
-        moved = batch * (m * k + k * n + m * n) * self.dtype_bytes
+        left, right, out = m * k, k * n, m * n
+        if kept and self.flash_attention:
+            left, out = (left, 0) if kept == "output" else (0, out)
+        moved = batch * (left + right + out) * self.dtype_bytes
         if self.sms:
             compute = self._tiled_seconds(m, k, n, batch)
         else:

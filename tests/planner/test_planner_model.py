@@ -141,3 +141,26 @@ def test_megatron_without_pipeline_or_cp_is_todays_single_layout():
     consensus = 2 * p.machine.collective_time("all_reduce", TINY, 4)
     assert homog.step_s - meg.step_s == pytest.approx(consensus, rel=1e-6)
     assert p.best_megatron() is not None and p.best_megatron().tokens_per_s >= meg.tokens_per_s
+
+
+def test_flash_attention_keeps_the_scores_off_memory():
+    """Flash attention (FlashAttention, Dao et al. 2022) never writes the [s, s] scores to memory: its two
+    products are priced by compute, and the softmax's passes over the scores move no bytes; without flash
+    (the negative control) the same products are bound by the score matrix's traffic."""
+    from dataclasses import replace
+
+    from ds_hetero.planner.flops import vision_work
+
+    h100 = PROFILES["h100"]
+    no_flash = replace(h100, flash_attention=False)
+    s, hd = 4096, 72  # one long image's attention for one head: the score matrix is 16.8M elements
+    flash = h100.gemm_time(s, hd, s, kept="output")
+    assert flash == pytest.approx(h100._tiled_seconds(s, hd, s, 1))  # compute, not the scores' bytes
+    assert no_flash.gemm_time(s, hd, s, kept="output") == pytest.approx((s * hd + hd * s + s * s) * 2 / h100.memory_bw)
+    assert no_flash.gemm_time(s, hd, s, kept="output") > 2 * flash
+    assert h100.gemm_time(s, hd, s) == no_flash.gemm_time(s, hd, s, kept="output")  # no mark: every operand moves
+    spec = _spec70()
+    wl = Workload(seq_len=4096, image_tokens=576, global_batch=1, dtype_bytes=2)
+    work = vision_work(spec, wl, 1, 1)
+    assert {g.kept for g in work.gemms} >= {"output", "left"}
+    assert work.score_bytes == 24 * 16 * 577 * 577 * 3 * 2  # layers x heads x (576 + CLS)^2 x 3 passes x bf16
