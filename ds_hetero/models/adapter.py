@@ -170,11 +170,6 @@ class StageAdapter:
         """Width of a boundary row: the language model's hidden size (Qwen3-VL: times 1 + DeepStack levels)."""
         return self.model.config.text_config.hidden_size
 
-    @property
-    def language_hidden_size(self) -> int:
-        """Width of the hidden states between decoder layers (what pipeline stages exchange)."""
-        return self.model.config.text_config.hidden_size
-
     # ------------------------------------------------------------------ tensor parallelism
     def check_layouts(self, cfg) -> None:
         """Every tp size divides what it must (heads, kv heads, MLP width, vocabulary).

@@ -72,7 +72,7 @@ class LanguageStage(nn.Module):
             **self.packed_keywords(input_ids, embeds, attention_mask, packed_segments),
         )
         self.router_logits = self.router_logits_of(out, input_ids, attention_mask)
-        return self.lm_head(out.last_hidden_state)
+        return self.final_logits(self.lm_head(out.last_hidden_state))
 
     # What the decoder needs beyond `inputs_embeds`, `attention_mask` and `position_ids`, and what
     # the loss takes from its outputs beyond the hidden states, come from the hooks below, so that
@@ -99,6 +99,36 @@ class LanguageStage(nn.Module):
         act on the decoder's layers counted from its first one (Qwen3-VL's DeepStack levels are
         added after its first layers), so a pipeline gives them to its first chunk only."""
         return self.embed(input_ids, rows, n_placeholders), {}
+
+    def final_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The head's output as the model returns it (Gemma 4: its final logit softcap); elementwise,
+        so the same on a vocabulary shard and on the last pipeline chunk."""
+        return logits
+
+    # A decoder whose layers read more than the hidden states of the layer before (Gemma 4: per-layer
+    # inputs computed from the embeddings, keys and values stored by one layer and reused by later
+    # ones) says how a pipeline chunk gets them: the chunk adjusts its copy of the decoder
+    # (`chunk_decoder`), builds its decoder keywords from the first chunk's embedding extras or from
+    # what the chunk before it carried (`chunk_inputs`), and carries on what later layers read
+    # (`chunk_carry`, `carried_width` wide), concatenated to its hidden states
+    # (pipeline_parallel/chunk.py). The defaults: the extras go to the first chunk only, nothing carried.
+
+    def chunk_decoder(self, decoder: nn.Module, layers: range, first: bool) -> None:
+        """Adjust a chunk's shallow copy of the decoder (its `_modules` its own) holding `layers`."""
+
+    def carried_width(self, start: int) -> int:
+        """Width of what the chunk before decoder layer `start` carries besides the hidden states."""
+        return 0
+
+    def chunk_inputs(self, embeds: torch.Tensor, extra: dict, carried: torch.Tensor | None, layers: range,
+                     first: bool) -> tuple[dict, object]:
+        """(the decoder keywords of the chunk holding `layers`, what `chunk_carry` needs after the
+        decoder ran). `extra`: embed_inputs' extras (first chunk); `carried`: [b, s, carried_width] or None."""
+        return (extra if first else {}), None
+
+    def chunk_carry(self, state, layers: range) -> torch.Tensor | None:
+        """What the chunk holding `layers` carries to the next ([b, s, carried_width(layers.stop)])."""
+        return None
 
     # Whether `decoder_mask` builds more than causal and sliding-window masks (Gemma: image blocks
     # attended both ways), so that each packed sample gets its own through it (models/sample_masks.py).

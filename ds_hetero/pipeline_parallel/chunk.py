@@ -10,7 +10,9 @@ position embeddings, per-layer attention types) on a shallow copy of the decoder
 is only this chunk's slice, whose `norm` is the identity except on the last chunk, and whose
 embeddings are absent except on the first. Every chunk computes the mask and the position
 embeddings itself from the micro-batch's `attention_mask` and `position_ids`, which every rank
-of the pipeline has (they are cheap); only the hidden states travel between chunks. So the
+of the pipeline has (they are cheap); only the hidden states travel between chunks, and, where a
+family's layers read more than the layer before them gives (Gemma 4's per-layer inputs and shared
+keys and values), what its later layers read, concatenated to them (`input_width` wide). So the
 chunk's arithmetic is the model's own, layer for layer, and no model family needs its own cut.
 
 Why not DeepSpeed's PipelineModule: it requires the model as a list of LayerSpecs and its
@@ -54,6 +56,13 @@ class PipelineChunk(nn.Module):
         if not self.is_first:
             chunk._modules["embed_tokens"] = None  # the decoder embeds nothing: it gets inputs_embeds
         chunk.config = chunk_config(decoder.config, layers)
+        # what a family's decoder reads besides the hidden states (Gemma 4: per-layer inputs, shared
+        # keys and values): the chunk's decoder adjusted, its inputs and what it carries on
+        # (LanguageStage.chunk_decoder / chunk_inputs / chunk_carry), `carried` wide past the hidden states
+        stage.chunk_decoder(chunk, layers, self.is_first)
+        self._chunk_inputs, self._chunk_carry = stage.chunk_inputs, stage.chunk_carry
+        self.hidden_size = decoder.config.hidden_size
+        self.input_width = self.hidden_size + (0 if self.is_first else stage.carried_width(layers.start))
         self.decoder = chunk
         self.embed = decoder.get_input_embeddings() if self.is_first else None
         # The language stage's own embedding step (LanguageStage.embed_inputs: a family's id mapping,
@@ -74,6 +83,7 @@ class PipelineChunk(nn.Module):
         self._decoder_options, self._router_logits_of = stage.decoder_options, stage.router_logits_of
         self.router_logits = None
         self.lm_head = stage.lm_head if self.is_last else None
+        self._final_logits = stage.final_logits
 
     def forward(
         self,
@@ -90,12 +100,15 @@ class PipelineChunk(nn.Module):
         Returns hidden [b, s, H], or logits on the last chunk. With sequence shards s is this
         rank's shard (the ids: the cp chunk; hidden: its tp sub-chunk under sequence parallelism).
         `packed_segments`: as LanguageStage.forward's, handed to the decoder."""
-        extra = {}
+        extra, carried = {}, None
         if self.is_first:
             input_ids = hidden_or_ids
             embeds, extra = self._embed_inputs(input_ids, rows, n_placeholders)
+        elif self.input_width > self.hidden_size:  # [hidden | what the chunk before carried]
+            embeds, carried = hidden_or_ids.split([self.hidden_size, self.input_width - self.hidden_size], dim=-1)
         else:
             embeds = hidden_or_ids
+        extra, state = self._chunk_inputs(embeds, extra, carried, self.layers, self.is_first)
         mask = self._decoder_mask(input_ids, embeds, attention_mask, position_ids, packed_segments)
         # use_cache False: a cache built from the chunk's config has only the chunk's layers, but
         # the layers index it by their index in the whole decoder
@@ -104,7 +117,10 @@ class PipelineChunk(nn.Module):
                            **self._packed_keywords(input_ids, embeds, attention_mask, packed_segments))
         self.router_logits = self._router_logits_of(out, input_ids, attention_mask)
         hidden = out.last_hidden_state
-        return self.lm_head(hidden) if self.is_last else hidden
+        if self.is_last:
+            return self._final_logits(self.lm_head(hidden))
+        carry = self._chunk_carry(state, self.layers)
+        return hidden if carry is None else torch.cat([hidden, carry.to(hidden.dtype)], dim=-1)
 
 
 def chunk_config(config, layers: range):

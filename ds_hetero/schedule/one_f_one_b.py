@@ -84,9 +84,10 @@ class OneFOneB:
         return self.state[m]
 
     def hidden_shape(self, m: int):
-        """This rank's sequence shard of the hidden states (pipeline_parallel/hidden_shape.py)."""
+        """This rank's sequence shard of the hidden states (pipeline_parallel/hidden_shape.py), as wide as
+        this rank's chunk takes them (what a family carries besides them included: PipelineChunk.input_width)."""
         s = self.micro_batch(m)
-        return shard_shape(self.language.layout, s["batch"], s["sharded"], self.work.adapter.language_hidden_size)
+        return shard_shape(self.language.layout, s["batch"], s["sharded"], self.language.module.input_width)
 
     # ------------------------------------------------------------------ the instructions
     def recv_activation(self, buffer_id: int) -> None:

@@ -43,7 +43,7 @@ class PipelineEvaluationSchedule(EvaluationSchedule):
         if coord.pp == 0:
             out = language(batch["input_ids"], tuple(rows_in), *args, n_placeholders=counts, **segments_of(batch))
         else:
-            x = torch.empty(hidden_shape(language.layout, batch, sharded, self.adapter.language_hidden_size),
+            x = torch.empty(hidden_shape(language.layout, batch, sharded, language.module.input_width),
                             dtype=self.stages.dtype, device=self.stages.device)
             dist.recv(x, neighbours[coord.pp - 1], group=group)
             if carry is not None:

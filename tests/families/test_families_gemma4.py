@@ -14,9 +14,10 @@ every weight 1e-5):
   ZeRO 1 (Gemma 4 adds no load-balancing loss; the dispatch is expert_parallel/'s);
 - per-shard loading (`weights=DIR`, every stage tp2 dp2) trains like the fully built model, each tp rank
   reading half of every sharded tensor, and `save_pretrained` writes what `from_pretrained` reads back;
-- `initialize` with language pp 2 raises the HeteroConfigError naming `hetero_parallel.stages.language.pp`
-  on every rank, before any collective.
-The refusals `ds-hetero validate` shares (cp, sequence parallelism, pp, bidirectional "all", packing),
+- pipelined: vision dp4 + audio dp4 + language tp2 pp2 (4 micro-batches), the cut [2, 2] carrying the
+  per-layer inputs and the stored keys and values between the chunks (families/gemma4/pipeline_carry.py);
+  a negative control whose second chunk reads zeros for its per-layer inputs ends far from the reference.
+The refusals `ds-hetero validate` shares (cp, sequence parallelism, bidirectional "all", packing),
 the sample checks, the split and the planner's shapes are tested without processes in
 test_families_gemma4_checks.py.
 """
@@ -32,6 +33,8 @@ from tests.helpers.family_checks import CLIP, check_family_parity
 COLOCATED = "colocated vision tp2dp2 + audio tp2dp2 + language tp2dp2 zero1"
 DISAGGREGATED = "disaggregated vision [0] + audio [1] + language tp2 [2,3] zero1"
 MOE = "moe: vision dp4 + audio dp4 + language tp2 dp2 ep2 zero1"
+PIPELINED = "pipelined: vision dp4 + audio dp4 + language tp2 pp2 [2, 2] zero1, 4 micro-batches"
+PP_UNCARRIED = "pipelined, the second chunk's per-layer inputs zeros (negative control)"
 BASE = {"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
 
 # Gemma 4's weights after 5 steps carry more fp32 rounding than the other families' (Adam amplifies
@@ -49,19 +52,30 @@ def _train(rank, world_size, **kw):
     return train_gemma4(rank, world_size, steps=5, clip=CLIP, **kw)
 
 
-def _pp_refused(rank, world_size):
-    import ds_hetero
-    from ds_hetero.errors import HeteroConfigError
-    from ds_hetero.toy import tiny_gemma4
+def _pp_uncarried(rank, world_size):
+    """Negative control: the pipelined run with the per-layer inputs the second chunk reads replaced by
+    zeros (the carry's per-layer part zeroed), 2 steps."""
+    from ds_hetero.families.gemma4.pipeline_carry import Gemma4Carry
 
-    config = {"train_batch_size": 8, "gradient_clipping": CLIP, "zero_optimization": {"stage": 1},
-              "hetero_parallel": {"micro_batches": 2, "stages": {
-                  "vision": {"dp": 4}, "audio": {"dp": 4}, "language": {"dp": 2, "pp": 2}}}}
+    own = Gemma4Carry.carry
+
+    def zeroed(self, state, layers):
+        out = own(self, state, layers)
+        width = self.d * (self.n_layers - layers.stop)
+        return torch.cat([torch.zeros_like(out[..., :width]), out[..., width:]], dim=-1)
+
+    Gemma4Carry.carry = zeroed
     try:
-        ds_hetero.initialize(tiny_gemma4(seed=7), config, optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
-    except HeteroConfigError as exc:
-        return (exc.field, str(exc))
-    return None
+        return train_pp(rank, world_size, steps=2)
+    finally:
+        Gemma4Carry.carry = own
+
+
+def train_pp(rank, world_size, steps=5):
+    from tests.helpers.gemma4_parity import train_gemma4
+
+    return train_gemma4(rank, world_size, steps=steps, clip=CLIP, micro_batches=4, zero_stage=1,
+                        layout={"vision": {"dp": 4}, "audio": {"dp": 4}, "language": {"tp": 2, "dp": 1, "pp": 2}})
 
 
 def _loading(rank, world_size, checkpoint, out_dir):
@@ -195,7 +209,8 @@ CASES = {
                                  zero_stage=1, placement="disaggregated")),
     MOE: (_train, dict(layout={"vision": {"dp": 4}, "audio": {"dp": 4}, "language": {"tp": 2, "dp": 2, "ep": 2}},
                        zero_stage=1, model_kw={"moe": True})),
-    "pp refused": (_pp_refused, {}),
+    PIPELINED: (train_pp, {}),
+    PP_UNCARRIED: (_pp_uncarried, {}),
 }
 
 
@@ -254,10 +269,13 @@ def test_gemma4_moe_block_with_ep2_matches_the_single_process_reference(results)
 
 
 @pytest.mark.distributed
-def test_initialize_refuses_pp_on_every_rank(results):
-    for got in results["pp refused"]:
-        assert got is not None and got[0] == "hetero_parallel.stages.language.pp", got
-        assert "per-layer inputs" in got[1], got
+def test_gemma4_pipelined_tp2_pp2_matches_the_single_process_reference(results):
+    """The cut [2, 2] carries the per-layer inputs of layers 2, 3 and the keys and values layers 0, 1
+    stored (each tp rank its own kv heads); the control without the per-layer inputs ends far away."""
+    check_family_parity([{PIPELINED: r} for r in results[PIPELINED]], WEIGHT_RTOL, WEIGHT_ATOL)
+    for r in results[PP_UNCARRIED]:
+        rel, where, abs_, compared = r["weight_err"]
+        assert compared > 0 and rel > 100 * WEIGHT_RTOL and abs_ > 100 * WEIGHT_ATOL, r["weight_err"]
 
 
 @pytest.mark.distributed

@@ -1,5 +1,5 @@
 """Gemma 4 without processes: the refusals `ds-hetero validate` shares with `initialize` (cp, sequence
-parallelism, pp, bidirectional "all", packed rows scored whole; packed per sample is accepted), the sample checks by field, the stage split against the
+parallelism, bidirectional "all", packed rows scored whole; packed per sample and every pp cut are accepted), the sample checks by field, the stage split against the
 fused model (with a negative control), and the planner's shapes. The distributed parity is
 test_families_gemma4.py."""
 
@@ -23,14 +23,20 @@ def _check(stages, world=4, packed=False, **more):
 
 
 @pytest.mark.parametrize("language, field", [
-    ({"cp": 2, "dp": 2}, "cp"), ({"tp": 2, "dp": 2, "sequence_parallel": True}, "sequence_parallel"),
-    ({"dp": 2, "pp": 2}, "pp")])
-def test_validate_refuses_sequence_shards_and_pipelines(language, field):
+    ({"cp": 2, "dp": 2}, "cp"), ({"tp": 2, "dp": 2, "sequence_parallel": True}, "sequence_parallel")])
+def test_validate_refuses_sequence_shards(language, field):
     from ds_hetero.errors import HeteroConfigError
 
     with pytest.raises(HeteroConfigError) as exc:
         _check({"vision": {"dp": 4}, "audio": {"dp": 4}, "language": language})
     assert exc.value.field == f"hetero_parallel.stages.language.{field}", exc.value
+
+
+@pytest.mark.parametrize("language", [{"dp": 2, "pp": 2}, {"tp": 2, "dp": 1, "pp": 2, "pp_layers": [1, 3]},
+                                      {"dp": 1, "pp": 4}])
+def test_validate_takes_any_pipeline_cut(language):
+    """Every cut is accepted: what crosses it travels with the hidden states (pipeline_carry.py)."""
+    _check({"vision": {"dp": 4}, "audio": {"dp": 4}, "language": language})
 
 
 def test_validate_takes_tp2_and_ep2_and_names_a_missing_audio_stage():

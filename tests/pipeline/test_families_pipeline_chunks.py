@@ -2,11 +2,13 @@
 
 The chunks run one after the other give the pp-1 language stage's logits and boundary-row gradients
 exactly, for every family (Gemma 3's image blocks and sliding layers, Qwen3-VL's DeepStack levels,
-Qwen2.5-Omni's TMRoPE positions and two encoders' rows, InternVL, LLaVA-OneVision, Qwen2.5-VL, and
-an InternVL whose Qwen2 decoder has a sliding-window layer), on cuts that put each family's per-
+Qwen2.5-Omni's TMRoPE positions and two encoders' rows, InternVL, LLaVA-OneVision, Qwen2.5-VL, an
+InternVL whose Qwen2 decoder has a sliding-window layer, and Gemma 4, whose per-layer inputs and
+stored keys and values travel with the hidden states), on cuts that put each family's per-
 layer settings off their pp-1 position. Negative controls, one per mechanism: a chunk that reads the
 whole decoder's `layer_types` at its own layer positions (Gemma 3, and the sliding Qwen2 decoder), a
-Gemma 3 chunk whose mask is left causal, and a Qwen3-VL cut with a DeepStack layer outside the first
+Gemma 3 chunk whose mask is left causal, a Gemma 4 chunk given zeros for its per-layer inputs or for
+the stored keys and values, and a Qwen3-VL cut with a DeepStack layer outside the first
 chunk (which the model check refuses), each give different logits. The refusal is a
 HeteroConfigError naming `pp_layers`, from the checks `ds-hetero validate` and `initialize` share
 (validation.py::check_all), and the planner's cached layout verdicts keep cuts apart (a refused
@@ -51,6 +53,12 @@ def _family(family):
 
         model = build_model("omni", seed=3)
         samples = make_batches("omni", model, 1, 4)[0]
+    elif family == "gemma4":  # images, audio clips, both and neither
+        from ds_hetero.toy import tiny_gemma4
+        from tests.helpers.gemma4_parity import make_gemma4_batches
+
+        model = tiny_gemma4(seed=3)
+        samples = make_gemma4_batches(model, 1, 4)[0]
     else:
         from ds_hetero import toy as tiny_families
         from tests.helpers.family_parity import make_batches
@@ -81,7 +89,10 @@ def _run_chunks(whole, batch, rows, counts, n_layers):
 
 CUTS = [("gemma3", (1, 2)), ("gemma3", (2, 1)), ("gemma3", (1, 1, 1)), ("qwen3_vl", (2, 1)),
         ("omni", (1, 1)), ("internvl", (1, 1)), ("internvl_sliding", (1, 1)), ("llava_onevision", (1, 1)), ("qwen2_5_vl", (1, 1)),
-        ("qwen3_5", (1, 3)), ("qwen3_5", (3, 1)), ("qwen3_5", (2, 1, 1))]
+        ("qwen3_5", (1, 3)), ("qwen3_5", (3, 1)), ("qwen3_5", (2, 1, 1)),
+        # Gemma 4 (4 layers: 0, 1 store the sliding / full keys and values that 2, 3 reuse): every cut
+        # carries per-layer inputs, and each carries one or both stored keys and values
+        ("gemma4", (1, 3)), ("gemma4", (2, 2)), ("gemma4", (3, 1)), ("gemma4", (1, 1, 1, 1))]
 
 
 @pytest.mark.parametrize("family,counts", CUTS)
@@ -164,3 +175,29 @@ def test_planner_layout_cache_keeps_the_deepstack_cut_apart():
     with pytest.raises(HeteroConfigError, match="DeepStack"):
         check_candidate(ds({"dp": 2, "pp": 2, "pp_layers": [1, 2]}), 4, adapter, layout_cache=cache)
     check_candidate(ds({"dp": 4}), 4, adapter, layout_cache=cache)
+
+
+@pytest.mark.parametrize("zeroed", ["per-layer inputs", "shared keys and values"])
+def test_gemma4_chunks_without_their_carry_differ(monkeypatch, zeroed):
+    """Negative controls of Gemma 4's carry (families/gemma4/pipeline_carry.py): at the cut [2, 2] the
+    second chunk given zeros for the per-layer inputs of its layers, or for the keys and values layers 0
+    and 1 stored, gives other logits; the carry is as wide as both ([b, s, 2 d + 2 (key widths of layers 0, 1)])."""
+    from ds_hetero.families.gemma4.pipeline_carry import Gemma4Carry
+
+    model, whole, batch, rows = _family("gemma4")
+    want = whole(batch["input_ids"], rows, batch["attention_mask"], batch["position_ids"])
+    d = model.config.text_config.hidden_size_per_layer_input
+    stored = sum(whole.language_model.layers[i].self_attn.k_proj.out_features for i in (0, 1))
+    assert whole.carried_width(2) == 2 * d + 2 * stored
+    own = Gemma4Carry.carry
+
+    def zeros(self, state, layers):
+        out = own(self, state, layers)
+        keep = torch.ones(out.shape[-1])
+        keep[: 2 * d] = zeroed != "per-layer inputs"
+        keep[2 * d:] = zeroed == "per-layer inputs"
+        return out * keep
+
+    monkeypatch.setattr(Gemma4Carry, "carry", zeros)
+    got = _run_chunks(whole, batch, rows, (2, 2), 4)
+    assert not torch.allclose(got, want, rtol=1e-3, atol=1e-3)

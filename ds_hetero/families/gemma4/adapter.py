@@ -25,10 +25,13 @@ The decoder, as Gemma4Model runs it:
   block's own call (`experts(hidden, top_k_index, top_k_weights)`) and fused layout ([E, 2I, H],
   [E, H, I]) being what it serves. Gemma 4 adds no load-balancing loss.
 
+Pipelined (pp > 1): the per-layer inputs (the later layers' slices) and, where a cut falls between a
+storing and a reusing layer, the shared keys and values travel with the hidden states
+(pipeline_carry.py); the softcap is applied by the last chunk (`final_logits`).
+
 Refused, each with a HeteroConfigError naming the field (check_layouts): cp and sequence parallelism
-(the image blocks and sliding windows need the full sequence's masks), pp (the per-layer inputs and the
-shared keys and values cross layers), `use_bidirectional_attention: "all"` (a non-causal decoder); and
-packed rows attended otherwise than per sample. Videos (`pixel_values_videos`) are refused by check_sample.
+(the image blocks and sliding windows need the full sequence's masks), `use_bidirectional_attention:
+"all"` (a non-causal decoder); and packed rows attended otherwise than per sample. Videos (`pixel_values_videos`) are refused by check_sample.
 
 Packed rows attend per sample (models/per_sample_attention.py), each sample under the masks
 `decoder_mask` builds for it alone (models/sample_masks.py); the per-layer embeddings are looked up
@@ -48,6 +51,7 @@ from ...models.language_stage import LanguageStage, empty_rows
 from ...models.per_sample_attention import require_per_sample
 from ..gemma3.adapter import PER_SAMPLE_WHY
 from ..qwen2_5_omni.adapter import placeholder_runs
+from .pipeline_carry import Gemma4Carry
 from .media import audio_fields, batch_audio, batch_images, check_media, image_fields
 
 
@@ -95,16 +99,27 @@ class Gemma4LanguageStage(LanguageStage):
         self.image_token_id = cfg.image_token_id
         self.multimodal_ids = (cfg.image_token_id, cfg.video_token_id, cfg.audio_token_id)
         self.pad_id = cfg.text_config.pad_token_id or 0
+        self.pipeline_carry = Gemma4Carry(self.language_model)  # reads the kv heads when a chunk is cut
 
-    # forward is overridden (the hooks cover the decoder's inputs, not the head's output) for the softcap
-    # only; a pipeline chunk would not apply it, which is one more reason pp is refused (check_layouts)
-    def forward(self, input_ids, rows, attention_mask=None, position_ids=None, n_placeholders=None,
-                packed_segments=None):
-        logits = super().forward(input_ids, rows, attention_mask, position_ids, n_placeholders, packed_segments)
+    def final_logits(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.text_config.final_logit_softcapping
         if cap is not None:  # elementwise: the same on a vocabulary shard of the logits
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    # pipelined (pp > 1): the per-layer inputs and the shared keys and values travel with the hidden
+    # states (pipeline_carry.py)
+    def chunk_decoder(self, decoder, layers, first):
+        self.pipeline_carry.adjust(decoder, first)
+
+    def carried_width(self, start):
+        return self.pipeline_carry.width(start)
+
+    def chunk_inputs(self, embeds, extra, carried, layers, first):
+        return self.pipeline_carry.inputs(embeds, extra, carried, layers, first)
+
+    def chunk_carry(self, state, layers):
+        return self.pipeline_carry.carry(state, layers)
 
     def embedding_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Multimodal placeholders looked up as padding (Gemma4Model's `llm_input_ids`): their rows are
@@ -230,12 +245,6 @@ class Gemma4Adapter(StageAdapter):
                 "Gemma 4 cannot cut its sequences (cp > 1 or sequence_parallel): its image tokens attend "
                 "bidirectionally within each image on the sliding-window layers, whose masks a sequence shard "
                 "does not build; use cp 1 without sequence_parallel")
-        if language.pp > 1:
-            raise HeteroConfigError(
-                f"{field}.pp", "Gemma 4's language stage is not pipelined: its per-layer inputs "
-                "(hidden_size_per_layer_input) are projected from the first layer's input embeddings and read by "
-                "every layer, and its kv-shared layers (num_kv_shared_layers) read the keys and values of earlier "
-                "layers, so a cut would have to carry both; use pp 1")
         if self.model.config.text_config.use_bidirectional_attention == "all":
             raise HeteroConfigError(
                 f"{field}", "text_config.use_bidirectional_attention is \"all\" (every token attends both ways: "
