@@ -49,7 +49,9 @@ class Prediction:
         return max(self.peak_memory.values())
 
 
-def _gemm_seconds(work: StageWork, machine: MachineProfile) -> tuple[float, float]:
+def compute_parts(work: StageWork, machine: MachineProfile) -> dict[str, tuple[float, float]]:
+    """(forward, backward) seconds of one pass of `work` per part: "gemm" (the shape-aware GEMM time),
+    "elementwise" (bytes over memory bandwidth) and "launches" (operator calls x op_overhead)."""
     fwd = bwd = 0.0
     layers = max(1, work.layers_forward)
     for g in work.gemms:
@@ -61,7 +63,13 @@ def _gemm_seconds(work: StageWork, machine: MachineProfile) -> tuple[float, floa
     # the scores' softmax passes reach memory only without flash attention (machine.py, FlashAttention)
     ew = machine.memory_time(work.elementwise_bytes + (0.0 if machine.flash_attention else work.score_bytes))
     calls = work.ops * machine.op_overhead
-    return fwd + ew + calls, bwd + 2 * (ew + calls) * work.backward_share
+    return {"gemm": (fwd, bwd), "elementwise": (ew, 2 * ew * work.backward_share),
+            "launches": (calls, 2 * calls * work.backward_share)}
+
+
+def _gemm_seconds(work: StageWork, machine: MachineProfile) -> tuple[float, float]:
+    parts = compute_parts(work, machine).values()
+    return sum(f for f, _ in parts), sum(b for _, b in parts)
 
 
 def _collective_seconds(colls: list[Collective], machine: MachineProfile) -> dict[str, float]:
