@@ -6,6 +6,9 @@
     DIR/<tag>/language/ep_state/experts_ep<r>.pt ep rank r's experts [r E/ep, (r+1) E/ep) of every expert
                                                  weight (full over ZeRO), written by ep rank r of the ep
                                                  group at dp x cp position 0, tp rank 0
+    DIR/<tag>/language/pp_<k>/...                a pipelined stage: the same per chunk (its layers' own,
+                                                 under the model's names; each chunk's ep groups are cut
+                                                 from its own dp x cp ranks), its first rank the dense writer
 
 Each entry is {"fp32": the master weight, "exp_avg", "exp_avg_sq"} (weights only for a parameter
 the optimizer does not hold). `read_expert_stage` turns the files back into the full state that
@@ -88,7 +91,7 @@ def save_expert_stage(stage, model, folder: str) -> None:
         _relink(engine.optimizer)
     to_hf = hf_names(module, model)
     c = stage.coord
-    dense_writer = stage.groups.rank == stage.first_rank
+    dense_writer = stage.groups.rank == stage.norm_rank  # the stage's first rank, or its chunk's
     expert_writer = c.tp == 0 and (c.cp + stage.layout.cp * c.dp) < stage.layout.ep
     dense, experts, steps = {}, {}, set()
     for name, p in module.named_parameters():  # the same order on every rank: collectives pair up
@@ -126,10 +129,13 @@ def _load(path: str) -> dict[str, Any]:
 
 
 def read_expert_stage(part: str, meta: dict[str, Any], ep: int) -> dict[str, Any]:
-    """The full state (full_state.py's format) of an ep stage saved under `part` with `ep` ranks."""
+    """The full state (full_state.py's format) of an ep stage (or one pipeline chunk of it) saved under
+    `part` with `ep` ranks."""
+    from .layer_map import saved_entries
+
     dense = _load(os.path.join(part, FOLDER, DENSE))
     params = dict(dense["params"])
-    entries = {info["hf_name"]: info for info in meta["params"].values()}
+    entries = {info["hf_name"]: info for info in saved_entries(meta).values()}
     shards = [_load(os.path.join(part, FOLDER, EXPERTS.format(r))) for r in range(ep)]
     weights = [i for i in entries.values() if i.get("ep_split") and i["ep_split"].get("outer", 1) == 1
                and i["ep_split"].get("dim", 0) == 0 and len(i["shape"]) == 3]  # the fused expert weights: [E, ...]

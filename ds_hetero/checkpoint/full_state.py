@@ -138,9 +138,14 @@ def saved_metas(ckpt_dir: str, stage: str, manifest: dict[str, Any]) -> list[dic
 def read_stage(ckpt_dir: str, stage: str, manifest: dict[str, Any]) -> dict[str, Any]:
     """Read and merge (no cache): the full state of one stage, over its pipeline chunks if it had any."""
     layout = manifest["stages"][stage]
-    if ep_of(manifest, stage) > 1:  # experts sharded over ep: ds_hetero's own files (expert_state.py)
-        return read_expert_stage(os.path.join(ckpt_dir, stage), read_stage_params(ckpt_dir, stage),
-                                 ep_of(manifest, stage))
+    if ep_of(manifest, stage) > 1:  # experts sharded over ep: ds_hetero's own files (expert_state.py), per chunk
+        metas = saved_metas(ckpt_dir, stage, manifest)
+        chunks = [read_expert_stage(part, meta, ep_of(manifest, stage))
+                  for part, meta in zip(part_dirs(ckpt_dir, stage, len(metas)), metas)]
+        params = {}
+        for chunk in chunks:
+            params.update(chunk["params"])  # check_layer_map: no name in two chunks
+        return {**chunks[0], "params": params}  # the scheduler and counters: every chunk steps alike
     zero = saved_stage_zero(manifest, stage)
     if zero not in (0, 1, 2):
         raise CheckpointError(f"{ckpt_dir}: ZeRO stage {zero} checkpoints cannot be resharded yet (ZeRO 0, 1, 2 can)")

@@ -98,19 +98,17 @@ def save_checkpoint(stages, model, save_dir: str | os.PathLike, tag: str | None,
 def _refuse_expert_parallel(stages) -> None:
     """What ep checkpoints (expert_state.py) do not cover yet, refused on every rank alike (the
     layout is the config's) before anything is written or read: ZeRO 3 (its partitions are not
-    gathered or set by name here) and a pipeline (a chunk's experts are not saved by chunk).
-    Disaggregated placement is covered: the other stages' DeepSpeed saves keep their collectives
-    to their own ranks (stage_collectives.py)."""
+    gathered or set by name here). A pipeline is covered (each chunk's files apart), and so is
+    disaggregated placement: the other stages' DeepSpeed saves keep their collectives to their own
+    ranks (stage_collectives.py)."""
     cfg = stages.config
     for name, layout in cfg.stages.items():
-        if layout.ep == 1:
-            continue
-        reason = "ZeRO stage 3" if cfg.zero_stage_of(name) == 3 else f"pp = {layout.pp}" if layout.pp > 1 else None
-        if reason:
+        if layout.ep > 1 and cfg.zero_stage_of(name) == 3:
             raise CheckpointError(
-                f"checkpoints of stages.{name}.ep = {layout.ep} with {reason} are not built yet (ZeRO 0-2 "
-                "without a pipeline are, in any placement); save the weights with save_pretrained(DIR) and start from "
-                "them with initialize(meta_model(DIR), cfg, weights=DIR) (any ep; the optimizer state is not kept)")
+                f"checkpoints of stages.{name}.ep = {layout.ep} with ZeRO stage 3 are not built yet (ZeRO 0-2 "
+                "are, with or without a pipeline, in any placement); save the weights with save_pretrained(DIR) and "
+                "start from them with initialize(meta_model(DIR), cfg, weights=DIR) (any ep; the optimizer state is "
+                "not kept)")
 
 
 def refusal(manifest: dict[str, Any], current: dict[str, Any], ckpt_dir: str, stages, model) -> str | None:

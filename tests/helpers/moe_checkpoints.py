@@ -30,6 +30,11 @@ EP4 = dict(layout={"vision": {"tp": 2, "dp": 2}, "language": {"tp": 1, "dp": 4, 
 # disaggregated: vision on ranks 0-1, the ep2 language stage on 2-3 (whose ranks call no DeepSpeed save)
 EPD = dict(layout={"vision": {"dp": 2, "ranks": [0, 1]}, "language": {"tp": 1, "dp": 2, "ep": 2, "ranks": [2, 3]}},
            zero=1, placement="disaggregated")
+# pipelined: language pp2 dp2 ep2 (each chunk's ep group its own 2 dp ranks; the cut [2, 1], the only one
+# Qwen3-VL's DeepStack levels allow), ZeRO 1 and 2; 2 micro-batches each (the aux loss is per micro-batch)
+EPP = dict(layout={"vision": V, "language": {"tp": 1, "dp": 2, "pp": 2, "ep": 2}}, zero=1, micro_batches=2)
+EPP_Z2 = dict(EPP, zero=2)
+EP2M2 = dict(EP2, micro_batches=2)
 WARMUP = {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-3, "warmup_num_steps": 10, "warmup_type": "linear"}
 
 
@@ -41,8 +46,8 @@ def _config(spec):
     return {"train_batch_size": 8, "zero_optimization": {"stage": spec["zero"]}, "zero_allow_untested_optimizer": True,
             "gradient_clipping": CLIP, "steps_per_print": 10**6,
             "scheduler": {"type": "WarmupLR", "params": dict(WARMUP)},
-            "hetero_parallel": {"placement": spec.get("placement", "colocated"), "micro_batches": 1,
-                                "stages": spec["layout"]}}
+            "hetero_parallel": {"placement": spec.get("placement", "colocated"),
+                                "micro_batches": spec.get("micro_batches", 1), "stages": spec["layout"]}}
 
 
 def _engine(spec, seed):
@@ -57,8 +62,9 @@ def _train(engine, batches):
     return [r.loss for r in results], [r.aux_loss for r in results], [r.grad_norm for r in results]
 
 
-def reference_run(batches):
-    """The uninterrupted single-process run: model(**batch).loss, AdamW stepped by WarmupLR."""
+def reference_run(batches, micro_batches=1):
+    """The uninterrupted single-process run: model(**batch).loss (with several micro-batches the aux loss
+    per micro-batch: moe_parity.reference_loss), AdamW stepped by WarmupLR."""
     from deepspeed.runtime.lr_schedules import WarmupLR
 
     from ds_hetero.families import adapter_for
@@ -70,7 +76,7 @@ def reference_run(batches):
     scheduler = WarmupLR(opt, **WARMUP)
     losses, auxes, norms = [], [], []
     for samples in batches:
-        loss, aux = reference_loss(model, adapter, samples, 1)
+        loss, aux = reference_loss(model, adapter, samples, micro_batches)
         loss.backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], CLIP)))
         opt.step()
@@ -166,19 +172,47 @@ def disaggregated_chain(rank, world_size, tmp):
     """K steps disaggregated (vision ranks 0-1, language ep2 on 2-3), save; load colocated ep2, K steps,
     save; load disaggregated again, K steps: every loss of the 3K steps and the last engine's weights,
     for `judge` against the uninterrupted single-process run."""
+    return layout_chain(rank, world_size, tmp, (EPD, EP2, EPD), "disaggregated")
+
+
+def pipelined_chain(rank, world_size, tmp):
+    """The same through a pipelined ep stage: pp2 dp2 ep2 ZeRO 1 (each chunk its own files), save; colocated
+    tp2 dp2 ep2, save; pp2 dp2 ep2 ZeRO 2, 2 micro-batches each. Negative control: the last load with every
+    rank's experts read from the other ep slot (reshard.py `expert_slot`) must miss the bar."""
+    from ds_hetero.checkpoint import reshard
+
+    out = layout_chain(rank, world_size, tmp, (EPP, EP2M2, EPP_Z2), "pipelined")
+    original = reshard.expert_slot
+    reshard.expert_slot = _wrong_slot
+    try:
+        engine = _engine(EPP_Z2, 99)
+        engine.load_checkpoint(os.path.join(tmp, "pipelined_1"))
+    finally:
+        reshard.expert_slot = original
+    from ds_hetero.families.qwen3_vl_moe import tiny_qwen3_vl_moe
+
+    losses = _train(engine, make_batches(tiny_qwen3_vl_moe(seed=7), 3 * K, 8)[2 * K:])[0]
+    out["wrong_slot"] = {"losses": out["losses"][:2 * K] + losses,
+                         "final": {n: t.numpy() for n, t in full_named_parameters(engine).items()}}
+    engine.groups.destroy()
+    return out
+
+
+def layout_chain(rank, world_size, tmp, specs, name):
+    """K steps in each layout of `specs`, each loading the checkpoint the one before saved."""
     from ds_hetero.families.qwen3_vl_moe import tiny_qwen3_vl_moe
 
     batches = make_batches(tiny_qwen3_vl_moe(seed=7), 3 * K, 8)
-    out = {"losses": [], "aux": [], "norms": []}
+    out = {"losses": [], "aux": [], "norms": [], "micro_batches": specs[0].get("micro_batches", 1)}
     source = None
-    for i, spec in enumerate((EPD, EP2, EPD)):
+    for i, spec in enumerate(specs):
         engine = _engine(spec, 7 if i == 0 else 99)
         if source is not None:
             engine.load_checkpoint(source)
         for key, values in zip(("losses", "aux", "norms"), _train(engine, batches[i * K:(i + 1) * K])):
             out[key] += values
         if i < 2:
-            source = os.path.join(tmp, f"disaggregated_{i}")
+            source = os.path.join(tmp, f"{name}_{i}")
             engine.save_checkpoint(source)
         else:
             out["final"] = {n: t.numpy() for n, t in full_named_parameters(engine).items()}
@@ -216,13 +250,17 @@ def check_chain(results, rtol, atol):
 
 
 def check_disaggregated_chain(results, rtol, atol):
-    """disaggregated -> colocated -> disaggregated at ep2: the single-process run's every loss, aux loss
-    and norm, and the final weights of the stages each rank holds (colocated then: all of them)."""
-    reference = reference_run(make_batches(_tiny(), 3 * K, 8))
+    """disaggregated -> colocated -> disaggregated at ep2 (or pipelined -> colocated -> pipelined with
+    another cut): the single-process run's every loss, aux loss and norm, and the final weights of the
+    stages each rank holds (colocated then: all of them; pipelined: its chunk's)."""
+    reference = reference_run(make_batches(_tiny(), 3 * K, 8), results[0]["micro_batches"])
     for r in results:
         losses, aux, norms, (err, where, abs_err, compared) = judge(r, reference)
         assert losses <= rtol and aux <= rtol and norms <= 1e-4, (losses, aux, norms)
         assert compared > 0 and err <= rtol and abs_err <= atol, (err, where, abs_err)
+        if "wrong_slot" in r:  # the pipelined chain's control
+            wrong = judge(dict(r, **r["wrong_slot"]), reference)
+            assert wrong[0] > 10 * rtol and wrong[3][0] > 1e-2, wrong
 
 
 def _tiny():

@@ -19,7 +19,8 @@ micro-batches a reference whose aux loss is the whole batch's (the rule must mat
 pp2 each pipeline stage's aux loss over its own layers only.
 The dispatch and combine all-to-alls pass an adjoint test; save_pretrained from ep2 tp2 is the
 engine's weights and loads per shard into ep4 with the same eval loss; a training checkpoint moves ep2 -> ep1
--> ep4 (tests/helpers/moe_checkpoints.py) and PEFT LoRA on attention and experts trains (moe_lora.py) like the
+-> ep4, disaggregated -> colocated -> disaggregated, and pipelined (pp2 dp2 ep2, each chunk's files apart) ->
+colocated -> pipelined (tests/helpers/moe_checkpoints.py; experts loaded from the wrong ep slot miss the bar) and PEFT LoRA on attention and experts trains (moe_lora.py) like the
 single-process runs; the main job's script runs the family with ep. The pure checks (groups, config errors) run without processes.
 
 Qwen3.5-MoE (Gated DeltaNet layers by heads over tp, a shared expert over tp, routed experts over ep)
@@ -88,7 +89,7 @@ CONTROLS = ("drop", "wrong_rank", "per_rank_aux", "global_aux_over_micro_batches
 
 
 def _cases(tmp):
-    from tests.helpers.moe_checkpoints import checkpoint_chain, disaggregated_chain
+    from tests.helpers.moe_checkpoints import checkpoint_chain, disaggregated_chain, pipelined_chain
     from tests.helpers.moe_lora import LORA, train_moe_lora
     from tests.helpers.moe_parity import dispatch_adjoint, save_and_load, train_moe
 
@@ -105,6 +106,7 @@ def _cases(tmp):
                                           control="wrong_rank"))
     cases["checkpoint chain"] = (checkpoint_chain, dict(tmp=tmp))
     cases["disaggregated checkpoint chain"] = (disaggregated_chain, dict(tmp=tmp))
+    cases["pipelined checkpoint chain"] = (pipelined_chain, dict(tmp=tmp))
     control = dict(LORA["lora tp2 dp2 ep2 zero1"], steps=2, control="contiguous_b", reload=None)
     for name, kw in {**LORA, "lora contiguous_b": control}.items():  # PEFT LoRA on attention and experts
         cases[name] = (train_moe_lora, dict(kw, tmp=f"{tmp}/{name.replace(' ', '_')}"))
@@ -235,6 +237,11 @@ def test_training_checkpoint_reshards_across_ep(runs):  # ep2 -> ep1 -> ep4, its
 def test_ep_checkpoint_moves_between_disaggregated_and_colocated(runs):  # moe_checkpoints.py
     from tests.helpers.moe_checkpoints import check_disaggregated_chain
     check_disaggregated_chain(runs["disaggregated checkpoint chain"], RTOL, ATOL)
+
+
+def test_ep_checkpoint_moves_between_pipelined_and_colocated(runs):  # moe_checkpoints.py, with its control
+    from tests.helpers.moe_checkpoints import check_disaggregated_chain
+    check_disaggregated_chain(runs["pipelined checkpoint chain"], RTOL, ATOL)
 
 
 @pytest.mark.parametrize("name", ["lora tp2 dp2 ep2 zero1", "lora dp4 ep4 zero2"])
