@@ -10,6 +10,7 @@
     .venv/bin/deepspeed --num_gpus 4 recipes/train_llava.py --model-family qwen3.5-moe --deepspeed_config ds_configs/qwen3_vl_moe_ep.json
     .venv/bin/deepspeed --num_gpus 4 recipes/train_llava.py --data recipes/data/shapes_messages.jsonl --steps 20   # your data
     .venv/bin/deepspeed --num_gpus 4 recipes/train_llava.py --model-family qwen2.5-vl --videos --deepspeed_config ds_configs/qwen_video.json
+    .venv/bin/deepspeed --num_gpus 4 recipes/train_llava.py --model-family qwen2-vl --data recipes/data/shapes_videos.jsonl   # real clips
 
 `--model-family` picks the built-in tiny model (llava, the default; qwen2-vl, qwen2.5-vl, qwen3-vl, internvl,
 llava-onevision, gemma3, qwen3.5, gemma4 (vision, audio and language stages; the shapes data has images
@@ -22,8 +23,9 @@ images: a shape that moves between two cells, captioned in time order (ds_hetero
 docs/video.md).
 
 `--data FILE` trains on a conversation file in place of the synthetic task: LLaVA JSON or the messages
-format (LLaMA-Factory / TRL), images from `--image-folder` (default: the file's folder), encoded with
-the model's own processor and chat template, labels on assistant turns only (docs/real-data.md).
+format (LLaMA-Factory / TRL), images (and, for the Qwen-VL families, video files: docs/video.md) from
+`--image-folder` (default: the file's folder), encoded with the model's own processor and chat template,
+labels on assistant turns only (docs/real-data.md).
 
 The model is built from config with seeded weights (a CLIP tower + projector and a Llama LM),
 unless `--model PATH` names a Hugging Face safetensors checkpoint directory: then every rank
@@ -75,9 +77,10 @@ def parse_args(argv=None):
     p.add_argument("--samples", type=int, default=4096, help="size of the synthetic dataset")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", default=None,
-                   help="train on this conversation file (LLaVA JSON or messages JSONL, docs/real-data.md) in "
-                        "place of the synthetic task")
-    p.add_argument("--image-folder", default=None, help="where --data's image paths point (default: its folder)")
+                   help="train on this conversation file (LLaVA JSON or messages JSONL, docs/real-data.md; video "
+                        "files for the Qwen-VL families, docs/video.md) in place of the synthetic task")
+    p.add_argument("--image-folder", default=None,
+                   help="where --data's image and video paths point (default: its folder)")
     p.add_argument("--skip-bad-rows", action="store_true",
                    help="leave out --data's bad rows (printed with their count) instead of stopping at the first")
     p.add_argument("--data-workers", type=int, default=None,
@@ -125,7 +128,7 @@ def build_model(args):
 
 
 # --model-family values whose tiny model has a locally built processor (ds_hetero/toy/processors.py)
-DATA_FAMILIES = ("llava", "qwen2-vl", "qwen2.5-vl")
+DATA_FAMILIES = ("llava", "qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5")
 
 
 def data_processor(args, model):
@@ -145,7 +148,8 @@ def build_dataset(args, model):
 
         if args.data or not hasattr(adapter_for(model), "FRAME_RUNS"):
             sys.exit("--videos: the synthetic clips are for the Qwen-VL families (--model-family qwen2-vl, "
-                     "qwen2.5-vl, qwen3-vl, qwen3.5) and take no --data (which reads images only: docs/video.md)")
+                     "qwen2.5-vl, qwen3-vl, qwen3.5) and take no --data (give real clips as the rows' \"videos\" "
+                     "in --data instead: docs/video.md)")
         from ds_hetero.toy.shape_clips import ShapeClipsDataset
 
         return ShapeClipsDataset(model, args.samples, seed=args.seed)

@@ -274,3 +274,19 @@ def test_a_truncated_clip_is_named_at_its_header(tmp_path):
         f.truncate(os.path.getsize(mp4) - 200)  # the index (moov) at the end is cut
     with pytest.raises(ValueError, match="c.mp4"):
         clip_header(mp4)
+
+
+def test_the_shipped_clips_are_read(processors):
+    """recipes/data/shapes_videos.jsonl (make_shapes_clips.py): 24 rows, 12 with clips (two in one row, a clip
+    beside an image), 4 clips under 50 KB; the index's ids are their encodings'."""
+    data = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "recipes", "data")
+    clips = [os.path.join(data, "clips", n) for n in sorted(os.listdir(os.path.join(data, "clips")))]
+    assert len(clips) == 4 and sum(os.path.getsize(c) for c in clips) < 50_000
+    dataset = SFTDataset.from_file(os.path.join(data, "shapes_videos.jsonl"), processors["qwen2-vl"],
+                                   index_dir=None).prepare()
+    assert len(dataset) == 24 and not dataset.skipped
+    with_clips = [i for i in range(24) if dataset.row(i).videos]
+    assert len(with_clips) == 12 and any(len(dataset.row(i).videos) == 2 for i in with_clips)
+    for i in with_clips:
+        sample = dataset[i]
+        assert torch.equal(sample["input_ids"], dataset.input_ids(i)) and sample["video_grid_thw"][:, 0].min() >= 2
