@@ -7,6 +7,8 @@ global batch 16: 3 steps an epoch), five runs (the driver's docstring). Checked:
   old path encoded all 16 every step on every rank: the negative control's count);
 - the losses of a run with 2 data workers saved after 2 steps and resumed with --load (mid-epoch, workers
   again) are the 4-step run's (without workers) own bit for bit;
+- the shipped clips (shapes_videos.jsonl), decoded in 2 data workers per rank, give the losses of the run
+  that decodes them in the rank itself, bit for bit;
 - the HF Trainer recipe (recipes/hf_trainer_llava.py --data, --dataloader_num_workers 2) on the same
   config and rows logs the main job's losses (tiny LLaVA, shapes_messages.jsonl, 2 steps) within 1e-6, and
   `hetero/data_wait_s`;
@@ -71,6 +73,12 @@ def test_workers_and_resume_give_the_runs_own_losses(ranks):
     full = reports[0]["counted"]["losses"]
     assert len(full) == 4
     assert reports[0]["saved"] == full[:2] and reports[0]["resumed"] == full[2:]  # bit for bit, with workers
+
+
+def test_clips_decoded_in_workers_give_the_runs_own_losses(ranks):
+    reports, _ = ranks
+    clips = reports[0]["clips"]
+    assert len(clips) == 2 and reports[0]["clips_workers"] == clips, reports[0]
 
 
 def test_a_row_broken_past_its_header_stops_every_rank_alike(ranks):

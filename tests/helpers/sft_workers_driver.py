@@ -9,6 +9,8 @@ data, five runs in one launch (the folder OUT holds the test's data; each rank r
     late_bad   --data-workers 2 on OUT/late_bad.json, whose row 5 has an image broken past its header
     main_llava / trainer   tiny LLaVA on shapes_messages.jsonl, 2 steps: the main job, then the HF Trainer recipe
                (recipes/hf_trainer_llava.py --data, --dataloader_num_workers 2) on the same config
+    clips / clips_workers  tiny Qwen2-VL on the shipped clips (shapes_videos.jsonl), 2 steps, without and with
+               --data-workers 2 (the clips decoded in the worker processes)
 """
 
 import json
@@ -20,6 +22,7 @@ from tests.helpers.driver_report import fresh_accelerate_state, load_recipe, run
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join(ROOT, "recipes", "data", "shapes_llava.json")
 MESSAGES = os.path.join(ROOT, "recipes", "data", "shapes_messages.jsonl")
+CLIPS = os.path.join(ROOT, "recipes", "data", "shapes_videos.jsonl")
 CONFIG = os.path.join(ROOT, "ds_configs", "llava_colocated.json")
 
 
@@ -85,6 +88,8 @@ def main(out):
             report["late_bad"] = None
         except Exception as exc:  # noqa: BLE001 -- the error itself is what the test checks
             report["late_bad"] = f"{type(exc).__name__}: {exc}"
+        report["clips"] = run("clips", "--data", CLIPS, "--steps", "2")
+        report["clips_workers"] = run("clips_workers", "--data", CLIPS, "--steps", "2", "--data-workers", "2")
         report["main_llava"] = _main_llava(recipe, out)
         fresh_accelerate_state()
         report["trainer"] = _trainer(out)
