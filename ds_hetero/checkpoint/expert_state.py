@@ -23,8 +23,9 @@ ds_hetero keeps under their Hugging Face names (expert_parallel/layers.py), and 
 keep the optimizer state of dp rank 0 only (each ep rank's experts have their own); and a layout
 change needs full tensors anyway. So this stage's state is gathered live, by name: the ZeRO
 partitions by DeepSpeed's `safe_get_full_fp32_param` / `safe_get_full_optimizer_state` (over the
-expert-data-parallel group for experts, dp for the rest), tp shards by `gather_full`; experts are
-not gathered over ep: each ep rank writes its own.
+expert-data-parallel group for experts, dp for the rest; ZeRO 3's partitions too: zero3_state.py),
+tp shards by `gather_full`; experts are not gathered over ep: each ep rank writes its own. The same
+files load into any ZeRO stage (reshard.py; ZeRO 3 through zero3_state.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import torch
 from ..expert_parallel.gather import merge_expert_blocks
 from ..tensor_parallel import gather_full
 from .manifest import CheckpointError
+from .zero3_state import read_entry
 
 FOLDER = "ep_state"
 DENSE = "dense.pt"
@@ -68,6 +70,8 @@ def _live_entry(engine, p, zero: int) -> tuple[dict[str, torch.Tensor], float | 
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
     optimizer = engine.optimizer
+    if zero == 3:  # a partition over dp (or the experts' expert-data-parallel group): zero3_state.py
+        return read_entry(engine, p)
     if zero:
         if not hasattr(p, "_hp_mapping") or not optimizer.optimizer.state:  # frozen, or no step taken yet
             return {"fp32": p.detach().float().clone()}, None

@@ -1,4 +1,5 @@
-"""Full per-parameter tensors -> one live stage engine of any layout (tp, dp, ep, ZeRO 0/1/2).
+"""Full per-parameter tensors -> one live stage engine of any layout (tp, dp, ep, ZeRO 0/1/2; ZeRO 3 for a
+stage with experts over ep, whose checkpoints are ds_hetero's own: zero3_state.py).
 
 Each rank cuts its tp shard out of every full tensor with the same split the layers use
 (`shard_tensor`, after the vocabulary padding the head adds), then hands it to DeepSpeed:
@@ -19,6 +20,7 @@ from ..tensor_parallel.layers import shard_tensor
 from .expert_state import expert_slot
 from .full_state import MOMENTS
 from .manifest import CheckpointError
+from .zero3_state import write_entry
 
 
 def split_full(full: torch.Tensor, param: torch.nn.Parameter, tp_rank: int, tp: int) -> torch.Tensor:
@@ -29,7 +31,7 @@ def split_full(full: torch.Tensor, param: torch.nn.Parameter, tp_rank: int, tp: 
     if not getattr(param, "tensor_model_parallel", False) or tp == 1:
         return full
     dim, stride = param.partition_dim, param.partition_stride
-    want = param.shape[dim] * tp
+    want = getattr(param, "ds_shape", param.shape)[dim] * tp  # ZeRO 3 keeps only a partition in param
     if full.shape[dim] < want:  # VocabParallelLMHead(pad_vocab=True): zero rows at the end
         pad = list(full.shape)
         pad[dim] = want - full.shape[dim]
@@ -115,15 +117,19 @@ def apply_full_state(engine, module_params: dict[str, torch.nn.Parameter], state
     optimizer = engine.optimizer
     step = state.get("step")
     steps = state.get("param_steps") or {}  # per parameter (an older cache: none, the stage's one step)
-    if zero != 0:
+    if zero in (1, 2):
         _link_zero_optimizer_state(optimizer, MOMENTS)
     for name, param in module_params.items():
         entry = full[name]
         shard = split_full(entry["fp32"], param, tp_rank, tp).to(param.device)
-        param.data.copy_(shard.to(param.dtype))
-        if not param.requires_grad or "exp_avg" not in entry:
+        has_moments = param.requires_grad and "exp_avg" in entry
+        moments = {k: split_full(entry[k], param, tp_rank, tp).to(param.device) for k in MOMENTS} if has_moments else None
+        if zero == 3:  # this rank's partitions of the weight, the master and the moments (an ep stage's load)
+            write_entry(engine, param, shard, moments, steps.get(name, step))
             continue
-        moments = {k: split_full(entry[k], param, tp_rank, tp).to(param.device) for k in MOMENTS}
+        param.data.copy_(shard.to(param.dtype))
+        if not has_moments:
+            continue
         if zero == 0:
             optimizer.state[param] = {"step": _step_value(optimizer, steps.get(name, step)),
                                       **{k: v.to(param.dtype).clone() for k, v in moments.items()}}
@@ -131,7 +137,7 @@ def apply_full_state(engine, module_params: dict[str, torch.nn.Parameter], state
             safe_set_full_fp32_param(param, shard)
             for key, value in moments.items():
                 safe_set_full_optimizer_state(param, value, key)
-    if zero != 0 and step is not None:
+    if zero in (1, 2) and step is not None:
         _set_group_steps(optimizer, module_params, steps, step)
     scheduler = engine.lr_scheduler
     if scheduler is not None and state.get("lr_scheduler") is not None:

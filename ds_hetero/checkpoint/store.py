@@ -31,7 +31,7 @@ from .stage_collectives import collectives_on
 from .full_state import saved_metas, stage_full_state
 from .layer_map import hf_names, stage_dir
 from .manifest import (MANIFEST, PARAMS, CheckpointError, build_manifest, deepspeed_load_applies, describe_layout,
-                       engine_facts, full_shape, read_manifest, resolve_tag, same_layout, saved_stage_zero,
+                       engine_facts, ep_of, full_shape, read_manifest, resolve_tag, same_layout, saved_stage_zero,
                        stage_params, write_json)
 from .reshard import apply_full_state
 
@@ -52,7 +52,6 @@ def save_checkpoint(stages, model, save_dir: str | os.PathLike, tag: str | None,
 
     `step` is the optimizer steps taken, `data` the loader's position (manifest.data_position).
     """
-    _refuse_expert_parallel(stages)
     save_dir = os.fspath(save_dir)
     tag = tag or f"global_step{step}"
     if os.path.isfile(os.path.join(save_dir, "latest")) and resolve_tag(save_dir, None) == tag:  # same on every rank
@@ -95,20 +94,12 @@ def save_checkpoint(stages, model, save_dir: str | os.PathLike, tag: str | None,
     return tag
 
 
-def _refuse_expert_parallel(stages) -> None:
-    """What ep checkpoints (expert_state.py) do not cover yet, refused on every rank alike (the
-    layout is the config's) before anything is written or read: ZeRO 3 (its partitions are not
-    gathered or set by name here). A pipeline is covered (each chunk's files apart), and so is
-    disaggregated placement: the other stages' DeepSpeed saves keep their collectives to their own
-    ranks (stage_collectives.py)."""
-    cfg = stages.config
-    for name, layout in cfg.stages.items():
-        if layout.ep > 1 and cfg.zero_stage_of(name) == 3:
-            raise CheckpointError(
-                f"checkpoints of stages.{name}.ep = {layout.ep} with ZeRO stage 3 are not built yet (ZeRO 0-2 "
-                "are, with or without a pipeline, in any placement); save the weights with save_pretrained(DIR) and "
-                "start from them with initialize(meta_model(DIR), cfg, weights=DIR) (any ep; the optimizer state is "
-                "not kept)")
+def zero3_not_resharded(manifest: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The stages a layout change cannot move: ZeRO 3 on either side, in DeepSpeed's own files (read
+    only by DeepSpeed's load into the same layout). A stage with experts over ep saves and loads
+    ds_hetero's own files under any ZeRO stage (expert_state.py, zero3_state.py)."""
+    return [s for s in current["stages"] if s in manifest["stages"]
+            and any(saved_stage_zero(f, s) == 3 and ep_of(f, s) == 1 for f in (manifest, current))]
 
 
 def refusal(manifest: dict[str, Any], current: dict[str, Any], ckpt_dir: str, stages, model) -> str | None:
@@ -117,11 +108,11 @@ def refusal(manifest: dict[str, Any], current: dict[str, Any], ckpt_dir: str, st
     if set(manifest["stages"]) != set(current["stages"]):
         reasons.append(f"stages differ: saved {sorted(manifest['stages'])}, current {sorted(current['stages'])}")
     if not same_layout(manifest, current):
-        zero3 = [s for s in current["stages"] if s in manifest["stages"]
-                 and 3 in (saved_stage_zero(manifest, s), saved_stage_zero(current, s))]
+        zero3 = zero3_not_resharded(manifest, current)
         if zero3:
             reasons.append(f"stage {zero3[0]}: ZeRO stage 3 checkpoints are loaded only into the layout that saved "
-                           "them (resharding reads and writes ZeRO 0, 1 and 2)")
+                           "them (resharding reads and writes ZeRO 0, 1 and 2, and ZeRO 3 only for a stage "
+                           "with experts over ep)")
         current_opt = {stage.optimizer_name for stage in stages.held if stage.trains}
         if current_opt and manifest["optimizer"] is not None and manifest["optimizer"] not in current_opt:
             reasons.append(f"optimizer differs: saved {manifest['optimizer']}, current {sorted(current_opt)[0]}")
@@ -165,7 +156,6 @@ def load_checkpoint(stages, load_dir: str | os.PathLike, tag: str | None, data: 
     Returns (the tag, the saved step). `data` is the current loader's position: a warning says
     when resuming with other data settings would not continue the saved run's data order.
     """
-    _refuse_expert_parallel(stages)
     load_dir = os.fspath(load_dir)
     problem, manifest = None, None
     facts = engine_facts(stages)

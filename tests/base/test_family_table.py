@@ -10,7 +10,7 @@
   are families whose samples take `pixel_values_videos`.
 
 Not checked here, being launches: the placements, packing, LoRA and checkpoint cells beyond their tests'
-existence, and R7 (the ep checkpoint refusal needs engines) and R6 (needs an InternViT with use_qk_norm).
+existence, and R6 (needs an InternViT with use_qk_norm).
 """
 
 from __future__ import annotations

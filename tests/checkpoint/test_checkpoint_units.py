@@ -1,5 +1,5 @@
 """Pure pieces of ds_hetero/checkpoint (no processes): tp merge and re-split, layout comparison,
-the kill-point hook's parsing."""
+the kill-point hook's parsing, which stages a layout change moves under ZeRO 3, a ZeRO 3 partition."""
 
 import pytest
 import torch
@@ -62,29 +62,34 @@ def test_kill_point_names_are_checked(monkeypatch):
     kill_point("rank_written", 1)  # another point: nothing happens
 
 
-def _moe_config(language, zero):
-    from ds_hetero.config import load_config
+def test_a_layout_change_moves_zero3_only_for_an_ep_stage():
+    """ZeRO 3 in DeepSpeed's own files (no ep) stays with the layout that saved it; a stage with experts
+    over ep, whose files are ds_hetero's own, moves under ZeRO 3 on either side
+    (tests/helpers/moe_checkpoints.py `zero3_chain` runs it). Negative control: the same stage without ep
+    is refused, saved or loaded at ZeRO 3."""
+    from ds_hetero.checkpoint.store import zero3_not_resharded
 
-    return load_config({"train_batch_size": 8, "zero_optimization": {"stage": zero},
-                        "hetero_parallel": {"placement": "colocated", "micro_batches": 1,
-                                            "stages": {"vision": {"dp": 4}, "language": language}}}, world_size=4)
+    def facts(**language):
+        return {"zero_stage": 1, "stages": {"vision": {"zero_stage": 1}, "language": language}}
+
+    assert zero3_not_resharded(facts(zero_stage=3, ep=2), facts(zero_stage=1, ep=2)) == []
+    assert zero3_not_resharded(facts(zero_stage=1, ep=2), facts(zero_stage=3, ep=4)) == []
+    assert zero3_not_resharded(facts(zero_stage=3, ep=2), facts(zero_stage=3, ep=1)) == ["language"]
+    assert zero3_not_resharded(facts(zero_stage=3), facts(zero_stage=1)) == ["language"]
+    assert zero3_not_resharded(facts(zero_stage=1), facts(zero_stage=1)) == []
 
 
-def test_ep_checkpoints_refuse_what_is_not_built():
-    """ZeRO 3 or a pipeline with ep > 1: a CheckpointError naming them (the layout is the config's:
-    every rank raises alike, before anything is written or read). Disaggregated placement is built
-    (tests/helpers/moe_checkpoints.py `disaggregated_chain`)."""
-    from types import SimpleNamespace
+def test_a_zero3_partition_is_the_padded_slice_of_its_rank(monkeypatch):
+    """zero3_state.py: rank r's partition of a tensor its group does not divide (7 elements over 2 ranks,
+    partitions of 4) is elements [4 r, 4 r + 4) of it zero-padded to 8 (DeepSpeed's own setter narrows
+    the unpadded tensor there: out of range on the last rank)."""
+    from ds_hetero.checkpoint import zero3_state
 
-    from ds_hetero.checkpoint import CheckpointError
-    from ds_hetero.checkpoint.store import _refuse_expert_parallel
-
-    _refuse_expert_parallel(SimpleNamespace(config=_moe_config({"tp": 2, "dp": 2, "ep": 2}, zero=2)))
-    with pytest.raises(CheckpointError, match="ep = 2 with ZeRO stage 3 are not built yet") as info:
-        _refuse_expert_parallel(SimpleNamespace(config=_moe_config({"dp": 4, "ep": 2}, zero=3)))
-    assert "save_pretrained" in str(info.value)
-    with pytest.raises(CheckpointError, match="ep = 2 with pp = 2 are not built yet"):
-        _refuse_expert_parallel(SimpleNamespace(config=_moe_config({"dp": 2, "pp": 2, "ep": 2}, zero=1)))
+    full = torch.arange(7.0).reshape(7, 1)
+    for rank, want in ((0, [0.0, 1, 2, 3]), (1, [4.0, 5, 6, 0])):
+        monkeypatch.setattr(zero3_state.dist, "get_rank", lambda group=None, rank=rank: rank)
+        monkeypatch.setattr(zero3_state.dist, "get_world_size", lambda group=None: 2)
+        assert zero3_state._partition(full, None, 4).tolist() == want
 
 
 def test_expert_blocks_are_the_slices_peft_reads_and_merge_back():

@@ -35,6 +35,10 @@ EPD = dict(layout={"vision": {"dp": 2, "ranks": [0, 1]}, "language": {"tp": 1, "
 EPP = dict(layout={"vision": V, "language": {"tp": 1, "dp": 2, "pp": 2, "ep": 2}}, zero=1, micro_batches=2)
 EPP_Z2 = dict(EPP, zero=2)
 EP2M2 = dict(EP2, micro_batches=2)
+# ZeRO 3 on the language stage only (its own `zero_stage`; the vision stage keeps ZeRO 1): each expert
+# partitioned over its 2 expert-data-parallel ranks, the dense weights over dp
+EPP_Z3 = dict(layout={"vision": V, "language": {"tp": 1, "dp": 2, "pp": 2, "ep": 2, "zero_stage": 3}}, zero=1,
+              micro_batches=2)
 WARMUP = {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-3, "warmup_num_steps": 10, "warmup_type": "linear"}
 
 
@@ -198,14 +202,46 @@ def pipelined_chain(rank, world_size, tmp):
     return out
 
 
-def layout_chain(rank, world_size, tmp, specs, name):
-    """K steps in each layout of `specs`, each loading the checkpoint the one before saved."""
+def zero3_chain(rank, world_size, tmp):
+    """ZeRO 3 on the ep stage: pp2 dp2 ep2 ZeRO 3, save; colocated tp2 dp2 ep2 ZeRO 1, save; pp2 dp2 ep2
+    ZeRO 3, 2 micro-batches each. Negative control, before the last segment: the ZeRO 1 checkpoint loaded
+    into pp2 dp2 ep2 ZeRO 3 leaving the model's partitions as they were (the master weights and moments
+    set, as DeepSpeed's `set_full_hp_param` alone does) must miss the bar.
+    Its ZeRO 3 engines are all pipelined, and no ZeRO 3 engine without a pipeline may follow them in the
+    same process: DeepSpeed numbers ZeRO 3 modules (`ds_id`) from a process-wide counter, which a chunk
+    engine advances differently on each pipeline stage, and a later engine without a pipeline checks
+    those numbers over the whole world (a test's several engines in one process; a resumed run is one).
+    The same chain with dp4 ep2 ZeRO 3 for the first segment and the control passed when run alone."""
+    from ds_hetero.checkpoint import zero3_state
+    from ds_hetero.families.qwen3_vl_moe import tiny_qwen3_vl_moe
+
+    def control(out):
+        original = zero3_state.set_model_partition
+        zero3_state.set_model_partition = lambda param, values: None
+        try:
+            engine = _engine(EPP_Z3, 99)
+            engine.load_checkpoint(os.path.join(tmp, "zero3_1"))
+        finally:
+            zero3_state.set_model_partition = original
+        losses = _train(engine, make_batches(tiny_qwen3_vl_moe(seed=7), 3 * K, 8)[2 * K:])[0]
+        out["wrong_slot"] = {"losses": out["losses"][:2 * K] + losses,
+                             "final": {n: t.numpy() for n, t in full_named_parameters(engine).items()}}
+        engine.groups.destroy()
+
+    return layout_chain(rank, world_size, tmp, (EPP_Z3, EP2M2, EPP_Z3), "zero3", before_last=control)
+
+
+def layout_chain(rank, world_size, tmp, specs, name, before_last=None):
+    """K steps in each layout of `specs`, each loading the checkpoint the one before saved
+    (`before_last(out)` runs before the last segment: a control)."""
     from ds_hetero.families.qwen3_vl_moe import tiny_qwen3_vl_moe
 
     batches = make_batches(tiny_qwen3_vl_moe(seed=7), 3 * K, 8)
     out = {"losses": [], "aux": [], "norms": [], "micro_batches": specs[0].get("micro_batches", 1)}
     source = None
     for i, spec in enumerate(specs):
+        if i == len(specs) - 1 and before_last is not None:
+            before_last(out)
         engine = _engine(spec, 7 if i == 0 else 99)
         if source is not None:
             engine.load_checkpoint(source)
@@ -258,7 +294,7 @@ def check_disaggregated_chain(results, rtol, atol):
         losses, aux, norms, (err, where, abs_err, compared) = judge(r, reference)
         assert losses <= rtol and aux <= rtol and norms <= 1e-4, (losses, aux, norms)
         assert compared > 0 and err <= rtol and abs_err <= atol, (err, where, abs_err)
-        if "wrong_slot" in r:  # the pipelined chain's control
+        if "wrong_slot" in r:  # the pipelined and ZeRO 3 chains' controls
             wrong = judge(dict(r, **r["wrong_slot"]), reference)
             assert wrong[0] > 10 * rtol and wrong[3][0] > 1e-2, wrong
 

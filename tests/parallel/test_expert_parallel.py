@@ -20,7 +20,8 @@ pp2 each pipeline stage's aux loss over its own layers only.
 The dispatch and combine all-to-alls pass an adjoint test; save_pretrained from ep2 tp2 is the
 engine's weights and loads per shard into ep4 with the same eval loss; a training checkpoint moves ep2 -> ep1
 -> ep4, disaggregated -> colocated -> disaggregated, and pipelined (pp2 dp2 ep2, each chunk's files apart) ->
-colocated -> pipelined (tests/helpers/moe_checkpoints.py; experts loaded from the wrong ep slot miss the bar) and PEFT LoRA on attention and experts trains (moe_lora.py) like the
+colocated -> pipelined, and pp2 dp2 ep2 ZeRO 3 -> tp2 dp2 ep2 ZeRO 1 -> pp2 dp2 ep2 ZeRO 3 (tests/helpers/moe_checkpoints.py;
+experts loaded from the wrong ep slot, or ZeRO 3's model partitions left unset, miss the bar) and PEFT LoRA on attention and experts trains (moe_lora.py) like the
 single-process runs; the main job's script runs the family with ep. The pure checks (groups, config errors) run without processes.
 
 Qwen3.5-MoE (Gated DeltaNet layers by heads over tp, a shared expert over tp, routed experts over ep)
@@ -89,7 +90,7 @@ CONTROLS = ("drop", "wrong_rank", "per_rank_aux", "global_aux_over_micro_batches
 
 
 def _cases(tmp):
-    from tests.helpers.moe_checkpoints import checkpoint_chain, disaggregated_chain, pipelined_chain
+    from tests.helpers.moe_checkpoints import checkpoint_chain, disaggregated_chain, pipelined_chain, zero3_chain
     from tests.helpers.moe_lora import LORA, train_moe_lora
     from tests.helpers.moe_parity import dispatch_adjoint, save_and_load, train_moe
 
@@ -119,6 +120,8 @@ def _cases(tmp):
     cases["qwen3.5-moe recipe"] = (_recipe, dict(tmp=tmp, family="qwen3.5-moe"))
     cases["frozen experts zero2"] = (_refused, dict(layout={"vision": V, "language": {
         "tp": 1, "dp": 4, "ep": 2, "freeze": ["*.mlp.experts.*"]}}, zero_stage=2))
+    # last: no ZeRO 3 engine without a pipeline may follow its pipelined ones (moe_checkpoints.zero3_chain)
+    cases["zero3 checkpoint chain"] = (zero3_chain, dict(tmp=tmp))
     return cases
 
 
@@ -242,6 +245,11 @@ def test_ep_checkpoint_moves_between_disaggregated_and_colocated(runs):  # moe_c
 def test_ep_checkpoint_moves_between_pipelined_and_colocated(runs):  # moe_checkpoints.py, with its control
     from tests.helpers.moe_checkpoints import check_disaggregated_chain
     check_disaggregated_chain(runs["pipelined checkpoint chain"], RTOL, ATOL)
+
+
+def test_ep_checkpoint_moves_into_and_out_of_zero3(runs):  # moe_checkpoints.py, with its control
+    from tests.helpers.moe_checkpoints import check_disaggregated_chain
+    check_disaggregated_chain(runs["zero3 checkpoint chain"], RTOL, ATOL)
 
 
 @pytest.mark.parametrize("name", ["lora tp2 dp2 ep2 zero1", "lora dp4 ep4 zero2"])
