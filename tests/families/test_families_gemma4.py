@@ -15,7 +15,8 @@ every weight 1e-5):
 - per-shard loading (`weights=DIR`, every stage tp2 dp2) trains like the fully built model, each tp rank
   reading half of every sharded tensor, and `save_pretrained` writes what `from_pretrained` reads back;
 - pipelined: vision dp4 + audio dp4 + language tp2 pp2 (4 micro-batches), the cut [2, 2] carrying the
-  per-layer inputs and the stored keys and values between the chunks (families/gemma4/pipeline_carry.py);
+  per-layer inputs and the stored keys and values between the chunks (families/gemma4/pipeline_carry.py),
+  and its `eval_batch` before training against the reference's first loss;
   a negative control whose second chunk reads zeros for its per-layer inputs ends far from the reference.
 The refusals `ds-hetero validate` shares (cp, sequence parallelism, bidirectional "all", packing),
 the sample checks, the split and the planner's shapes are tested without processes in
@@ -72,10 +73,14 @@ def _pp_uncarried(rank, world_size):
 
 
 def train_pp(rank, world_size, steps=5):
-    from tests.helpers.gemma4_parity import train_gemma4
+    """Also `eval_batch` on the first batch before training (the pipelined evaluation's carry)."""
+    from ds_hetero.toy import tiny_gemma4
+    from tests.helpers.gemma4_parity import make_gemma4_batches, train_gemma4
 
+    first = make_gemma4_batches(tiny_gemma4(seed=7), 1, 8)[0]  # the training run's first batch
     return train_gemma4(rank, world_size, steps=steps, clip=CLIP, micro_batches=4, zero_stage=1,
-                        layout={"vision": {"dp": 4}, "audio": {"dp": 4}, "language": {"tp": 2, "dp": 1, "pp": 2}})
+                        layout={"vision": {"dp": 4}, "audio": {"dp": 4}, "language": {"tp": 2, "dp": 1, "pp": 2}},
+                        inspect=lambda engine: {"eval_loss": engine.eval_batch(first)})
 
 
 def _loading(rank, world_size, checkpoint, out_dir):
@@ -273,6 +278,8 @@ def test_gemma4_pipelined_tp2_pp2_matches_the_single_process_reference(results):
     """The cut [2, 2] carries the per-layer inputs of layers 2, 3 and the keys and values layers 0, 1
     stored (each tp rank its own kv heads); the control without the per-layer inputs ends far away."""
     check_family_parity([{PIPELINED: r} for r in results[PIPELINED]], WEIGHT_RTOL, WEIGHT_ATOL)
+    for r in results[PIPELINED]:  # eval_batch before training: the reference's first loss
+        assert abs(r["eval_loss"] - r["ref_losses"][0]) <= 1e-5 * abs(r["ref_losses"][0]), r["eval_loss"]
     for r in results[PP_UNCARRIED]:
         rel, where, abs_, compared = r["weight_err"]
         assert compared > 0 and rel > 100 * WEIGHT_RTOL and abs_ > 100 * WEIGHT_ATOL, r["weight_err"]
