@@ -276,12 +276,23 @@ def test_a_truncated_clip_is_named_at_its_header(tmp_path):
         clip_header(mp4)
 
 
-def test_the_shipped_clips_are_read(processors):
-    """recipes/data/shapes_videos.jsonl (make_shapes_clips.py): 24 rows, 12 with clips (two in one row, a clip
-    beside an image), 4 clips under 50 KB; the index's ids are their encodings'."""
+def test_the_shipped_clips_are_read(processors, tmp_path):
+    """recipes/data/shapes_videos.jsonl and clips/ are make_shapes_clips.py's output (the same bytes, with the
+    pinned PyAV): 24 rows, 12 with clips (two in one row, a clip beside an image), 4 clips under 50 KB; the
+    index's ids are their encodings'."""
+    import importlib.util
+
     data = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "recipes", "data")
     clips = [os.path.join(data, "clips", n) for n in sorted(os.listdir(os.path.join(data, "clips")))]
     assert len(clips) == 4 and sum(os.path.getsize(c) for c in clips) < 50_000
+    spec = importlib.util.spec_from_file_location("make_shapes_clips", os.path.join(data, "make_shapes_clips.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    shutil.copy(os.path.join(data, "shapes_messages.jsonl"), tmp_path)  # the image rows it takes
+    script.main(["--out", str(tmp_path)])
+    for name in ["shapes_videos.jsonl", *[os.path.relpath(c, data) for c in clips]]:
+        with open(tmp_path / name, "rb") as f, open(os.path.join(data, name), "rb") as g:
+            assert f.read() == g.read(), name
     dataset = SFTDataset.from_file(os.path.join(data, "shapes_videos.jsonl"), processors["qwen2-vl"],
                                    index_dir=None).prepare()
     assert len(dataset) == 24 and not dataset.skipped
