@@ -4,7 +4,7 @@ The chunks run one after the other give the pp-1 language stage's logits and bou
 exactly, for every family (Gemma 3's image blocks and sliding layers, Qwen3-VL's DeepStack levels,
 Qwen2.5-Omni's TMRoPE positions and two encoders' rows, InternVL, LLaVA-OneVision, Qwen2.5-VL, an
 InternVL whose Qwen2 decoder has a sliding-window layer, and Gemma 4, whose per-layer inputs and
-stored keys and values travel with the hidden states), on cuts that put each family's per-
+stored keys and values travel with the hidden states, and a Gemma 4 with neither), on cuts that put each family's per-
 layer settings off their pp-1 position. Negative controls, one per mechanism: a chunk that reads the
 whole decoder's `layer_types` at its own layer positions (Gemma 3, and the sliding Qwen2 decoder), a
 Gemma 3 chunk whose mask is left causal, a Gemma 4 chunk given zeros for its per-layer inputs or for
@@ -53,11 +53,13 @@ def _family(family):
 
         model = build_model("omni", seed=3)
         samples = make_batches("omni", model, 1, 4)[0]
-    elif family == "gemma4":  # images, audio clips, both and neither
+    elif family.startswith("gemma4"):  # images, audio clips, both and neither
         from ds_hetero.toy import tiny_gemma4
         from tests.helpers.gemma4_parity import make_gemma4_batches
 
-        model = tiny_gemma4(seed=3)
+        # gemma4_plain: no per-layer inputs and no shared keys and values (Gemma 4's large models): nothing carried
+        plain = dict(kv_shared_layers=0, per_layer_hidden=0) if family == "gemma4_plain" else {}
+        model = tiny_gemma4(seed=3, **plain)
         samples = make_gemma4_batches(model, 1, 4)[0]
     else:
         from ds_hetero import toy as tiny_families
@@ -92,7 +94,7 @@ CUTS = [("gemma3", (1, 2)), ("gemma3", (2, 1)), ("gemma3", (1, 1, 1)), ("qwen3_v
         ("qwen3_5", (1, 3)), ("qwen3_5", (3, 1)), ("qwen3_5", (2, 1, 1)),
         # Gemma 4 (4 layers: 0, 1 store the sliding / full keys and values that 2, 3 reuse): every cut
         # carries per-layer inputs, and each carries one or both stored keys and values
-        ("gemma4", (1, 3)), ("gemma4", (2, 2)), ("gemma4", (3, 1)), ("gemma4", (1, 1, 1, 1))]
+        ("gemma4", (1, 3)), ("gemma4", (2, 2)), ("gemma4", (3, 1)), ("gemma4", (1, 1, 1, 1)), ("gemma4_plain", (2, 2))]
 
 
 @pytest.mark.parametrize("family,counts", CUTS)
@@ -100,6 +102,8 @@ def test_chunks_compose_to_the_family_language_stage(family, counts):
     model, whole, batch, rows = _family(family)
     args = (batch["attention_mask"], batch["position_ids"])
     want = whole(batch["input_ids"], rows, *args)
+    if family == "gemma4_plain":
+        assert whole.carried_width(2) == 0
     got = _run_chunks(whole, batch, rows, counts, model.config.text_config.num_hidden_layers)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     g = torch.randn_like(want)
