@@ -38,7 +38,8 @@ class PipelineChunk(nn.Module):
     """Pipeline stage `index` of `pp` of a language stage (models/language_stage.py), holding decoder layers `layers`.
 
     The stage is read, not imported: its decoder (`language_model`), `token_ids`, `embed_inputs`,
-    `decoder_attention_mask` and `lm_head`, so this axis sits below the model adapters."""
+    `decoder_attention_mask`, `lm_head`, `final_logits` and the carry hooks (`chunk_decoder`,
+    `chunk_inputs`, `chunk_carry`, `carried_width`), so this axis sits below the model adapters."""
 
     def __init__(self, stage: nn.Module, index: int, pp: int, layers: range):
         super().__init__()
