@@ -2,6 +2,9 @@
 
 Pure: one process, clips of 8-16 frames written with PyAV into tmp folders (tests/helpers/video_files.py).
 What each test shows:
+- the settings are read from the processor's video processor (transformers' attribute names), else the
+  video processors' class defaults at the image processor's patch sizes; a processor no family reads
+  videos for has none;
 - the kept frames are those of transformers' video processors' sampling rules (Qwen2-VL / Qwen2.5-VL:
   fps 2, whole temporal patches, min / max frames, `arange`; Qwen3-VL / Qwen3.5: `int` frames, `linspace`,
   24 fps without a rate), worked out by hand from transformers 5.23's code for edge cases;
@@ -16,7 +19,8 @@ What each test shows:
   the others;
 - a clip changed after the index raises naming the row and the index folder (negative control of the check);
 - bad clips (missing, unreadable, no frames, too few frames to sample, a processor that reads no video)
-  are named by file and row at index time and skipped under skip_bad_rows.
+  are named by file and row at index time and skipped under skip_bad_rows;
+- the shipped example is make_shapes_clips.py's output and reads.
 """
 
 import json
@@ -48,6 +52,35 @@ def processors():
     from ds_hetero.toy.processors import tiny_processor
 
     return {name: tiny_processor(family_named(name).tiny()) for name in ("qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5")}
+
+
+# ------------------------------------------------------------------ settings
+def test_settings_are_read_from_the_processors_video_processor(processors):
+    """A transformers video processor's attributes (its `size` a SizeDict, Qwen2-VL's `fps` unset) are read as
+    they are; a processor without one takes the video processors' class defaults at its image processor's
+    patch sizes, mean and std."""
+    from types import SimpleNamespace
+
+    from transformers.image_utils import SizeDict
+
+    images = processors["qwen2-vl"].image_processor
+    hf = SimpleNamespace(size=SizeDict(shortest_edge=3136, longest_edge=602112), fps=None, min_frames=4,
+                         max_frames=768, patch_size=14, merge_size=2, temporal_patch_size=2,
+                         image_mean=[0.48, 0.45, 0.40], image_std=[0.26, 0.26, 0.27], rescale_factor=1 / 255,
+                         cap_pixels_per_frame=None, max_video_tokens=128000)
+    checkpoint = type("Qwen2VLProcessor", (), {})()  # found by its class name, as the registry finds processors
+    checkpoint.video_processor, checkpoint.image_processor = hf, images
+    read = video_settings_of(checkpoint)
+    assert (read.rule, read.fps, read.min_pixels, read.max_pixels, read.patch_size, read.image_mean) == \
+        ("qwen2", 2.0, 3136, 602112, 14, (0.48, 0.45, 0.40))
+    bare = type("Qwen3VLProcessor", (), {})()
+    bare.image_processor = images
+    defaults = video_settings_of(bare)
+    factor = (images.patch_size * images.merge_size) ** 2
+    assert (defaults.rule, defaults.min_pixels, defaults.max_pixels, defaults.max_video_tokens) == \
+        ("qwen3", 128 * factor, 768 * factor, 768)
+    assert defaults.image_mean == tuple(images.image_mean) and defaults.patch_size == images.patch_size
+    assert video_settings_of(type("LlavaProcessor", (), {})()) is None  # negative control: no family reads it
 
 
 # ------------------------------------------------------------------ sampling
