@@ -18,6 +18,12 @@ language stage holds E / ep of each layer's experts (replicated over tp), whose 
 optimizer state DeepSpeed partitions over the expert-data-parallel ranks (cp x dp / ep), the dense
 parameters' over dp x cp as without ep. Activations per micro-batch: activations.py (SwiGLU, GQA, sequence
 parallelism, recompute). How many micro-batches a rank holds at once: `peak_memory`.
+
+The optimizer phase (after every backward, the activations freed) allocates temporaries on top of
+the states: `optimizer_transient`. A rank's peak is its states plus the larger of its activations
+and its largest optimizer transient (`RankMemory.total`, `rank_peak`): on Qwen2-VL-2B's widths in
+fp32 (benchmarks/plan_real_width.py) the torch AdamW step's two copies of the language's 0.65 GB
+flat partition, not the activations, set the peak.
 """
 
 from __future__ import annotations
@@ -64,10 +70,64 @@ def state_elements(params: float, layout: StageChoice, zero: int) -> StateElemen
 class RankMemory:
     states: float
     activations: float
+    optimizer_transient: float = 0.0  # held only while the optimizer runs, after the activations are freed
 
     @property
     def total(self) -> float:
-        return self.states + self.activations
+        return rank_peak([self])
+
+
+def rank_peak(parts: list[RankMemory]) -> float:
+    """Peak bytes of a rank holding these stages: their states plus either every stage's activations
+    (the backward) or the largest optimizer transient (the stages' optimizers run one after another,
+    after every backward of the step)."""
+    transient = max((p.optimizer_transient for p in parts), default=0.0)
+    return sum(p.states for p in parts) + max(sum(p.activations for p in parts), transient)
+
+
+def optimizer_transient(largest: float, master: float, zero: int, torch_adam: bool) -> float:
+    """Bytes the optimizer phase of one stage allocates above its states, freed before the next forward.
+
+    `largest`: elements of the largest gradient tensor the rank holds for the stage; `master`: the
+    elements of its fp32 master partition (trained parameters / (dp x cp)). Two phases, one after
+    the other:
+    - the gradient norm. DeepSpeed's ZeRO 1/2 norm takes each gradient of the partition to float64
+      one at a time before its vector norm (deepspeed/runtime/zero/utils.py `get_norm_dtype`: fp64
+      wherever the device has it, CUDA included; stage_1_and_2.py `get_grad_norm_direct`): 8 bytes
+      per element of the largest; ds_hetero's ZeRO 0 norm squares a float64 copy
+      (optimizer_step/clipping.py `_manual_norm_sq`): 16 bytes;
+    - torch's Adam / AdamW (`torch_adam`) one tensor at a time (its path for CPU tensors) computes
+      `exp_avg_sq.sqrt() / bias_correction` as two new tensors the size of the parameter it
+      updates: under ZeRO 1/2 the flat fp32 partition (2 x 4 bytes x master), under ZeRO 0 each
+      parameter (the largest). CUDA's foreach path allocates one such copy, DeepSpeed's fused Adam
+      none: this is the upper bound.
+    ZeRO 3 partitions both differently: not counted. Measured (benchmarks/plan_real_width.py, the
+    resident set sampled per timeline span): Qwen2-VL-2B widths, fp32, language tp2: +1.2 GB in
+    optimizer.step (2 x 0.65 GB partition) and +1.3 GB in optimizer.norm (0.93 GB: the 116.7M-row
+    vocabulary shard in fp64) over the states held before it.
+    """
+    if zero == 3:
+        return 0.0
+    norm = 16 * largest if zero == 0 else 8 * min(largest, master)
+    step = 2 * 4 * (largest if zero == 0 else master) if torch_adam else 0.0
+    return max(norm, step)
+
+
+def largest_language_tensor(spec: ModelSpec, tp: int, embeds: bool) -> float:
+    """Elements of the largest (dense) parameter of a language rank: the vocabulary shard of the
+    embedding or head when it holds one (`embeds`), else an MLP or attention projection's tp shard.
+    A MoE stage's stacked experts (partitioned over the expert-data-parallel ranks) are not counted."""
+    lm = spec.language
+    rows = -(-lm.vocab // tp) * lm.hidden if embeds else 0
+    return max(rows, lm.hidden * lm.ffn / tp, lm.hidden * lm.heads * lm.head_dim / tp)
+
+
+def largest_encoder_tensor(spec: ModelSpec, tp: int) -> float:
+    """Elements of the largest parameter of an encoder rank: an MLP or fused qkv weight's tp shard,
+    or a projector matrix's (whole when the projector is replicated)."""
+    v = spec.vision
+    proj_tp = 1 if v.replicated_projector else tp
+    return max([v.hidden * v.ffn / tp, 3 * v.hidden * v.hidden / tp] + [i * o / proj_tp for i, o in v.projector])
 
 
 def even_cut(layers: int, pp: int) -> tuple[int, ...]:
@@ -96,7 +156,10 @@ def vision_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, i
     states = state_bytes(params - frozen, frozen, layout, zero, wl.dtype_bytes)
     states += spec.vision.untrained_params() / layout.tp * wl.dtype_bytes  # the tower's unused tail is held
     act = vision_activation_bytes(spec, wl, samples, layout.tp, flash, layout.recompute)
-    return RankMemory(states, act * in_flight)
+    trained = params - frozen
+    transient = optimizer_transient(min(largest_encoder_tensor(spec, layout.tp), trained),
+                                    trained / (layout.dp * layout.cp), zero, wl.torch_adam) if trained else 0.0
+    return RankMemory(states, act * in_flight, transient)
 
 
 def language_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, stage: int, in_flight: int
@@ -120,11 +183,14 @@ def language_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool,
         states += state_bytes(experts - frozen, frozen, edp, zero, wl.dtype_bytes)
     one = language_activation_bytes(spec, wl, samples, layout.tp, layout.cp, layout.sequence_parallel, flash,
                                     cut[stage], layout.recompute, head=last, ep=layout.ep)
+    trained = params - experts - frozen  # the dense parameters' master partition (experts' apart)
+    transient = optimizer_transient(min(largest_language_tensor(spec, layout.tp, first or last), trained),
+                                    trained / (layout.dp * layout.cp), zero, wl.torch_adam) if trained else 0.0
     if layout.recompute and cut[stage]:  # one layer's full activations exist once, not per micro-batch
         full = language_activation_bytes(spec, wl, samples, layout.tp, layout.cp, layout.sequence_parallel, flash,
                                          1, False, head=False, ep=layout.ep)
-        return RankMemory(states, (one - full) * in_flight + full)
-    return RankMemory(states, one * in_flight)
+        return RankMemory(states, (one - full) * in_flight + full, transient)
+    return RankMemory(states, one * in_flight, transient)
 
 
 def peak_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, cache: dict | None = None
@@ -142,12 +208,14 @@ def peak_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, cac
     own = (lambda n: None if cache is None else cache.setdefault(("encoder cache", n), {}))
     enc = {n: encoder_peak(spec.view(n), wl.of(n), cand.view(n), flash, own(n)) for n in spec.names}
     if cand.megatron:  # every encoder inside each micro-batch of the first stage: pp in flight
-        return {"all": max([lang[0] + sum(enc.values())] + lang[1:])}
+        return {"all": max([rank_peak([lang[0], *enc.values()])] + [m.total for m in lang[1:]])}
     apart = [n for n in spec.names if cand.apart(n)]
-    here = sum(enc[n] for n in spec.names if n not in apart) + max(lang)
+    beside = [enc[n] for n in spec.names if n not in apart]
+    here = max(rank_peak([m, *beside]) for m in lang)
     if not apart:
         return {"all": here}
-    sets = [("language", here, min(cand.language.ranks))] + [(n, enc[n], min(cand.encoder(n).ranks)) for n in apart]
+    sets = [("language", here, min(cand.language.ranks))] + [(n, enc[n].total, min(cand.encoder(n).ranks))
+                                                              for n in apart]
     return {name: peak for name, peak, _ in sorted(sets, key=lambda s: s[2])}
 
 
@@ -162,11 +230,12 @@ def memo(cache: dict | None, key, fn):
 
 
 def language_peaks(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, cache: dict | None = None
-                   ) -> list[float]:
-    """Peak bytes of a rank of each language pipeline stage (its states, its 1F1B micro-batches in flight)."""
+                   ) -> list[RankMemory]:
+    """The memory of a rank of each language pipeline stage (its states, its 1F1B micro-batches in
+    flight, its optimizer's transient)."""
     pp, m = cand.language.pp, cand.micro_batches
     lkey = ("memory", replace(cand.language, ranks=()), m, cand.pp_layers)
-    return [memo(cache, lkey + (s,), lambda: language_memory(spec, wl, cand, flash, s, min(pp - s, m)).total)
+    return [memo(cache, lkey + (s,), lambda: language_memory(spec, wl, cand, flash, s, min(pp - s, m)))
             for s in range(pp)]
 
 
@@ -181,10 +250,11 @@ def encoder_in_flight(cand: Candidate) -> int:
     return encoder_passes_in_flight(cand)
 
 
-def encoder_peak(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, cache: dict | None = None) -> float:
-    """Peak bytes of the encoder's share of a rank (states and its passes in flight). `cache` keys
-    do not name the encoder: one cache per encoder (peak_memory)."""
+def encoder_peak(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, cache: dict | None = None
+                 ) -> RankMemory:
+    """The encoder's share of a rank (states, its passes in flight, its optimizer's transient).
+    `cache` keys do not name the encoder: one cache per encoder (peak_memory)."""
     in_flight = encoder_in_flight(cand)
     passes = cand.micro_batches if cand.megatron else cand.passes
     return memo(cache, ("memory", replace(cand.vision, ranks=()), passes, in_flight),
-                 lambda: vision_memory(spec, wl, cand, flash, in_flight).total)
+                 lambda: vision_memory(spec, wl, cand, flash, in_flight))

@@ -100,6 +100,14 @@ def zero_stage(cfg: Mapping[str, Any]) -> int:
     return int(z.get("stage", 0)) if isinstance(z, Mapping) else 0
 
 
+def torch_adam(cfg: Mapping[str, Any]) -> bool:
+    """Whether the config's optimizer is torch's Adam / AdamW (`"torch_adam": true` in its params)."""
+    opt = cfg.get("optimizer")
+    params = opt.get("params") if isinstance(opt, Mapping) else None
+    return (isinstance(params, Mapping) and params.get("torch_adam") is True
+            and str(opt.get("type", "")).lower() in ("adam", "adamw"))
+
+
 def dtype_bytes(cfg: Mapping[str, Any]) -> int:
     for key in ("bf16", "fp16"):
         section = cfg.get(key)
@@ -160,7 +168,7 @@ def workload_of(spec: ModelSpec, adapter, base: Mapping[str, Any], seq_len: int,
     choice = parse_packed_attention(base.get(SECTION) or {}, batching)
     dense = adapter.dense_rows(choice) if attention == "model" else attention == "dense"
     mix = {"lengths": tuple(int(n) for n in lengths or ()), "batching": batching, "budget": budget,
-           "dense": dense}  # the rows the runtime cuts for that attention kernel
+           "dense": dense, "torch_adam": torch_adam(base)}  # the rows the runtime cuts for that attention kernel
     if several:
         if encoder_tokens is not None:
             raise ValueError("--encoder-tokens: give each encoder's boundary rows with --rows STAGE=N instead")

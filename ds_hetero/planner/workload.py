@@ -33,6 +33,8 @@ class Workload:
     dense          whether the language's attention scores a packed row whole (`packed_attention`
                    "row_mask": the adapter's `dense_rows`): packed rows are then the runtime's dense rows
                    (step/rows.py), each priced padded and whole
+    torch_adam     the optimizer is torch's Adam / AdamW (`"torch_adam": true`), whose step allocates
+                   temporaries the size of the master partition (memory.py `optimizer_transient`)
     memo           language_mix.py's rows of the mix per layout (not part of the workload's identity)
     """
 
@@ -47,6 +49,7 @@ class Workload:
     batching: str = "samples"
     budget: int | None = None
     dense: bool = False
+    torch_adam: bool = False
     # the language's rows per (dp, micro-batches, shards) of the length mix, filled by language_mix.py
     # (the search asks for each layout many times); one plan's, shared by its replace()d copies
     memo: dict = field(default_factory=dict, compare=False, hash=False, repr=False)

@@ -144,6 +144,29 @@ def test_model_state_elements_per_zero_stage():
     assert z[3].bytes(2) < z[2].bytes(2) < z[1].bytes(2) < z[0].bytes(2)
 
 
+def test_optimizer_transient_sets_the_peak_of_a_wide_vocabulary():
+    """Qwen2-VL-2B's widths (ds_configs/planner/qwen2vl_2b_2layers.json), fp32, vision dp2 + language
+    tp2: the peak is the states plus torch AdamW's two copies of the language's flat master partition
+    (measured in benchmarks/plan_real_width.py), not plus the activations."""
+    from ds_hetero.planner.memory import RankMemory, optimizer_transient, peak_memory, rank_peak
+    from ds_hetero.planner.model_source import load_hf_config
+
+    wide = model_spec(load_hf_config("ds_configs/planner/qwen2vl_2b_2layers.json"))
+    cand = Candidate("colocated", StageChoice(1, 2), StageChoice(2, 1), 1)
+    plain, torch_adam = (Workload(seq_len=256, image_tokens=64, global_batch=2, dtype_bytes=4, torch_adam=t)
+                         for t in (False, True))
+    master = wide.params_per_rank("language", 2)  # dp 1: the whole tp shard is the master partition
+    vocab_shard = 151936 // 2 * 1536
+    assert optimizer_transient(vocab_shard, master, 1, True) == 8 * master  # sqrt and the division
+    assert optimizer_transient(vocab_shard, master, 1, False) == 8 * vocab_shard  # the norm's float64 copy
+    assert optimizer_transient(vocab_shard, master, 3, True) == 0
+    gap = peak_memory(wide, torch_adam, cand, False)["all"] - peak_memory(wide, plain, cand, False)["all"]
+    assert gap == pytest.approx(8 * master - 8 * vocab_shard)
+    # negative control: a transient below the activations leaves the peak where the backward puts it
+    assert rank_peak([RankMemory(10.0, 5.0, 3.0), RankMemory(1.0, 1.0, 4.0)]) == 17.0
+    assert rank_peak([RankMemory(10.0, 5.0, 3.0), RankMemory(1.0, 1.0, 9.0)]) == 20.0
+
+
 def _plan(**kw):
     from ds_hetero.planner import machine_profile, plan
 
