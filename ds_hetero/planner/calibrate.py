@@ -9,7 +9,8 @@ What is measured (well under a minute on a quiet machine):
   so that a narrow GEMM (a small tower's 1152 / tp columns, a head's 64-wide products) is priced
   at the rate this machine reaches on that shape, not at the large GEMMs' rate;
 - the overhead of one operator call (tiny tensors, autograd recording);
-- memory bandwidth: a large tensor copy;
+- memory bandwidth: a large tensor copy (one thread, as a rank);
+- on the CPU, the cost of first touching memory (a fresh large tensor filled, against one reused);
 - all_reduce, all_gather and all_to_all over groups of 2 (all pairs at once) and `world` ranks,
   three sizes each,
   with the current backend (gloo on CPU, NCCL on GPUs), in freshly spawned local processes,
@@ -161,6 +162,18 @@ def measure_memory_bw(device: str = "cpu") -> float:
     return 2 * x.numel() * 4 / _timed(run)
 
 
+def measure_first_touch(nbytes: int = 256 * 2**20) -> float:
+    """Seconds per byte of filling memory just allocated beyond filling memory already touched: a CPU
+    tensor this large is mapped fresh by the C library, and each of its pages faults once."""
+    import torch
+
+    held = torch.empty(nbytes // 4, dtype=torch.float32)
+    held.fill_(1.0)
+    reuse = _timed(lambda: held.fill_(2.0))
+    fresh = _timed(lambda: torch.empty(nbytes // 4, dtype=torch.float32).fill_(2.0))
+    return max(0.0, fresh - reuse) / nbytes
+
+
 def _collective_worker(rank: int, world: int, backend: str, store: str, out: str) -> None:
     import warnings
 
@@ -260,12 +273,14 @@ def calibrate(shapes=None, world: int | None = None) -> MachineProfile:
     # the fitted rate is the large GEMMs': the curve's widest point never exceeds it
     curve = tuple((d, min(r, rate)) for d, r in curve)
     op = measure_op_overhead(device)
-    bw = measure_memory_bw(device)
+    with _one_thread():  # one thread per rank, as the GEMMs
+        bw = measure_memory_bw(device)
+        touch = measure_first_touch() if device == "cpu" else 0.0
     fits = measure_collectives(backend, world)
     base = PROFILES["cpu"] if backend == "gloo" else PROFILES["h100"]
     return base.with_calibration(
         name=f"calibrated {backend}", peak_flops=rate, gemm_efficiency=1.0, memory_bw=bw, gemm_fit=(op, rate),
-        gemm_curve=curve, collectives=fits, op_overhead=op,
+        gemm_curve=curve, collectives=fits, op_overhead=op, first_touch=touch,
         compute_units=len(os.sched_getaffinity(0)) if backend == "gloo" else 0,
         source=f"measured on {socket.gethostname()} ({backend}, {world} ranks) at {time.strftime('%Y-%m-%d %H:%M')}",
     )

@@ -4,8 +4,9 @@ Per stage and micro-batch, on one rank: GEMM time (machine.py's shape-aware time
 flops.py: tile and wave quantization on GPUs, this machine's measured curve when calibrated;
 backward = the forward's GEMMs twice), element-wise time (bytes over memory bandwidth), tp/cp
 collectives (collectives.py over the machine's alpha-beta model); per step the dp gradient
-reduction and the optimizer (Adam reads and writes ~36 bytes per parameter of the partition:
-fp32 master, moments, parameter and gradient). The boundary costs one all-to-all per direction
+reduction and the optimizer (a fused Adam reads and writes ~36 bytes per parameter of the partition:
+fp32 master, moments, parameter and gradient; torch's unfused Adam 96; the gradient norm in float64
+20 per gradient element). The boundary costs one all-to-all per direction
 over the union of both stages (bytes from the boundary's own plan); `engine_syncs` adds the
 engine's per-step agreement and norm all-reduces. step_model.py combines them (step_time.py).
 
@@ -22,6 +23,7 @@ from .candidate import Candidate, StageChoice
 from .collectives import Collective, language_collectives, vision_collectives
 from .flops import StageWork, language_work, vision_work
 from .machine import MachineProfile
+from .activations import language_activation_bytes, vision_activation_bytes
 from .memory import state_elements
 from ..models.shapes import ModelSpec, chunk_params_per_rank
 from .step_time import StageTimes
@@ -29,6 +31,15 @@ from .language_mix import language_shape
 from .workload import Workload, samples_per_rank
 
 ADAM_BYTES_PER_PARAM = 36  # read + write of fp32 master, two moments, parameter, gradient (approximately)
+# torch's Adam / AdamW one tensor at a time (`"torch_adam": true`; its path for CPU tensors,
+# torch/optim/adam.py _single_tensor_adam), bytes per element of the fp32 master partition: weight
+# decay param.mul_ 8, exp_avg.lerp_ 12, exp_avg_sq.mul_ 8 + addcmul_ 12, sqrt 8 and the division 8
+# (two new tensors), add_(eps) 8, param.addcdiv_ 16 (80); DeepSpeed's clip of the flat gradient 8
+# and its copy of the master back into the parameters 8
+TORCH_ADAM_BYTES_PER_PARAM = 96
+# the gradient norm DeepSpeed's ZeRO 1/2 takes in float64 (zero/utils.py get_norm_dtype): each
+# gradient read (4), copied to float64 (8) and read again by the norm (8)
+NORM_BYTES_PER_GRAD = 20
 
 
 @dataclass(frozen=True)
@@ -129,7 +140,19 @@ def stage_times(spec: ModelSpec, wl: Workload, machine: MachineProfile, stage: s
         dense = state_elements(params - experts - f.frozen_params(params - experts), layout, zero)
         mine = state_elements(experts - f.frozen_params(experts), expert_layout(layout), zero)
         st = replace(dense, master=dense.master + mine.master)
-    optimizer = machine.memory_time((st.master if zero else st.params) * ADAM_BYTES_PER_PARAM) if f.trains else 0.0
+    per_param = TORCH_ADAM_BYTES_PER_PARAM if wl.torch_adam else ADAM_BYTES_PER_PARAM
+    optimizer = machine.memory_time((st.master if zero else st.params) * per_param
+                                    + (st.master if zero else st.grads) * NORM_BYTES_PER_GRAD) if f.trains else 0.0
+    if machine.first_touch and f.trains:  # pages the step maps fresh (CPU): its own breakdown part
+        if stage == "vision":
+            act = vision_activation_bytes(spec, wl, samples, layout.tp, machine.flash_attention, layout.recompute)
+        else:
+            act = language_activation_bytes(spec, wl, samples, layout.tp, layout.cp, layout.sequence_parallel,
+                                             machine.flash_attention, n, layout.recompute, head=last, ep=layout.ep)
+        touch = machine.first_touch * first_touch_bytes(st, m * act, zero, wl)
+    else:
+        touch = 0.0
+    optimizer += touch
     tpcp = c["tp"] + c["cp"] + c["ep"]
     # with recompute the backward first runs the forward again, where it reaches (not a frozen tower)
     redo = fwd + tpcp * (1 - tp_bwd) if layout.recompute and tp_bwd else 0.0
@@ -138,10 +161,23 @@ def stage_times(spec: ModelSpec, wl: Workload, machine: MachineProfile, stage: s
                        backward=bwd + tpcp * tp_bwd + c["dp_mb"] + redo, step=c["dp_step"] + optimizer)
     again = 1 + (1 - tp_bwd) if redo else 1  # recompute repeats the forward's collectives
     parts = {"compute": m * (fwd + bwd + redo), "tp": m * c["tp"] * again,
-             "cp": m * c["cp"] * again, "dp": m * c["dp_mb"] + c["dp_step"], "optimizer": optimizer}
+             "cp": m * c["cp"] * again, "dp": m * c["dp_mb"] + c["dp_step"], "optimizer": optimizer - touch,
+             "first touch": touch}
     if stage != "vision" and spec.language.moe:
         parts["ep"] = m * c["ep"] * again
     return times, parts
+
+
+def first_touch_bytes(st, activations: float, zero: int, wl: Workload) -> float:
+    """Bytes one rank of a stage writes into freshly mapped memory per step on a CPU (the C library maps
+    every tensor above its mmap threshold, 32 MiB at most, fresh and unmaps it when freed): the
+    gradients (allocated by the backward, freed after the step), the float64 copies the ZeRO 1/2 norm
+    makes of them (8 bytes per element), torch Adam's two temporaries per master element (memory.py
+    `optimizer_transient`) and the activations (an upper bound: those below the threshold come back
+    from the C library's heap without faulting)."""
+    norm = 8 * (st.master if zero in (1, 2) else 0.0)
+    adam = 8 * (st.master if zero else st.params) if wl.torch_adam else 0.0
+    return st.grads * wl.dtype_bytes + norm + adam + activations
 
 
 def expert_layout(layout: StageChoice) -> StageChoice:

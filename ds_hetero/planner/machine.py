@@ -78,6 +78,11 @@ class MachineProfile:
     call_latency: float = 0.0  # s per collective call beyond its ring steps (NCCL's base latency)
     # calibrated: ((smallest GEMM dimension, FLOP/s), ...) measured on this machine, ascending
     gemm_curve: tuple[tuple[int, float], ...] = ()
+    # s per byte a rank writes into memory it has not touched before (a page fault per page): on the
+    # CPU the C library maps a large tensor fresh and unmaps it when freed, so every step faults in its
+    # gradients, optimizer temporaries and large activations again (calibrate measures it); 0 where a
+    # caching allocator keeps the memory (GPU profiles)
+    first_touch: float = 0.0
 
     def gemm_time(self, m: int, k: int, n: int, count: int = 1, batch: int = 1, kept: str = "") -> float:
         """Seconds of `count` [m,k]x[k,n] products, `batch` of them per kernel (module docstring): the

@@ -8,7 +8,7 @@ from .cost import Prediction
 from .language_mix import language_load, shards
 from .search import Plan
 
-PARTS = ("compute", "tp", "cp", "dp", "optimizer", "pipeline p2p", "boundary", "bubble")
+PARTS = ("compute", "tp", "cp", "dp", "optimizer", "first touch", "pipeline p2p", "boundary", "bubble")
 
 
 def _gb(x: float) -> str:
@@ -195,7 +195,8 @@ def breakdown_table(plan: Plan, top: int = 3) -> str:
                  + ("ep = the experts' dispatch / combine all-to-alls, their counts and the aux loss's all-reduce; "
                     "dp includes the experts' reduction over their expert-data-parallel ranks; " if moe else "")
                  + "dp = gradient reduction "
-                 "(and ZeRO's parameter gathers); pipeline p2p = activations between pipeline stages; boundary = "
+                 "(and ZeRO's parameter gathers); first touch = page faults of the memory a CPU step maps fresh; "
+                 "pipeline p2p = activations between pipeline stages; boundary = "
                  "both exchanges; bubble = idle waiting for the other rank set (disaggregated) or the pipeline's "
                  "fill and drain (language: its slowest pipeline stage)")
     return "\n".join(lines)
