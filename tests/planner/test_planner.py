@@ -167,6 +167,34 @@ def test_optimizer_transient_sets_the_peak_of_a_wide_vocabulary():
     assert rank_peak([RankMemory(10.0, 5.0, 3.0), RankMemory(1.0, 1.0, 9.0)]) == 20.0
 
 
+def test_cpu_optimizer_and_first_touch_terms(spec):
+    """torch's unfused AdamW costs 96 bytes per master element, a fused Adam 36 (both with the fp64
+    norm's 20 per gradient); a machine that first-touches memory pays for the pages a step maps fresh,
+    its own breakdown part; negative control: the GPU profiles (caching allocator) pay none."""
+    from dataclasses import replace
+
+    from ds_hetero.planner.cost import first_touch_bytes, stage_times
+    from ds_hetero.planner.memory import state_elements
+
+    cpu = PROFILES["cpu"]
+    layout = StageChoice(tp=1, dp=2)
+    fused, torch_adam = (Workload(seq_len=96, image_tokens=16, global_batch=4, dtype_bytes=4, torch_adam=t)
+                         for t in (False, True))
+    master = state_elements(spec.params_per_rank("language", 1), layout, 1).master
+    t_fused = stage_times(spec, fused, cpu, "language", layout, 1)[1]["optimizer"]
+    t_torch = stage_times(spec, torch_adam, cpu, "language", layout, 1)[1]["optimizer"]
+    assert t_torch - t_fused == pytest.approx((96 - 36) * master / cpu.memory_bw)
+    assert t_fused == pytest.approx((36 + 20) * master / cpu.memory_bw)
+    touching = replace(cpu, first_touch=1e-9)
+    parts = stage_times(spec, torch_adam, touching, "language", layout, 1)[1]
+    st = state_elements(spec.params_per_rank("language", 1), layout, 1)
+    assert parts["first touch"] > touching.first_touch * first_touch_bytes(st, 0.0, 1, torch_adam) > 0
+    assert parts["optimizer"] == pytest.approx(t_torch)
+    assert "first touch" in stage_times(spec, torch_adam, cpu, "language", layout, 1)[1]
+    assert stage_times(spec, torch_adam, cpu, "language", layout, 1)[1]["first touch"] == 0.0
+    assert all(PROFILES[name].first_touch == 0.0 for name in ("h100", "h200", "a100"))
+
+
 def _plan(**kw):
     from ds_hetero.planner import machine_profile, plan
 
