@@ -171,13 +171,18 @@ def stage_times(spec: ModelSpec, wl: Workload, machine: MachineProfile, stage: s
 def first_touch_bytes(st, activations: float, zero: int, wl: Workload) -> float:
     """Bytes one rank of a stage writes into freshly mapped memory per step on a CPU (the C library maps
     every tensor above its mmap threshold, 32 MiB at most, fresh and unmaps it when freed): the
-    gradients (allocated by the backward, freed after the step), the float64 copies the ZeRO 1/2 norm
-    makes of them (8 bytes per element), torch Adam's two temporaries per master element (memory.py
-    `optimizer_transient`) and the activations (an upper bound: those below the threshold come back
-    from the C library's heap without faulting)."""
+    gradients autograd allocates in the backward and, under ZeRO 1/2, the contiguous partition buffer
+    DeepSpeed copies them into (both freed after the step), the float64 copies the ZeRO 1/2 norm makes
+    of them (8 bytes per element), torch Adam's two temporaries per master element (memory.py
+    `optimizer_transient`), the activations and, in the backward, a gradient of each. Those below
+    the threshold come back from the C library's heap without faulting; not counted: a tied
+    embedding's second gradient, temporaries the forward does not keep (the loss's softmax). On
+    Qwen2-VL-2B's widths (benchmarks/plan_real_width.py) this counts 6.0 GB per step where the rank
+    faulted in 8.5-8.7 GB: a lower bound."""
+    partition = st.master * wl.dtype_bytes if zero in (1, 2) else 0.0
     norm = 8 * (st.master if zero in (1, 2) else 0.0)
     adam = 8 * (st.master if zero else st.params) if wl.torch_adam else 0.0
-    return st.grads * wl.dtype_bytes + norm + adam + activations
+    return st.grads * wl.dtype_bytes + partition + norm + adam + 2 * activations
 
 
 def expert_layout(layout: StageChoice) -> StageChoice:
