@@ -4,6 +4,7 @@ figure beside the prediction (cost model on the H100 profile; nothing here is me
     PYTHONPATH=$PWD .venv/bin/python benchmarks/plan_public.py          # a table
     PYTHONPATH=$PWD .venv/bin/python benchmarks/plan_public.py --json   # [{"name", "unit", "published", "predicted"}]
     PYTHONPATH=$PWD .venv/bin/python benchmarks/plan_public.py --terms  # the Qwen3.6 card's breakdown
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/plan_public.py --overlap-launches  # launches hidden by device work
 
 Runs (settings from the public pages; /work/shared/reference/data-path-and-public-figures.md):
 1. Megatron-Bridge's Qwen3.6-35B-A3B SFT card: 16 x H100, TP1 PP2 EP8, MBS 1, GBS 32, seq 4096 unpacked,
@@ -241,13 +242,19 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true")
     p.add_argument("--terms", action="store_true", help="print the Qwen3.6 card's breakdown, term by term")
+    p.add_argument("--overlap-launches", action="store_true",
+                   help="price kernel launches as overlapping device work (machine.py overlap_launches: the lower "
+                        "bound of their cost; the default adds them, the upper bound)")
     args = p.parse_args(argv)
-    if args.terms:
-        from ds_hetero.planner.machine import PROFILES
+    from dataclasses import replace
 
-        print(qwen36_terms(PROFILES["h100"]))
+    from ds_hetero.planner.machine import PROFILES
+
+    machine = replace(PROFILES["h100"], overlap_launches=args.overlap_launches)
+    if args.terms:
+        print(qwen36_terms(machine))
         return 0
-    rows = public_rows()
+    rows = public_rows(machine)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0

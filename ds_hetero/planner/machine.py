@@ -83,6 +83,15 @@ class MachineProfile:
     # gradients, optimizer temporaries and large activations again (calibrate measures it); 0 where a
     # caching allocator keeps the memory (GPU profiles)
     first_touch: float = 0.0
+    # kernel launches overlap device work: a pass costs the larger of its device time (GEMMs, element-wise)
+    # and its launches' host time (operator calls x op_overhead), not their sum. PyTorch's CUDA ops are
+    # asynchronous (PyTorch docs, "CUDA semantics: Asynchronous execution"; CUDA C++ Programming Guide,
+    # "Asynchronous Concurrent Execution"): the host enqueues a kernel and goes on, so launches cost time
+    # only where the host, not the device, is the slower of the two. False (the profiles' default): the
+    # sum, an upper bound that also covers host-device synchronizations (a `.tolist()` of split sizes, a
+    # loss `.item()`), which drain the queue; True: the lower bound, no synchronization. plan_public.py
+    # prices the published runs with both.
+    overlap_launches: bool = False
 
     def gemm_time(self, m: int, k: int, n: int, count: int = 1, batch: int = 1, kept: str = "") -> float:
         """Seconds of `count` [m,k]x[k,n] products, `batch` of them per kernel (module docstring): the

@@ -164,3 +164,24 @@ def test_flash_attention_keeps_the_scores_off_memory():
     work = vision_work(spec, wl, 1, 1)
     assert {g.kept for g in work.gemms} >= {"output", "left"}
     assert work.score_bytes == 24 * 16 * 577 * 577 * 3 * 2  # layers x heads x (576 + CLS)^2 x 3 passes x bf16
+
+
+def test_overlapped_launches_cost_the_slower_of_host_and_device():
+    """machine.overlap_launches: a pass costs max(device, launches) instead of their sum; the profiles' default
+    (the control) keeps the sum, so every plan is unchanged unless a caller asks for the overlap."""
+    from dataclasses import replace
+
+    from ds_hetero.planner.cost import _gemm_seconds, compute_parts
+    from ds_hetero.planner.flops import vision_work
+
+    spec = _spec70()
+    wl = Workload(seq_len=4096, image_tokens=576, global_batch=1, dtype_bytes=2)
+    work = vision_work(spec, wl, 1, 4)  # a ViT-L at tp 4 on one image: launches rival its device time
+    h100 = PROFILES["h100"]
+    parts = compute_parts(work, h100)
+    device_f = parts["gemm"][0] + parts["elementwise"][0]
+    assert _gemm_seconds(work, h100)[0] == pytest.approx(device_f + parts["launches"][0])
+    overlapped = _gemm_seconds(work, replace(h100, overlap_launches=True))
+    assert overlapped[0] == pytest.approx(max(device_f, parts["launches"][0]))
+    assert overlapped[1] == pytest.approx(max(parts["gemm"][1] + parts["elementwise"][1], parts["launches"][1]))
+    assert overlapped[0] < _gemm_seconds(work, h100)[0]
