@@ -38,6 +38,7 @@ import copy
 import gc
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -132,19 +133,21 @@ def run_layout(rank, world, layout, batch, seq, steps, profile=False, trace_memo
     first = engine.train_batch(data[0])  # warm-up: the optimizer's state is allocated here
     _reset_peak()
     settled = _status_kib("VmRSS") * 1024
-    walls, cpus, phases = [], [], []
+    walls, cpus, phases, faults = [], [], [], []
     for samples in data[1:]:
         dist.barrier()
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, f0 = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         result = engine.train_batch(samples)
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)  # what the rank got from its core (a wait in gloo sleeps)
+        # pages touched for the first time (fresh allocations the C library maps and unmaps each step)
+        faults.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) * resource.getpagesize())
         phases.append(result.stage_time)
     peak = _status_kib("VmHWM") * 1024
     top = profile_step(engine, data[-1], rank == 0) if profile else None  # every rank steps; rank 0 records
     spans = memory_by_span(engine, data[-1], base) if trace_memory else None
     engine.groups.destroy()
-    return {"walls": walls, "cpus": cpus, "phases": phases, "base": base, "built": built, "settled": settled,
+    return {"walls": walls, "cpus": cpus, "phases": phases, "fresh": faults, "base": base, "built": built, "settled": settled,
             "peak": peak, "loss": first.loss, "profile": top, "spans": spans}
 
 
@@ -206,7 +209,8 @@ def summarize(per_rank) -> dict:
             "peak": [r["peak"] for r in per_rank], "base": [r["base"] for r in per_rank],
             "held": [r["peak"] - r["base"] for r in per_rank], "settled": [r["settled"] - r["base"] for r in per_rank],
             "built": [r["built"] - r["base"] for r in per_rank], "loss": per_rank[0]["loss"],
-            "cpu_s": [statistics.median(r["cpus"]) for r in per_rank], "phases": [r["phases"][-1] for r in per_rank],
+            "cpu_s": [statistics.median(r["cpus"]) for r in per_rank],
+            "fresh": [statistics.median(r["fresh"]) for r in per_rank], "phases": [r["phases"][-1] for r in per_rank],
             "profile": per_rank[0]["profile"], "spans": per_rank[0]["spans"]}
 
 
@@ -225,9 +229,14 @@ def main(argv=None) -> int:
     p.add_argument("--trace-memory", action="store_true", help="one more step with the resident set sampled: "
                    "the most memory held in each timeline span (rank 0)")
     p.add_argument("--json", metavar="PATH", help="also write every repetition's figures here")
+    p.add_argument("--reprice", metavar="RUN.json", help="measure nothing: price an earlier --json run's "
+                   "measurements again with the current cost model and its own calibrations")
     args = p.parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if args.reprice:
+        return reprice(args.reprice)
     from ds_hetero.planner import machine_profile
+    from ds_hetero.planner.calibrate import _to_json
 
     cfg = hf_config()
     gb = 1e9
@@ -248,14 +257,16 @@ def main(argv=None) -> int:
                                         world=WORLD))
             pr = priced[name]
             pred_mem = max(pr.prediction.peak_memory.values())
-            row = dict(rep=rep + 1, layout=name, load=load, wall_s=time.perf_counter() - t0, measured=m,
-                       predicted={"step_s": pr.step_s, "memory": pred_mem, "breakdown": pr.as_dict()["breakdown_s"]})
+            row = dict(rep=rep + 1, layout=name, seq_len=args.seq_len, batch=args.batch, load=load, wall_s=time.perf_counter() - t0, measured=m,
+                       predicted={"step_s": pr.step_s, "memory": pred_mem, "breakdown": pr.as_dict()["breakdown_s"]},
+                       machine=_to_json(machine))  # to price these measurements again (--reprice)
             runs.append(row)
             print(f"  {name}: step {m['step_s']:.2f} s measured / {pr.step_s:.2f} s predicted "
                   f"({m['step_s'] / pr.step_s:.2f}x); memory per rank {[round(x / gb, 3) for x in m['held']]} GB "
                   f"measured (peak - base; base {[round(x / gb, 2) for x in m['base']]} GB) / {pred_mem / gb:.3f} GB "
                   f"predicted ({max(m['held']) / pred_mem:.2f}x); steps {[round(w, 2) for w in m['walls']]}; "
-                  f"CPU s per rank {[round(c, 2) for c in m['cpu_s']]}; load {load:.1f}; loss {m['loss']:.4f}", flush=True)
+                  f"CPU s per rank {[round(c, 2) for c in m['cpu_s']]}; pages first touched per step "
+                  f"{[round(b / gb, 2) for b in m['fresh']]} GB; load {load:.1f}; loss {m['loss']:.4f}", flush=True)
             print(f"    phases (rank 0, last step): {_phases(m['phases'][0])}\n    predicted: "
                   f"{row['predicted']['breakdown']}", flush=True)
             for span, secs, held in m["spans"] or []:
@@ -263,31 +274,56 @@ def main(argv=None) -> int:
                       f"{'-' if held is None else f'{held / gb:.3f} GB'}")
             for key, shapes, count, secs in m["profile"] or []:
                 print(f"    {secs:8.3f} s {count:5d}x {key:<40} {shapes}")
-    print("\nlayout       | measured step s (per rep) | predicted s | ratio  | measured GB/rank | predicted GB | ratio")
-    for name in args.layouts:
-        rows = [r for r in runs if r["layout"] == name]
-        steps = [r["measured"]["step_s"] for r in rows]
-        preds = [r["predicted"]["step_s"] for r in rows]
-        held = [max(r["measured"]["held"]) for r in rows]
-        pmem = rows[-1]["predicted"]["memory"]
-        ratio = [s / q for s, q in zip(steps, preds)]
-        print(f"{name:<12} | {' / '.join(f'{s:.2f}' for s in steps):<25} | {' / '.join(f'{q:.2f}' for q in preds):<11} | "
-              f"{min(ratio):.2f}-{max(ratio):.2f} | {' / '.join(f'{h / gb:.3f}' for h in held):<16} | {pmem / gb:.3f}"
-              f"        | {min(held) / pmem:.2f}-{max(held) / pmem:.2f}")
-    if len(args.layouts) == 2:
-        a, b = args.layouts
-        for rep in range(args.repeats):
-            ra, rb = (next(r for r in runs if r["rep"] == rep + 1 and r["layout"] == n) for n in (a, b))
-            meas = ra["measured"]["step_s"] < rb["measured"]["step_s"]
-            pred = ra["predicted"]["step_s"] < rb["predicted"]["step_s"]
-            print(f"repetition {rep + 1}: faster measured {a if meas else b!r}, predicted {a if pred else b!r}: "
-                  f"{'same order' if meas == pred else 'ORDER DIFFERS'} (measured ratio "
-                  f"{rb['measured']['step_s'] / ra['measured']['step_s']:.3f}, predicted "
-                  f"{rb['predicted']['step_s'] / ra['predicted']['step_s']:.3f})")
+    report(runs, args.layouts, args.repeats)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(copy.deepcopy(runs), f, indent=1)
     return 0
+
+
+def reprice(path: str) -> int:
+    """The measurements of an earlier --json run priced again by the current cost model, each with the
+    calibration taken before it."""
+    from ds_hetero.planner.calibrate import _from_json
+
+    with open(path) as f:
+        runs = json.load(f)
+    cfg = hf_config()
+    for row in runs:
+        seq, batch = row.get("seq_len", 256), row.get("batch", 2)
+        pr = predict(row["layout"], batch, seq, _from_json(row["machine"]), cfg)
+        row["predicted"] = {"step_s": pr.step_s, "memory": max(pr.prediction.peak_memory.values()),
+                            "breakdown": pr.as_dict()["breakdown_s"]}
+        print(f"rep {row['rep']} {row['layout']}: predicted {pr.step_s:.2f} s, "
+              f"{row['predicted']['memory'] / 1e9:.3f} GB; {row['predicted']['breakdown']}")
+    layouts = list(dict.fromkeys(r["layout"] for r in runs))
+    report(runs, layouts, max(r["rep"] for r in runs))
+    return 0
+
+
+def report(runs, layouts, repeats) -> None:
+    """Predicted against measured per repetition (wall seconds of the slowest rank, the CPU seconds
+    each rank got and their share of the wall time, memory), and the layouts' order per repetition."""
+    gb = 1e9
+    print(f"\n{'rep':>3} {'layout':<12} {'load':>5} {'pred s':>7} {'wall s':>7} {'wall/pred':>9} {'CPU s/rank':>11} "
+          f"{'CPU/pred':>8} {'core share':>10} {'pred GB':>8} {'meas GB':>8} {'meas/pred':>9}")
+    for r in sorted(runs, key=lambda r: (r["rep"], layouts.index(r["layout"]))):
+        m, p = r["measured"], r["predicted"]
+        cpu = max(m["cpu_s"])
+        held = max(m["held"])
+        print(f"{r['rep']:>3} {r['layout']:<12} {r['load']:>5.1f} {p['step_s']:>7.2f} {m['step_s']:>7.2f} "
+              f"{m['step_s'] / p['step_s']:>9.2f} {cpu:>11.2f} {cpu / p['step_s']:>8.2f} {cpu / m['step_s']:>10.2f} "
+              f"{p['memory'] / gb:>8.3f} {held / gb:>8.3f} {held / p['memory']:>9.3f}")
+    if len(layouts) == 2:
+        a, b = layouts
+        for rep in range(repeats):
+            ra, rb = (next(r for r in runs if r["rep"] == rep + 1 and r["layout"] == n) for n in (a, b))
+            pred = rb["predicted"]["step_s"] / ra["predicted"]["step_s"]
+            wall = rb["measured"]["step_s"] / ra["measured"]["step_s"]
+            cpu = max(rb["measured"]["cpu_s"]) / max(ra["measured"]["cpu_s"])
+            same = lambda x: "same order" if (x < 1) == (pred < 1) else "ORDER DIFFERS"  # noqa: E731
+            print(f"repetition {rep + 1}: {b!r} / {a!r} predicted {pred:.3f}; measured wall {wall:.3f} ({same(wall)}), "
+                  f"CPU seconds {cpu:.3f} ({same(cpu)})")
 
 
 if __name__ == "__main__":

@@ -281,6 +281,7 @@ def calibrate(shapes=None, world: int | None = None) -> MachineProfile:
     return base.with_calibration(
         name=f"calibrated {backend}", peak_flops=rate, gemm_efficiency=1.0, memory_bw=bw, gemm_fit=(op, rate),
         gemm_curve=curve, collectives=fits, op_overhead=op, first_touch=touch,
+        heap_keeps_activations=device == "cpu",
         compute_units=len(os.sched_getaffinity(0)) if backend == "gloo" else 0,
         source=f"measured on {socket.gethostname()} ({backend}, {world} ranks) at {time.strftime('%Y-%m-%d %H:%M')}",
     )

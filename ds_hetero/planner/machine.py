@@ -83,6 +83,10 @@ class MachineProfile:
     # gradients, optimizer temporaries and large activations again (calibrate measures it); 0 where a
     # caching allocator keeps the memory (GPU profiles)
     first_touch: float = 0.0
+    # the memory is a CPU process's resident set: the C library's heap keeps the backward's freed
+    # activations resident into the optimizer phase (memory.py rank_peak); False where a caching
+    # allocator's allocated bytes are what counts (max_memory_allocated, the GPU profiles)
+    heap_keeps_activations: bool = False
     # kernel launches overlap device work: a pass costs the larger of its device time (GEMMs, element-wise)
     # and its launches' host time (operator calls x op_overhead), not their sum. PyTorch's CUDA ops are
     # asynchronous (PyTorch docs, "CUDA semantics: Asynchronous execution"; CUDA C++ Programming Guide,

@@ -71,18 +71,26 @@ class RankMemory:
     states: float
     activations: float
     optimizer_transient: float = 0.0  # held only while the optimizer runs, after the activations are freed
+    step_transient: float = 0.0  # the part of it torch Adam's step allocates (grows with the master partition)
 
     @property
     def total(self) -> float:
         return rank_peak([self])
 
 
-def rank_peak(parts: list[RankMemory]) -> float:
+def rank_peak(parts: list[RankMemory], heap_keeps_activations: bool = False, one_engine: bool = False) -> float:
     """Peak bytes of a rank holding these stages: their states plus either every stage's activations
     (the backward) or the largest optimizer transient (the stages' optimizers run one after another,
-    after every backward of the step)."""
+    after every backward of the step). `one_engine` (stages/shared_engine.py: equal layouts share
+    one DeepSpeed engine): one optimizer steps one flat master partition of every stage, so torch
+    Adam's temporaries are the sum of the stages'. `heap_keeps_activations` (a CPU, its resident set
+    measured): the C library's heap keeps the freed activations resident (memory below its mmap
+    threshold is reused, not returned), so the transient comes on top of them."""
     transient = max((p.optimizer_transient for p in parts), default=0.0)
-    return sum(p.states for p in parts) + max(sum(p.activations for p in parts), transient)
+    if one_engine:
+        transient = max(transient, sum(p.step_transient for p in parts))
+    acts = sum(p.activations for p in parts)
+    return sum(p.states for p in parts) + (acts + transient if heap_keeps_activations else max(acts, transient))
 
 
 def optimizer_transient(largest: float, master: float, zero: int, torch_adam: bool) -> float:
@@ -109,8 +117,15 @@ def optimizer_transient(largest: float, master: float, zero: int, torch_adam: bo
     if zero == 3:
         return 0.0
     norm = 16 * largest if zero == 0 else 8 * min(largest, master)
-    step = 2 * 4 * (largest if zero == 0 else master) if torch_adam else 0.0
-    return max(norm, step)
+    return max(norm, adam_step_transient(largest, master, zero, torch_adam))
+
+
+def adam_step_transient(largest: float, master: float, zero: int, torch_adam: bool) -> float:
+    """torch Adam's two temporaries (`optimizer_transient`): of the flat master partition under ZeRO
+    1/2, of the largest parameter under ZeRO 0; none for another optimizer or ZeRO 3."""
+    if not torch_adam or zero == 3:
+        return 0.0
+    return 2 * 4 * (largest if zero == 0 else master)
 
 
 def largest_language_tensor(spec: ModelSpec, tp: int, embeds: bool) -> float:
@@ -157,9 +172,9 @@ def vision_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, i
     states += spec.vision.untrained_params() / layout.tp * wl.dtype_bytes  # the tower's unused tail is held
     act = vision_activation_bytes(spec, wl, samples, layout.tp, flash, layout.recompute)
     trained = params - frozen
-    transient = optimizer_transient(min(largest_encoder_tensor(spec, layout.tp), trained),
-                                    trained / (layout.dp * layout.cp), zero, wl.torch_adam) if trained else 0.0
-    return RankMemory(states, act * in_flight, transient)
+    largest, master = min(largest_encoder_tensor(spec, layout.tp), trained), trained / (layout.dp * layout.cp)
+    transient = optimizer_transient(largest, master, zero, wl.torch_adam) if trained else 0.0
+    return RankMemory(states, act * in_flight, transient, adam_step_transient(largest, master, zero, wl.torch_adam))
 
 
 def language_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, stage: int, in_flight: int
@@ -184,17 +199,19 @@ def language_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool,
     one = language_activation_bytes(spec, wl, samples, layout.tp, layout.cp, layout.sequence_parallel, flash,
                                     cut[stage], layout.recompute, head=last, ep=layout.ep)
     trained = params - experts - frozen  # the dense parameters' master partition (experts' apart)
-    transient = optimizer_transient(min(largest_language_tensor(spec, layout.tp, first or last), trained),
-                                    trained / (layout.dp * layout.cp), zero, wl.torch_adam) if trained else 0.0
+    largest = min(largest_language_tensor(spec, layout.tp, first or last), trained)
+    master = trained / (layout.dp * layout.cp)
+    transient = optimizer_transient(largest, master, zero, wl.torch_adam) if trained else 0.0
+    step = adam_step_transient(largest, master, zero, wl.torch_adam)
     if layout.recompute and cut[stage]:  # one layer's full activations exist once, not per micro-batch
         full = language_activation_bytes(spec, wl, samples, layout.tp, layout.cp, layout.sequence_parallel, flash,
                                          1, False, head=False, ep=layout.ep)
-        return RankMemory(states, (one - full) * in_flight + full, transient)
-    return RankMemory(states, one * in_flight, transient)
+        return RankMemory(states, (one - full) * in_flight + full, transient, step)
+    return RankMemory(states, one * in_flight, transient, step)
 
 
-def peak_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, cache: dict | None = None
-                ) -> dict[str, float]:
+def peak_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, cache: dict | None = None,
+                heap_keeps_activations: bool = False) -> dict[str, float]:
     """Peak bytes per rank set: {"all": ...} when every encoder runs on the language's ranks (a first
     stage's rank in first_stage), else the language's ranks and each apart encoder's, in rank order.
 
@@ -207,16 +224,36 @@ def peak_memory(spec: ModelSpec, wl: Workload, cand: Candidate, flash: bool, cac
     lang = language_peaks(spec.view(first), wl, cand.view(first), flash, cache)
     own = (lambda n: None if cache is None else cache.setdefault(("encoder cache", n), {}))
     enc = {n: encoder_peak(spec.view(n), wl.of(n), cand.view(n), flash, own(n)) for n in spec.names}
+    keeps = heap_keeps_activations
+    if one_engine(spec, wl, cand):  # colocated, every stage in the same layout: one engine, one optimizer
+        return {"all": rank_peak([lang[0], *enc.values()], keeps, one_engine=True)}
     if cand.megatron:  # every encoder inside each micro-batch of the first stage: pp in flight
-        return {"all": max([rank_peak([lang[0], *enc.values()])] + [m.total for m in lang[1:]])}
+        return {"all": max([rank_peak([lang[0], *enc.values()], keeps)] + [rank_peak([m], keeps) for m in lang[1:]])}
     apart = [n for n in spec.names if cand.apart(n)]
     beside = [enc[n] for n in spec.names if n not in apart]
-    here = max(rank_peak([m, *beside]) for m in lang)
+    here = max(rank_peak([m, *beside], keeps) for m in lang)
     if not apart:
         return {"all": here}
-    sets = [("language", here, min(cand.language.ranks))] + [(n, enc[n].total, min(cand.encoder(n).ranks))
+    sets = [("language", here, min(cand.language.ranks))] + [(n, rank_peak([enc[n]], keeps), min(cand.encoder(n).ranks))
                                                               for n in apart]
     return {name: peak for name, peak, _ in sorted(sets, key=lambda s: s[2])}
+
+
+def one_engine(spec: ModelSpec, wl: Workload, cand: Candidate) -> bool:
+    """Whether the runtime runs every stage in one DeepSpeed engine (stages/shared_engine.py
+    `sharing_stages`): colocated, every stage's tp, cp, dp and sequence parallelism equal, no pipeline
+    and no experts, ZeRO 0 (fp32) or 1 everywhere, and every stage trains."""
+    if cand.placement != "colocated" or cand.language.pp > 1 or spec.language.moe:
+        return False
+    key = (lambda c: (c.tp, c.cp, c.dp, c.sequence_parallel, c.pp, c.ep,
+                      wl.zero if c.zero is None else c.zero))
+    stages = [cand.language] + [c for _, c in cand.encoders]
+    zero = key(cand.language)[-1]
+    if any(key(c) != key(cand.language) for c in stages) or zero not in (0, 1):
+        return False
+    if zero == 0 and wl.dtype_bytes != 4:
+        return False  # DeepSpeed's bf16 / fp16 wrappers at ZeRO 0 keep one engine per stage
+    return all(wl.freeze.of(n).trains for n in (*spec.names, "language"))
 
 
 def memo(cache: dict | None, key, fn):

@@ -204,7 +204,7 @@ def predict(cand: Candidate, spec: ModelSpec, wl: Workload, machine: MachineProf
         bubble = max(0.0, 1 - busy_all / world / step) if step else 0.0
         if lang.pp > 1:
             breakdown["language"]["bubble"] = bubble * step
-    memory = peak_memory(spec, wl, cand, machine.flash_attention, cache)
+    memory = peak_memory(spec, wl, cand, machine.flash_attention, cache, machine.heap_keeps_activations)
     flops = memo(cache, "flops", lambda: model_flops(spec, wl, machine.causal))
     limit = memory_limit if memory_limit is not None else machine.memory_bytes
     return Prediction(

@@ -148,6 +148,8 @@ def test_optimizer_transient_sets_the_peak_of_a_wide_vocabulary():
     """Qwen2-VL-2B's widths (ds_configs/planner/qwen2vl_2b_2layers.json), fp32, vision dp2 + language
     tp2: the peak is the states plus torch AdamW's two copies of the language's flat master partition
     (measured in benchmarks/plan_real_width.py), not plus the activations."""
+    from dataclasses import replace
+
     from ds_hetero.planner.memory import RankMemory, optimizer_transient, peak_memory, rank_peak
     from ds_hetero.planner.model_source import load_hf_config
 
@@ -165,6 +167,17 @@ def test_optimizer_transient_sets_the_peak_of_a_wide_vocabulary():
     # negative control: a transient below the activations leaves the peak where the backward puts it
     assert rank_peak([RankMemory(10.0, 5.0, 3.0), RankMemory(1.0, 1.0, 4.0)]) == 17.0
     assert rank_peak([RankMemory(10.0, 5.0, 3.0), RankMemory(1.0, 1.0, 9.0)]) == 20.0
+    # a CPU's heap keeps the freed activations under the transient; one engine steps both partitions
+    assert rank_peak([RankMemory(10.0, 5.0, 3.0), RankMemory(1.0, 1.0, 9.0)], heap_keeps_activations=True) == 26.0
+    assert rank_peak([RankMemory(10.0, 5.0, 8.0, 8.0), RankMemory(1.0, 1.0, 4.0, 4.0)], one_engine=True) == 23.0
+    from ds_hetero.planner.memory import language_memory, one_engine, vision_memory
+
+    both = Candidate("colocated", StageChoice(2, 1), StageChoice(2, 1), 1)  # equal layouts: one engine
+    assert one_engine(wide, torch_adam, both) and not one_engine(wide, torch_adam, cand)
+    assert not one_engine(wide, replace(torch_adam, zero=2), both)  # ZeRO 2 keeps an engine per stage
+    stages = [language_memory(wide, torch_adam, both, False, 0, 1), vision_memory(wide, torch_adam, both, False, 1)]
+    shared = peak_memory(wide, torch_adam, both, False)["all"]
+    assert shared == pytest.approx(rank_peak(stages, one_engine=True)) and shared > rank_peak(stages)
 
 
 def test_cpu_optimizer_and_first_touch_terms(spec):
