@@ -23,12 +23,20 @@ them in the reverse order, so that a shared machine's drift reaches both rows al
 prediction uses a calibration taken minutes before its measurement.
 
 Measured per rank: wall seconds per step (a barrier before each; the slowest rank's, median over the
-timed steps), and memory from the kernel's resident-set counters: `base` the process after its
+timed steps), the CPU seconds the rank got in it (below the wall time when other work shares its
+core), the bytes it touched for the first time (minor page faults x page size: what the cost
+model's `first touch` prices), and memory from the kernel's resident-set counters: `base` the process after its
 imports (interpreter, torch, DeepSpeed, transformers: what a GPU's CUDA context is to
 max_memory_allocated, and not priced), `peak` the high-water mark VmHWM over the timed steps (reset
 through /proc/self/clear_refs after the warm-up step, whose optimizer state is then allocated), and
 `peak - base` held against the planner's peak bytes per rank. Goals: memory within 10%, step time
-within 25%, and the two layouts in the same order predicted as measured.
+within 25%, and the two layouts in the same order predicted as measured (docs/planner.md, "Real
+widths on this machine").
+
+Diagnostics: `--trace-memory` samples the resident set through one more step and prints the most
+held in each timeline span (where the peak is); `--profile` the top operators of one more step on
+rank 0; `--reprice RUN.json` prices an earlier `--json` run's measurements again with the current
+cost model and the calibration each repetition took (no training).
 """
 
 from __future__ import annotations
