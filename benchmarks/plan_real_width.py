@@ -42,7 +42,6 @@ cost model and the calibration each repetition took (no training).
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import json
 import os
@@ -102,8 +101,8 @@ def make_samples(cfg, batch: int, seq: int, seed: int) -> list[dict]:
         ids = torch.cat([torch.tensor([cfg.vision_start_token_id]), torch.full((n,), cfg.image_token_id),
                          torch.tensor([cfg.vision_end_token_id]), text])
         labels = torch.cat([torch.full((n + 2,), IGNORE), text])
-        out.append({"input_ids": ids, "labels": labels, "pixel_values": torch.randn(t * h * w, patch_dim, generator=gen),
-                    "image_grid_thw": torch.tensor([GRID])})
+        pixels = torch.randn(t * h * w, patch_dim, generator=gen)
+        out.append({"input_ids": ids, "labels": labels, "pixel_values": pixels, "image_grid_thw": torch.tensor([GRID])})
     return out
 
 
@@ -155,8 +154,8 @@ def run_layout(rank, world, layout, batch, seq, steps, profile=False, trace_memo
     top = profile_step(engine, data[-1], rank == 0) if profile else None  # every rank steps; rank 0 records
     spans = memory_by_span(engine, data[-1], base) if trace_memory else None
     engine.groups.destroy()
-    return {"walls": walls, "cpus": cpus, "phases": phases, "fresh": faults, "base": base, "built": built, "settled": settled,
-            "peak": peak, "loss": first.loss, "profile": top, "spans": spans}
+    return {"walls": walls, "cpus": cpus, "phases": phases, "fresh": faults, "base": base, "built": built,
+            "settled": settled, "peak": peak, "loss": first.loss, "profile": top, "spans": spans}
 
 
 def memory_by_span(engine, samples, base, every_s=0.005):
@@ -261,11 +260,12 @@ def main(argv=None) -> int:
         for name in order:
             load = os.getloadavg()[0]
             t0 = time.perf_counter()
-            m = summarize(launch(run_layout, name, args.batch, args.seq_len, args.steps, args.profile, args.trace_memory,
-                                        world=WORLD))
+            m = summarize(launch(run_layout, name, args.batch, args.seq_len, args.steps, args.profile,
+                                 args.trace_memory, world=WORLD))
             pr = priced[name]
             pred_mem = max(pr.prediction.peak_memory.values())
-            row = dict(rep=rep + 1, layout=name, seq_len=args.seq_len, batch=args.batch, load=load, wall_s=time.perf_counter() - t0, measured=m,
+            row = dict(rep=rep + 1, layout=name, seq_len=args.seq_len, batch=args.batch, load=load,
+                       wall_s=time.perf_counter() - t0, measured=m,
                        predicted={"step_s": pr.step_s, "memory": pred_mem, "breakdown": pr.as_dict()["breakdown_s"]},
                        machine=_to_json(machine))  # to price these measurements again (--reprice)
             runs.append(row)
@@ -285,7 +285,7 @@ def main(argv=None) -> int:
     report(runs, args.layouts, args.repeats)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(copy.deepcopy(runs), f, indent=1)
+            json.dump(runs, f, indent=1)
     return 0
 
 
