@@ -39,8 +39,8 @@ def shell(command: str, timeout: int = 300) -> subprocess.CompletedProcess:
 
 
 @functools.lru_cache(maxsize=None)
-def _help(prefix: str, program: str) -> subprocess.CompletedProcess:
-    return shell(f"{prefix}{shlex.quote(program)} --help")  # once per program: DeepSpeed's takes seconds
+def _help(prefix: str, *program: str) -> subprocess.CompletedProcess:
+    return shell(f"{prefix}{shlex.join(program)} --help")  # once per program: DeepSpeed's takes seconds
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,6 +65,10 @@ def check_command(line: str, run_validate: bool = True, check_scripts: bool = Tr
     prefix, settings, words = split_command(line)
     program = words[0]
     proc = _help(prefix, program)
+    if proc.returncode != 0 and len(words) > 1 and re.fullmatch(r"[a-z][a-z0-9_-]*", words[1]):
+        # a CLI whose help needs its subcommand (ms-swift: `swift --help` raises, `swift sft --help` answers)
+        proc = _help(prefix, program, words[1])
+        program = f"{program} {words[1]}"
     assert proc.returncode == 0, f"{line!r}: `{program} --help` in a fresh shell failed: {proc.stderr[-600:]}"
     for before, word in zip(words, words[1:]):
         if re.match(OUR_FOLDERS, word) and before not in OUTPUT_OPTIONS:
