@@ -38,6 +38,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the launcher beside this script
 
 from cpu_ranks import launch  # noqa: E402  (4 fresh gloo processes from a preloaded forkserver)
+from process_memory import reset_peak, status_kib  # noqa: E402
 
 # the language sequence sharded over tp (sp) and cp: every language rank takes rows of every vision
 # rank, so the boundary's backward moves bytes (colocated tp2 dp2 would keep them all local)
@@ -68,9 +69,8 @@ def _reset_peak(device) -> int:
 
         get_accelerator().reset_peak_memory_stats()
         return get_accelerator().memory_allocated()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM to the current resident set (Linux >= 4.0)
-    return _status_kib("VmRSS") * 1024
+    reset_peak()
+    return status_kib("VmRSS") * 1024
 
 
 def _peak(device) -> int:
@@ -78,15 +78,7 @@ def _peak(device) -> int:
         from deepspeed.accelerator import get_accelerator
 
         return get_accelerator().max_memory_allocated()
-    return _status_kib("VmHWM") * 1024
-
-
-def _status_kib(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{key} missing from /proc/self/status")
+    return status_kib("VmHWM") * 1024
 
 
 def _row(rank, world, name, size, steps, batch):

@@ -53,6 +53,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from cpu_ranks import launch  # noqa: E402  (fresh gloo processes from a preloaded forkserver)
+from process_memory import reset_peak, status_kib  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "ds_configs", "planner", "qwen2vl_2b_2layers.json")
@@ -106,20 +107,6 @@ def make_samples(cfg, batch: int, seq: int, seed: int) -> list[dict]:
     return out
 
 
-def _status_kib(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{key} missing from /proc/self/status")
-
-
-def _reset_peak() -> None:
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # VmHWM := VmRSS (Linux >= 4.0)
-
-
 def run_layout(rank, world, layout, batch, seq, steps, profile=False, trace_memory=False):
     """One layout on this rank, bound to its own core: per-step wall seconds and the memory counters."""
     import torch
@@ -131,15 +118,15 @@ def run_layout(rank, world, layout, batch, seq, steps, profile=False, trace_memo
     cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cores[rank % len(cores)]})
     gc.collect()
-    base = _status_kib("VmRSS") * 1024
+    base = status_kib("VmRSS") * 1024
     cfg = hf_config()
     torch.manual_seed(0)
     engine = ds_hetero.initialize(Qwen2VLForConditionalGeneration(cfg), ds_config(layout, batch), seed=0)
-    built = _status_kib("VmRSS") * 1024
+    built = status_kib("VmRSS") * 1024
     data = [make_samples(cfg, batch, seq, seed=s) for s in range(steps + 1)]
     first = engine.train_batch(data[0])  # warm-up: the optimizer's state is allocated here
-    _reset_peak()
-    settled = _status_kib("VmRSS") * 1024
+    reset_peak()
+    settled = status_kib("VmRSS") * 1024
     walls, cpus, phases, faults = [], [], [], []
     for samples in data[1:]:
         dist.barrier()
@@ -150,7 +137,7 @@ def run_layout(rank, world, layout, batch, seq, steps, profile=False, trace_memo
         # pages touched for the first time (fresh allocations the C library maps and unmaps each step)
         faults.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) * resource.getpagesize())
         phases.append(result.stage_time)
-    peak = _status_kib("VmHWM") * 1024
+    peak = status_kib("VmHWM") * 1024
     top = profile_step(engine, data[-1], rank == 0) if profile else None  # every rank steps; rank 0 records
     spans = memory_by_span(engine, data[-1], base) if trace_memory else None
     engine.groups.destroy()
@@ -168,7 +155,7 @@ def memory_by_span(engine, samples, base, every_s=0.005):
 
     def sample():
         while not stop.is_set():
-            samples_rss.append((time.time(), _status_kib("VmRSS") * 1024 - base))
+            samples_rss.append((time.time(), status_kib("VmRSS") * 1024 - base))
             time.sleep(every_s)
 
     sampler = threading.Thread(target=sample, daemon=True)
