@@ -45,16 +45,20 @@ def test_exit_code_of_passes_other_exceptions_and_codes(monkeypatch):
         launch_errors.exit_code_of(broken)
 
 
-def test_recipe_prints_a_trainer_config_error_once():
-    """Two ranks under the DeepSpeed launcher: one error text, one line from rank 1, no traceback."""
+def _failed_two_rank_launch(port, *argv):
+    """`deepspeed --num_gpus 2 ARGV` on CPU: its stdout and stderr together, after asserting it failed."""
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     launcher = os.path.join(os.path.dirname(sys.executable), "deepspeed")
-    proc = subprocess.run(
-        [launcher, "--master_port", "29731", "--num_gpus", "2", "recipes/train_llava.py", "--deepspeed_config",
-         "ds_configs/trainer_colocated_packed.json", "--steps", "1", "--samples", "32"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
-    out = proc.stdout + proc.stderr
+    proc = subprocess.run([launcher, "--master_port", port, "--num_gpus", "2", *argv],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
     assert proc.returncode != 0
+    return proc.stdout + proc.stderr
+
+
+def test_recipe_prints_a_trainer_config_error_once():
+    """Two ranks under the DeepSpeed launcher: one error text, one line from rank 1, no traceback."""
+    out = _failed_two_rank_launch("29731", "recipes/train_llava.py", "--deepspeed_config",
+                                  "ds_configs/trainer_colocated_packed.json", "--steps", "1", "--samples", "32")
     assert out.count('"auto" is a Trainer-only value') == 1, out[-4000:]
     assert "rank 1: stopped by the config error rank 0 prints" in out
     assert "Traceback" not in out and "ds_configs/llava_*.json" in out
@@ -64,14 +68,8 @@ def test_trainer_recipe_prints_a_config_error_once():
     """Two ranks under the DeepSpeed launcher, the main job's config: its train_batch_size 16 conflicts with
     TrainingArguments' 4 per rank x 2 ranks. One error text, one line from rank 1, no traceback; the first
     line (before the heavy imports) once."""
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    launcher = os.path.join(os.path.dirname(sys.executable), "deepspeed")
-    proc = subprocess.run(
-        [launcher, "--master_port", "29733", "--num_gpus", "2", "recipes/hf_trainer_llava.py", "--deepspeed",
-         "ds_configs/llava_colocated.json", "--max_steps", "1", "--samples", "32"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0
+    out = _failed_two_rank_launch("29733", "recipes/hf_trainer_llava.py", "--deepspeed",
+                                  "ds_configs/llava_colocated.json", "--max_steps", "1", "--samples", "32")
     assert out.count("error: hetero_parallel config error at 'TrainingArguments.deepspeed': the DeepSpeed config "
                      "conflicts with TrainingArguments") == 1, out[-4000:]
     assert "train_batch_size" in out and "rank 1: stopped by the config error rank 0 prints" in out

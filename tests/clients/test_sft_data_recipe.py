@@ -15,7 +15,6 @@ with labels on every token, or on the second step's batch, is off by more than 1
 clips also the reference fed each clip's temporal patches in reverse order.
 """
 
-import importlib.util
 import json
 import math
 import os
@@ -24,6 +23,7 @@ import pytest
 import torch
 
 from ds_hetero.testing.cases import launch_cases
+from tests.helpers.driver_report import load_recipe
 
 pytestmark = pytest.mark.distributed
 
@@ -34,10 +34,7 @@ REL = 1e-5
 
 
 def _recipe():
-    spec = importlib.util.spec_from_file_location("train_llava", os.path.join(ROOT, "recipes", "train_llava.py"))
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
-    return recipe
+    return load_recipe(ROOT, "train_llava")
 
 
 def _run_recipe(rank, world_size, argv, out):

@@ -48,7 +48,7 @@ def _raises_everywhere(fn, exc_type, words):
 def _recipe_run(rank, tmp):
     """recipes/train_llava.py for 4 steps on a tiny checkpoint saved here: its summary and what it printed (rank 0)."""
     import contextlib
-    import importlib.util
+    from tests.helpers.driver_report import load_recipe
     import io
     import json
     import os
@@ -58,9 +58,7 @@ def _recipe_run(rank, tmp):
     from ds_hetero.toy import tiny_llava
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    spec = importlib.util.spec_from_file_location("train_llava", os.path.join(root, "recipes", "train_llava.py"))
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
+    recipe = load_recipe(root, "train_llava")
     summary_path = os.path.join(tmp, f"summary{rank}.json")
     # --model: a safetensors checkpoint (saved here from a tiny model, offline), loaded per stage and tp shard
     # into a model built on the meta device

@@ -29,14 +29,12 @@ pytestmark = pytest.mark.distributed
 
 def _recipe(rank, world_size, tmp):
     """The main job on the synthetic clips: --model-family qwen2.5-vl --videos, ds_configs/qwen_video.json."""
-    import importlib.util
+    from tests.helpers.driver_report import load_recipe
     import json
     import os
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    spec = importlib.util.spec_from_file_location("train_llava", os.path.join(root, "recipes", "train_llava.py"))
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
+    recipe = load_recipe(root, "train_llava")
     summary = os.path.join(tmp, "video_recipe.json")
     recipe.main(["--steps", "4", "--samples", "64", "--model-family", "qwen2.5-vl", "--videos", "--summary-json",
                  summary, "--deepspeed_config", os.path.join(root, "ds_configs", "qwen_video.json")])

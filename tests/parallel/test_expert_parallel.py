@@ -136,14 +136,12 @@ def _refused(rank, world_size, **kw):
 
 
 def _recipe(rank, world_size, tmp, family="qwen3-vl-moe"):
-    import importlib.util
+    from tests.helpers.driver_report import load_recipe
     import json
     import os
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
-    spec = importlib.util.spec_from_file_location("train_llava", os.path.join(root, "recipes", "train_llava.py"))
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
+    recipe = load_recipe(root, "train_llava")
     summary = os.path.join(tmp, f"recipe_{family}.json")
     recipe.main(["--steps", "3", "--samples", "64", "--model-family", family, "--summary-json", summary,
                  "--deepspeed_config", os.path.join(root, "ds_configs", "qwen3_vl_moe_ep.json")])
