@@ -186,19 +186,7 @@ def pipelined_chain(rank, world_size, tmp):
     from ds_hetero.checkpoint import reshard
 
     out = layout_chain(rank, world_size, tmp, (EPP, EP2M2, EPP_Z2), "pipelined")
-    original = reshard.expert_slot
-    reshard.expert_slot = _wrong_slot
-    try:
-        engine = _engine(EPP_Z2, 99)
-        engine.load_checkpoint(os.path.join(tmp, "pipelined_1"))
-    finally:
-        reshard.expert_slot = original
-    from ds_hetero.families.qwen3_vl_moe import tiny_qwen3_vl_moe
-
-    losses = _train(engine, make_batches(tiny_qwen3_vl_moe(seed=7), 3 * K, 8)[2 * K:])[0]
-    out["wrong_slot"] = {"losses": out["losses"][:2 * K] + losses,
-                         "final": {n: t.numpy() for n, t in full_named_parameters(engine).items()}}
-    engine.groups.destroy()
+    _misloaded_last_segment(out, tmp, EPP_Z2, "pipelined_1", reshard, "expert_slot", _wrong_slot)
     return out
 
 
@@ -213,22 +201,28 @@ def zero3_chain(rank, world_size, tmp):
     those numbers over the whole world (a test's several engines in one process; a resumed run is one).
     The same chain with dp4 ep2 ZeRO 3 for the first segment and the control passed when run alone."""
     from ds_hetero.checkpoint import zero3_state
-    from ds_hetero.families.qwen3_vl_moe import tiny_qwen3_vl_moe
 
     def control(out):
-        original = zero3_state.set_model_partition
-        zero3_state.set_model_partition = lambda param, values: None
-        try:
-            engine = _engine(EPP_Z3, 99)
-            engine.load_checkpoint(os.path.join(tmp, "zero3_1"))
-        finally:
-            zero3_state.set_model_partition = original
-        losses = _train(engine, make_batches(tiny_qwen3_vl_moe(seed=7), 3 * K, 8)[2 * K:])[0]
-        out["wrong_slot"] = {"losses": out["losses"][:2 * K] + losses,
-                             "final": {n: t.numpy() for n, t in full_named_parameters(engine).items()}}
-        engine.groups.destroy()
+        _misloaded_last_segment(out, tmp, EPP_Z3, "zero3_1", zero3_state, "set_model_partition",
+                                lambda param, values: None)
 
     return layout_chain(rank, world_size, tmp, (EPP_Z3, EP2M2, EPP_Z3), "zero3", before_last=control)
+
+
+def _misloaded_last_segment(out, tmp, spec, checkpoint, module, name, wrong):
+    """A chain's negative control: `spec` loads `checkpoint` with `module.name` replaced by `wrong`, then trains
+    the last segment; out["wrong_slot"] gets the chain's losses with that segment's and the final weights."""
+    original = getattr(module, name)
+    setattr(module, name, wrong)
+    try:
+        engine = _engine(spec, 99)
+        engine.load_checkpoint(os.path.join(tmp, checkpoint))
+    finally:
+        setattr(module, name, original)
+    losses = _train(engine, make_batches(_tiny(), 3 * K, 8)[2 * K:])[0]
+    out["wrong_slot"] = {"losses": out["losses"][:2 * K] + losses,
+                         "final": {n: t.numpy() for n, t in full_named_parameters(engine).items()}}
+    engine.groups.destroy()
 
 
 def layout_chain(rank, world_size, tmp, specs, name, before_last=None):
