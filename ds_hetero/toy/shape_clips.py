@@ -24,6 +24,7 @@ from typing import Sequence
 import torch
 from torch.utils.data import Dataset
 
+from ..families.qwen2_vl.video_frames import patch_rows
 from ..models.labels import text_labels
 from .shapes import COLS, ROWS, Shape, Vocabulary, draw_scene, item_seed, render
 
@@ -33,16 +34,6 @@ def clip_caption(first: Shape, last: Shape) -> str:
     if (first.row, first.col) == (last.row, last.col):
         return start
     return f"{start} and at the {ROWS[2][last.row]} {COLS[2][last.col]}"
-
-
-def patchify_clip(frames: torch.Tensor, patch: int, merge: int, temporal: int) -> torch.Tensor:
-    """[F, C, H, W] frames -> [t*h*w, C*T*p*p] rows in Qwen2-VL's video processor order (temporal patch,
-    then merge block by merge block, each row (channel, time, py, px))."""
-    f, c, height, width = frames.shape
-    t, gh, gw = f // temporal, height // patch, width // patch
-    x = frames.reshape(t, temporal, c, gh // merge, merge, patch, gw // merge, merge, patch)
-    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)  # (t, gh/m, gw/m, m, m, c, T, p, p)
-    return x.reshape(t * gh * gw, c * temporal * patch * patch)
 
 
 class ShapeClipsDataset(Dataset):
@@ -94,7 +85,7 @@ class ShapeClipsDataset(Dataset):
         ids = self.input_ids(index)
         g = self.side // self.patch
         sample = {"input_ids": ids, "labels": text_labels(ids, 1 + len(self._placeholders(index))),
-                  "pixel_values_videos": patchify_clip(frames, self.patch, self.merge, self.temporal),
+                  "pixel_values_videos": patch_rows(frames, self.patch, self.merge, self.temporal),
                   "video_grid_thw": torch.tensor([[n // self.temporal, g, g]])}
         if self.adapter.SECONDS_FIELD is not None:
             sample[self.adapter.SECONDS_FIELD] = torch.tensor([1.0])

@@ -124,7 +124,8 @@ def test_a_collated_video_batch_splits_into_its_samples(family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_shape_clips_are_samples_whose_caption_follows_time(family):
     from ds_hetero.families.qwen2_vl.sample_format import Qwen2VLFormat
-    from ds_hetero.toy.shape_clips import ShapeClipsDataset, patchify_clip
+    from ds_hetero.families.qwen2_vl.video_frames import patch_rows
+    from ds_hetero.toy.shape_clips import ShapeClipsDataset
 
     model, adapter = _model(family)
     data = ShapeClipsDataset(model, 16, seed=1)
@@ -137,6 +138,6 @@ def test_shape_clips_are_samples_whose_caption_follows_time(family):
     # a clip of one still image repeated is that image patchified as the image processor does
     v = model.config.vision_config
     image = torch.randn(3, 16, 16)
-    still = patchify_clip(image.expand(2, -1, -1, -1), v.patch_size, v.spatial_merge_size, v.temporal_patch_size)
+    still = patch_rows(image.expand(2, -1, -1, -1), v.patch_size, v.spatial_merge_size, v.temporal_patch_size)
     fmt = Qwen2VLFormat(v.patch_size, v.spatial_merge_size, v.temporal_patch_size, 0, 0)
     assert torch.equal(still, fmt.patches(image))

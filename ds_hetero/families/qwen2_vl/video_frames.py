@@ -22,7 +22,7 @@ A frame is resized with Pillow (bicubic), rescaled and normalized by transformer
 path its PIL image processors take (the torchvision video processors resize tensors with antialiasing, which
 rounds slightly differently; the model trains on whatever it is given, and the parity tests feed the reference
 model the same pixels). The patch order is the video processors': temporal patch, merge block by merge block,
-each row (channel, time, py, px); toy/shape_clips.py's `patchify_clip` lays synthetic clips out the same way.
+each row (channel, time, py, px); toy/shape_clips.py lays synthetic clips out with the same `patch_rows`.
 
 Frames are always sampled: transformers' Qwen2-VL video processor keeps `do_sample_frames=False` only for
 backward compatibility (every frame of a 30 fps clip), which no training recipe of the model uses.
@@ -209,12 +209,17 @@ def patchify(frames: torch.Tensor, s: VideoSettings) -> torch.Tensor:
     temporal patch, then merge block by merge block, each row (channel, time, py, px)."""
     if pad := -frames.shape[0] % s.temporal_patch_size:
         frames = torch.cat([frames, frames[-1:].expand(pad, -1, -1, -1)])
+    return patch_rows(frames, s.patch_size, s.merge_size, s.temporal_patch_size)
+
+
+def patch_rows(frames: torch.Tensor, patch: int, merge: int, temporal: int) -> torch.Tensor:
+    """[F, C, H, W] frames (F a multiple of `temporal`) -> [t*h*w, C*T*p*p] rows in the Qwen-VL video
+    processors' order: temporal patch, then merge block by merge block, each row (channel, time, py, px)."""
     n, c, height, width = frames.shape
-    p, m, tp = s.patch_size, s.merge_size, s.temporal_patch_size
-    t, gh, gw = n // tp, height // p, width // p
-    x = frames.reshape(t, tp, c, gh // m, m, p, gw // m, m, p)
+    t, gh, gw = n // temporal, height // patch, width // patch
+    x = frames.reshape(t, temporal, c, gh // merge, merge, patch, gw // merge, merge, patch)
     x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)  # (t, gh/m, gw/m, m, m, c, T, p, p)
-    return x.reshape(t * gh * gw, c * tp * p * p)
+    return x.reshape(t * gh * gw, c * temporal * patch * patch)
 
 
 def clip_pixels(s: VideoSettings, frames: np.ndarray | Sequence[np.ndarray]) -> tuple[torch.Tensor, list[int]]:
